@@ -1,0 +1,155 @@
+"""Start, find and stop a background service process by its PID file."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from lambdalake.errors import LambdalakeError
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Whether something accepts TCP connections on ``host:port``."""
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=timeout):
+        return True
+    return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); it is not running.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class ManagedProcess:
+    """A background process owned through ``<run_dir>/<name>.pid``.
+
+    Args:
+        name: Service name, used for the PID and log file names.
+        run_dir: Folder of PID files.
+        log_dir: Folder of log files.
+        marker: A string the process's command line contains; guards against a recycled PID.
+        pid_json: For a program that daemonizes itself: a JSON file where it records ``{"pid": ...}``
+            of the process that really serves, used when the PID we spawned has gone.
+    """
+
+    name: str
+    run_dir: Path
+    log_dir: Path
+    marker: str
+    pid_json: Path | None = None
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run_dir / f"{self.name}.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.log_dir / f"{self.name}.log"
+
+    def pid(self) -> int | None:
+        """The PID of our running process, or None (a stale PID file is removed)."""
+        candidates = []
+        with contextlib.suppress(OSError, ValueError):
+            candidates.append(int(self.pid_file.read_text().strip()))
+        if self.pid_json is not None:
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                candidates.append(int(json.loads(self.pid_json.read_text())["pid"]))
+        for pid in candidates:
+            if pid_alive(pid) and self.marker in _cmdline(pid):
+                if pid != candidates[0]:
+                    self.pid_file.write_text(str(pid))
+                return pid
+        self.pid_file.unlink(missing_ok=True)
+        return None
+
+    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as log:
+            log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(argv)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                cwd=cwd,
+                start_new_session=True,  # survives the CLI and is not hit by its Ctrl-C
+            )
+        self.pid_file.write_text(str(proc.pid))
+        return proc.pid
+
+    def wait_until(self, check: Callable[[], bool], *, timeout: float, what: str) -> None:
+        """Poll ``check`` until it holds; fail with the log's tail if the process dies or time runs out."""
+        deadline = time.monotonic() + timeout
+        gone_since: float | None = None
+        while time.monotonic() < deadline:
+            # A self-daemonizing program has no PID on record for a moment: allow it a grace period.
+            if self.pid() is None:
+                gone_since = gone_since or time.monotonic()
+            else:
+                gone_since = None
+            if gone_since is not None and time.monotonic() - gone_since > 3.0:
+                raise LambdalakeError(
+                    f"{self.name} exited while starting. Last lines of {self.log_file}:\n{self.log_tail()}",
+                    fix=f"read {self.log_file}; `lambdalake down` then `lambdalake up` retries",
+                )
+            if check():
+                return
+            time.sleep(0.25)
+        raise LambdalakeError(
+            f"{self.name} did not become {what} within {timeout:.0f}s. Last lines of {self.log_file}:\n"
+            f"{self.log_tail()}",
+            fix=f"read {self.log_file}; the machine may be overloaded, retry `lambdalake up`",
+        )
+
+    def stop(self, *, sig: int = signal.SIGTERM, timeout: float = 60.0) -> bool:
+        """Signal the process group and wait; SIGKILL after ``timeout``. Returns whether it was running."""
+        pid = self.pid()
+        if pid is None:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, sig)
+        deadline = time.monotonic() + timeout
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            while pid_alive(pid):
+                time.sleep(0.05)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"

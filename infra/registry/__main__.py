@@ -1,0 +1,46 @@
+"""``python -m infra.registry``: run the embedded schema registry in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+from infra.registry.server import make_server
+from infra.registry.store import KafkaBackedStore
+from lambdalake.settings import get_settings
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8081)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = get_settings()
+    store = KafkaBackedStore(
+        kafka_config=settings.kafka.client_config(),
+        topic=settings.registry.schemas_topic,
+        default_level=settings.registry.default_compatibility,
+    )
+    server = make_server(store, args.host, args.port)
+    logging.info("schema registry on http://%s:%d (state in topic %s, %d schemas replayed)",
+                 args.host, args.port, store.topic, len(store.state.schemas))
+
+    def shutdown(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, shutdown)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

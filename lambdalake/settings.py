@@ -1,0 +1,131 @@
+"""The one typed settings model of the platform.
+
+Every value has an embedded default that works on one machine (see README: "What runs locally") and
+is overridden by environment variables with the ``LAMBDALAKE_`` prefix; nested groups use ``__``::
+
+    LAMBDALAKE_KAFKA__BOOTSTRAP_SERVERS=broker-1:9092,broker-2:9092
+    LAMBDALAKE_KAFKA__SECURITY_PROTOCOL=SASL_SSL
+    LAMBDALAKE_KAFKA__SASL_PASSWORD=...          # a SecretStr: never printed or logged
+    LAMBDALAKE_CASSANDRA__CONTACT_POINTS='["cass-1","cass-2"]'
+
+The same code talks to the embedded services or to real clusters by configuration alone.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class KafkaSettings(BaseModel):
+    """Connection to the Kafka cluster (librdkafka names in ``client_config``)."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+    ssl_key_password: SecretStr | None = None
+    #: Any further librdkafka properties, passed through unchanged (e.g. ``{"client.rack": "a"}``).
+    extra: dict[str, str] = Field(default_factory=dict)
+    #: Seconds to wait for the cluster before a command gives up with an error naming the fix.
+    connect_timeout_s: float = 5.0
+
+    def client_config(self) -> dict[str, Any]:
+        """librdkafka configuration shared by every producer, consumer and admin client."""
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": self.security_protocol,
+        }
+        optional = {
+            "sasl.mechanism": self.sasl_mechanism,
+            "sasl.username": self.sasl_username,
+            "sasl.password": self.sasl_password.get_secret_value() if self.sasl_password else None,
+            "ssl.ca.location": self.ssl_ca_location,
+            "ssl.certificate.location": self.ssl_certificate_location,
+            "ssl.key.location": self.ssl_key_location,
+            "ssl.key.password": self.ssl_key_password.get_secret_value() if self.ssl_key_password else None,
+        }
+        conf.update({k: v for k, v in optional.items() if v is not None})
+        conf.update(self.extra)
+        return conf
+
+
+class RegistrySettings(BaseModel):
+    """Confluent-compatible schema registry."""
+
+    url: str = "http://127.0.0.1:8081"
+    basic_auth_user_info: SecretStr | None = None
+    #: Compacted topic where the embedded registry keeps its state (as Confluent's does).
+    schemas_topic: str = "_schemas"
+    default_compatibility: str = "BACKWARD"
+
+    def client_config(self) -> dict[str, Any]:
+        conf: dict[str, Any] = {"url": self.url}
+        if self.basic_auth_user_info is not None:
+            conf["basic.auth.user.info"] = self.basic_auth_user_info.get_secret_value()
+        return conf
+
+
+class CassandraSettings(BaseModel):
+    """Cassandra cluster holding speed and batch views."""
+
+    contact_points: list[str] = Field(default_factory=lambda: ["127.0.0.1"])
+    port: int = 9042
+    keyspace: str = "lambdalake"
+    #: v3 is the newest protocol Cassandra 2.1 speaks, and 4.x/5.x still accept it.
+    protocol_version: int = 3
+    username: str | None = None
+    password: SecretStr | None = None
+    #: CQL replication map used when the deploy step creates the keyspace.
+    replication: dict[str, str | int] = Field(
+        default_factory=lambda: {"class": "SimpleStrategy", "replication_factor": 1}
+    )
+    #: Embedded server only.
+    heap: str = "512M"
+    storage_port: int = 7000
+
+
+class SparkSettings(BaseModel):
+    master: str = "local[2]"
+    #: Extra Spark conf, e.g. ``{"spark.executor.memory": "4g"}``.
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class Settings(BaseSettings):
+    """All of lambdalake's configuration. Build it with :func:`get_settings` or directly in tests."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LAMBDALAKE_", env_nested_delimiter="__", extra="ignore", validate_default=True
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    registry: RegistrySettings = Field(default_factory=RegistrySettings)
+    cassandra: CassandraSettings = Field(default_factory=CassandraSettings)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    #: Where embedded services keep data, PID files and logs.
+    state_dir: Path = PROJECT_ROOT / ".lambdalake"
+    #: Root for Delta tables and streaming checkpoints (a local path or an object-store URI).
+    storage_root: str = str(PROJECT_ROOT / ".lambdalake" / "storage")
+    pipelines_dir: Path = PROJECT_ROOT / "pipelines"
+    schemas_dir: Path = PROJECT_ROOT / "schemas"
+    #: Length of an ingest epoch: the unit the batch layer covers and serving merges on.
+    epoch_seconds: int = 3600
+
+    def safe_dump(self) -> dict[str, Any]:
+        """The settings as a dict with every secret masked, for ``status`` and logs."""
+        return self.model_dump(mode="json")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
