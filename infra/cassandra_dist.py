@@ -54,10 +54,10 @@ def install(target: Path) -> Path:
     return home
 
 
-def write_config(home: Path, settings: CassandraSettings, *, host: str) -> Path:
+def write_config(home: Path, dist: Path, settings: CassandraSettings, *, host: str) -> Path:
     """Write ``cassandra.yaml`` (JSON is valid YAML) and an INFO logback under ``home``."""
     # The package's own defaults; ours override what a one-machine node needs.
-    defaults = json.loads((home / "dist" / "cassandra.json").read_text())
+    defaults = json.loads((dist / "cassandra.json").read_text())
     conf_dir = home / "conf"
     conf_dir.mkdir(parents=True, exist_ok=True)
     data = home / "data"
@@ -105,9 +105,8 @@ def _java_base_packages() -> tuple[str, ...]:
     return tuple(sorted(pkgs))
 
 
-def java_argv(home: Path, *, heap: str) -> list[str]:
-    dist = home / "dist" / DIST_DIR
-    lib = dist / "lib"
+def java_argv(home: Path, dist: Path, *, heap: str) -> list[str]:
+    lib = dist / DIST_DIR / "lib"
     classpath = ":".join([str(home / "conf"), *sorted(str(j) for j in lib.glob("*.jar"))])
     opens = [f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _java_base_packages()]
     exports = [f"--add-exports=java.base/{p}=ALL-UNNAMED"

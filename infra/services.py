@@ -232,6 +232,9 @@ class RegistryService(EmbeddedService):
     def cwd(self) -> Path | None:
         return Path(__file__).resolve().parent.parent
 
+    def env(self) -> dict[str, str]:
+        return self.settings.to_env()
+
     def probe(self) -> str | None:
         try:
             resp = httpx.get(f"{self.settings.registry.url}/subjects", timeout=2)
@@ -262,12 +265,16 @@ class CassandraService(EmbeddedService):
     def home(self) -> Path:
         return self.settings.state_dir / "cassandra"
 
+    @property
+    def dist(self) -> Path:
+        return self.settings.cache_dir / "cassandra"
+
     def prepare(self) -> None:
-        cassandra_dist.install(self.home / "dist")
-        cassandra_dist.write_config(self.home, self.settings.cassandra, host=self.host)
+        cassandra_dist.install(self.dist)
+        cassandra_dist.write_config(self.home, self.dist, self.settings.cassandra, host=self.host)
 
     def argv(self) -> list[str]:
-        return cassandra_dist.java_argv(self.home, heap=self.settings.cassandra.heap)
+        return cassandra_dist.java_argv(self.home, self.dist, heap=self.settings.cassandra.heap)
 
     def probe(self) -> str | None:
         if not port_open(self.host, self.port):

@@ -13,6 +13,7 @@ The same code talks to the embedded services or to real clusters by configuratio
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -114,6 +115,8 @@ class Settings(BaseSettings):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     #: Where embedded services keep data, PID files and logs.
     state_dir: Path = PROJECT_ROOT / ".lambdalake"
+    #: Installed service files (Cassandra's distribution), shared by every state folder.
+    cache_dir: Path = PROJECT_ROOT / ".lambdalake" / "cache"
     #: Root for Delta tables and streaming checkpoints (a local path or an object-store URI).
     storage_root: str = str(PROJECT_ROOT / ".lambdalake" / "storage")
     pipelines_dir: Path = PROJECT_ROOT / "pipelines"
@@ -124,6 +127,27 @@ class Settings(BaseSettings):
     def safe_dump(self) -> dict[str, Any]:
         """The settings as a dict with every secret masked, for ``status`` and logs."""
         return self.model_dump(mode="json")
+
+    def to_env(self) -> dict[str, str]:
+        """Environment variables that rebuild these settings in a child process (secrets included:
+        they travel in the child's environment, never on its command line or in a log)."""
+
+        def reveal(value: Any) -> Any:
+            if isinstance(value, SecretStr):
+                return value.get_secret_value()
+            if isinstance(value, BaseModel):
+                return {k: reveal(getattr(value, k)) for k in type(value).model_fields}
+            if isinstance(value, dict):
+                return {k: reveal(v) for k, v in value.items()}
+            if isinstance(value, Path):
+                return str(value)
+            return value
+
+        env = {}
+        for name in type(self).model_fields:
+            value = reveal(getattr(self, name))
+            env[f"LAMBDALAKE_{name.upper()}"] = json.dumps(value) if isinstance(value, dict) else str(value)
+        return env
 
 
 @lru_cache(maxsize=1)

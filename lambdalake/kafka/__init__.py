@@ -1,0 +1,1 @@
+"""Kafka clients shared by every layer: admin (topics), the dead-letter convention."""

@@ -1,0 +1,1 @@
+"""Producers: edge validation, registered Avro, idempotent produce; synthetic event streams."""

@@ -1,0 +1,72 @@
+"""Talking to the schema registry: registering a pipeline's schema versions, fetching writer schemas."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+from lambdalake.errors import ConfigurationError, ServiceUnavailable
+from lambdalake.pipeline import Pipeline
+from lambdalake.settings import Settings
+
+
+@dataclass(frozen=True)
+class RegisteredVersion:
+    file: str
+    schema_id: int
+    version: int
+
+
+def client(settings: Settings) -> SchemaRegistryClient:
+    return SchemaRegistryClient(settings.registry.client_config())
+
+
+def _unavailable(settings: Settings, exc: Exception) -> ServiceUnavailable:
+    return ServiceUnavailable(
+        f"cannot reach the schema registry at {settings.registry.url}: {exc.__class__.__name__}",
+        fix="start the embedded services with `lambdalake up`, or set LAMBDALAKE_REGISTRY__URL",
+    )
+
+
+def call(settings: Settings, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call a registry client method, turning connection failures into an error naming the fix."""
+    try:
+        return fn(*args, **kwargs)
+    except SchemaRegistryError:
+        raise
+    except Exception as exc:  # requests/httpx connection errors of the client
+        raise _unavailable(settings, exc) from exc
+
+
+def register_pipeline(settings: Settings, pipeline: Pipeline, *, up_to: int | None = None) -> list[RegisteredVersion]:
+    """Register the pipeline's schema versions in order (idempotent).
+
+    Raises:
+        ConfigurationError: the registry refused a version, with its reason (e.g. incompatible).
+    """
+    sr = client(settings)
+    subject = pipeline.schema_.subject
+    out = []
+    for i, file in enumerate(pipeline.schema_.versions[:up_to], start=1):
+        schema = Schema(pipeline.schema_text(i), "AVRO")
+        try:
+            registered = call(settings, sr.register_schema_full_response, subject, schema)
+            # Older servers answer only {"id"}; ask for the version explicitly then.
+            version = registered.version or call(settings, sr.lookup_schema, subject, schema).version
+        except SchemaRegistryError as exc:
+            raise ConfigurationError(
+                f"the registry refused {file} for subject {subject!r}: {exc.error_message}",
+                fix="make the new version compatible (e.g. give new fields a default) or change the "
+                "subject's compatibility level",
+            ) from exc
+        out.append(RegisteredVersion(file, registered.schema_id, version))
+    return out
+
+
+def fetcher(settings: Settings) -> Any:
+    """A ``schema_id -> schema text`` function for :class:`lambdalake.avro.WireDecoder`."""
+    sr = client(settings)
+    return lambda schema_id: call(settings, sr.get_schema, schema_id).schema_str
