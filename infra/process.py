@@ -88,7 +88,9 @@ class ManagedProcess:
         self.pid_file.unlink(missing_ok=True)
         return None
 
-    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
+    def spawn(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path | None = None
+    ) -> int:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log:
@@ -112,10 +114,7 @@ class ManagedProcess:
         gone_since: float | None = None
         while time.monotonic() < deadline:
             # A self-daemonizing program has no PID on record for a moment: allow it a grace period.
-            if self.pid() is None:
-                gone_since = gone_since or time.monotonic()
-            else:
-                gone_since = None
+            gone_since = (gone_since or time.monotonic()) if self.pid() is None else None
             if gone_since is not None and time.monotonic() - gone_since > 3.0:
                 raise LambdalakeError(
                     f"{self.name} exited while starting. Last lines of {self.log_file}:\n{self.log_tail()}",

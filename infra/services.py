@@ -86,7 +86,7 @@ class EmbeddedService(ABC):
     def cwd(self) -> Path | None:
         return None
 
-    def prepare(self) -> None:
+    def prepare(self) -> None:  # noqa: B027 - optional hook, most services need nothing
         """Install files and write config before the first start."""
 
     @abstractmethod

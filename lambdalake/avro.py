@@ -32,7 +32,9 @@ def parse_schema(schema: str | Mapping[str, Any]) -> Any:
 def unframe(data: bytes) -> tuple[int, memoryview]:
     """Split a framed record into (schema id, Avro body)."""
     if data is None or len(data) < HEADER.size:
-        raise WireFormatError(f"record of {0 if data is None else len(data)} bytes is too short to be framed Avro")
+        raise WireFormatError(
+            f"record of {0 if data is None else len(data)} bytes is too short to be framed Avro"
+        )
     magic, schema_id = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise WireFormatError(f"unknown magic byte {magic} (expected {MAGIC}: Confluent wire format)")

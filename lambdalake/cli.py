@@ -36,7 +36,8 @@ out = Console()
 
 PipelineArg = Annotated[str, typer.Argument(help="Pipeline name: a file pipelines/<name>.toml.")]
 OnlyOpt = Annotated[
-    list[str] | None, typer.Option("--only", help="Only this service (broker, registry, cassandra); repeatable.")
+    list[str] | None,
+    typer.Option("--only", help="Only this service (broker, registry, cassandra); repeatable."),
 ]
 
 
@@ -85,7 +86,9 @@ def down(only: OnlyOpt = None) -> None:
     for service in reversed(select(get_settings(), only)):
         with console.status(f"stopping {service.name}..."):
             stopped = service.stop()
-        console.print(f"{'[green]✔[/] stopped' if stopped else '[dim]- not running'}[/] {service.name}")
+        console.print(
+            f"[green]✔[/] stopped {service.name}" if stopped else f"[dim]- {service.name} not running[/]"
+        )
 
 
 @app.command()
@@ -100,7 +103,9 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="Machine-readabl
         table = Table("service", "address", "mode", "pid", "health")
         for s in statuses:
             health = "[green]healthy[/]" if s.healthy else f"[red]{s.detail}[/]"
-            table.add_row(s.name, s.address, "embedded" if s.embedded else "external", str(s.pid or "-"), health)
+            table.add_row(
+                s.name, s.address, "embedded" if s.embedded else "external", str(s.pid or "-"), health
+            )
         out.print(table)
     raise typer.Exit(0 if all(s.healthy for s in statuses) else 1)
 
@@ -115,7 +120,9 @@ def pipelines() -> None:
     table = Table("pipeline", "topic", "subject", "views")
     for name in list_pipelines(settings.pipelines_dir):
         p = _pipeline(name, settings)
-        table.add_row(p.name, p.topic.name, p.schema_.subject, ", ".join(f"{v.name} ({v.kind})" for v in p.views))
+        table.add_row(
+            p.name, p.topic.name, p.schema_.subject, ", ".join(f"{v.name} ({v.kind})" for v in p.views)
+        )
     out.print(table)
 
 
@@ -159,9 +166,12 @@ def schemas_check(
     settings = get_settings()
     p = _pipeline(pipeline, settings)
     sr = client(settings)
-    answer = call(settings, sr._rest_client.post,  # the public method hides the reasons
-                  f"compatibility/subjects/{p.schema_.subject}/versions?verbose=true",
-                  body=Schema(schema_file.read_text(), "AVRO").to_dict())
+    answer = call(
+        settings,
+        sr._rest_client.post,  # the public method hides the reasons
+        f"compatibility/subjects/{p.schema_.subject}/versions?verbose=true",
+        body=Schema(schema_file.read_text(), "AVRO").to_dict(),
+    )
     if answer["is_compatible"]:
         console.print(f"[green]✔ compatible[/] with {p.schema_.subject}")
         return
@@ -198,12 +208,19 @@ def _interruptible() -> Iterator[list[bool]]:
 def produce(
     pipeline: PipelineArg,
     file: Annotated[
-        Path | None, typer.Option("--file", "-f", help="JSON lines to produce ('-' for stdin).", allow_dash=True)
+        Path | None,
+        typer.Option("--file", "-f", help="JSON lines to produce ('-' for stdin).", allow_dash=True),
     ] = None,
-    generate: Annotated[int | None, typer.Option("--generate", "-n", help="Generate N synthetic events.")] = None,
-    rate: Annotated[float | None, typer.Option(help="Events per second (default: as fast as possible).")] = None,
+    generate: Annotated[
+        int | None, typer.Option("--generate", "-n", help="Generate N synthetic events.")
+    ] = None,
+    rate: Annotated[
+        float | None, typer.Option(help="Events per second (default: as fast as possible).")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Random seed of the generator.")] = 0,
-    save: Annotated[Path | None, typer.Option(help="Also write every generated record here (JSON lines).")] = None,
+    save: Annotated[
+        Path | None, typer.Option(help="Also write every generated record here (JSON lines).")
+    ] = None,
     duplicates: Annotated[float, typer.Option(help="Share of exact duplicates.")] = 0.02,
     invalid: Annotated[float, typer.Option(help="Share of invalid records (they go to the DLQ).")] = 0.01,
     late: Annotated[float, typer.Option(help="Share of events 1-5 days late in event time.")] = 0.02,
@@ -220,8 +237,9 @@ def produce(
     from lambdalake.produce.producer import EventProducer
 
     if (file is None) == (generate is None):
-        raise LambdalakeError("give exactly one of --file or --generate",
-                              fix="e.g. `lambdalake produce offers --generate 1000`")
+        raise LambdalakeError(
+            "give exactly one of --file or --generate", fix="e.g. `lambdalake produce offers --generate 1000`"
+        )
     settings = get_settings()
     p = _pipeline(pipeline, settings)
     with console.status("connecting, creating topics, registering schemas..."):
@@ -229,8 +247,10 @@ def produce(
 
     if generate is not None:
         if p.generator is None:
-            raise LambdalakeError(f"pipeline {p.name!r} has no [generator] section",
-                                  fix="add one to its pipeline file, or use --file")
+            raise LambdalakeError(
+                f"pipeline {p.name!r} has no [generator] section",
+                fix="add one to its pipeline file, or use --file",
+            )
         mix = Mix(duplicates=duplicates, invalid=invalid, late=late)
         records = generate_records(p.generator.kind, generate, seed=seed, mix=mix)
         lines = None

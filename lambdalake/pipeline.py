@@ -150,10 +150,14 @@ class Pipeline(Strict):
             if isinstance(view, LatestView):
                 named |= {view.version, *(view.columns or [])}
             else:
-                named |= {a.column for a in view.aggregates if a.column} | ({view.time} if view.time else set())
+                named |= {a.column for a in view.aggregates if a.column} | (
+                    {view.time} if view.time else set()
+                )
         unknown = named - fields
         if unknown:
-            raise ValueError(f"fields not in the reader schema {self.schema_.versions[-1]}: {sorted(unknown)}")
+            raise ValueError(
+                f"fields not in the reader schema {self.schema_.versions[-1]}: {sorted(unknown)}"
+            )
         if len({v.name for v in self.views}) != len(self.views):
             raise ValueError("view names must be unique")
         return self
@@ -175,28 +179,33 @@ class Pipeline(Strict):
         for v in self.views:
             if v.name == name:
                 return v
-        raise ConfigurationError(f"pipeline {self.name!r} has no view {name!r}",
-                                 fix=f"use one of {[v.name for v in self.views]}")
+        raise ConfigurationError(
+            f"pipeline {self.name!r} has no view {name!r}", fix=f"use one of {[v.name for v in self.views]}"
+        )
 
 
 def load(path: Path, *, schemas_dir: Path) -> Pipeline:
     try:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigurationError(f"cannot read pipeline file {path}: {exc}", fix="fix the TOML syntax") from exc
+        raise ConfigurationError(
+            f"cannot read pipeline file {path}: {exc}", fix="fix the TOML syntax"
+        ) from exc
     try:
         return Pipeline.model_validate({**raw, "schemas_dir": schemas_dir})
     except (ValidationError, OSError) as exc:
-        raise ConfigurationError(f"invalid pipeline file {path}:\n{exc}",
-                                 fix="correct the fields named above") from exc
+        raise ConfigurationError(
+            f"invalid pipeline file {path}:\n{exc}", fix="correct the fields named above"
+        ) from exc
 
 
 def load_pipeline(name: str, *, pipelines_dir: Path, schemas_dir: Path) -> Pipeline:
     path = pipelines_dir / f"{name}.toml"
     if not path.exists():
         available = sorted(p.stem for p in pipelines_dir.glob("*.toml"))
-        raise ConfigurationError(f"no pipeline named {name!r} in {pipelines_dir}",
-                                 fix=f"use one of {available} or add {path}")
+        raise ConfigurationError(
+            f"no pipeline named {name!r} in {pipelines_dir}", fix=f"use one of {available} or add {path}"
+        )
     return load(path, schemas_dir=schemas_dir)
 
 

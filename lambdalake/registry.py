@@ -41,7 +41,9 @@ def call(settings: Settings, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise _unavailable(settings, exc) from exc
 
 
-def register_pipeline(settings: Settings, pipeline: Pipeline, *, up_to: int | None = None) -> list[RegisteredVersion]:
+def register_pipeline(
+    settings: Settings, pipeline: Pipeline, *, up_to: int | None = None
+) -> list[RegisteredVersion]:
     """Register the pipeline's schema versions in order (idempotent).
 
     Raises:

@@ -68,6 +68,12 @@ def _type_test(avro_type: Any, named: dict[str, Any]) -> Callable[[Any], bool] |
     }.get(avro_type)
 
 
+def _num(bound: float | None, unbounded: str) -> str:
+    if bound is None:
+        return unbounded
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
+
+
 def _describe(avro_type: Any) -> str:
     if isinstance(avro_type, dict):
         return avro_type.get("logicalType") or (
@@ -130,7 +136,7 @@ def compile_rule(rule: Rule, now: Callable[[], float]) -> Check:
                 if isinstance(v, float) and not math.isfinite(v):
                     return Rejection(name, f"{field}={v} is not a finite number")
                 if (lo is not None and v < lo) or (hi is not None and (v > hi or (not incl and v == hi))):
-                    bound = f"[{lo}, {hi}{']' if incl else ')'}"
+                    bound = f"[{_num(lo, '-inf')}, {_num(hi, 'inf')}{']' if incl else ')'}"
                     return Rejection(name, f"{field}={v} is outside {bound}")
                 return None
 

@@ -26,8 +26,12 @@ def settings_for(state_dir: Path, ports: dict[str, int] = TEST_PORTS) -> Setting
     return Settings(
         kafka={"bootstrap_servers": f"127.0.0.1:{ports['broker']}"},
         registry={"url": f"http://127.0.0.1:{ports['registry']}"},
-        cassandra={"contact_points": ["127.0.0.1"], "port": ports["cassandra"],
-                   "storage_port": ports["storage"], "keyspace": "lambdalake_test"},
+        cassandra={
+            "contact_points": ["127.0.0.1"],
+            "port": ports["cassandra"],
+            "storage_port": ports["storage"],
+            "keyspace": "lambdalake_test",
+        },
         state_dir=state_dir,
         storage_root=str(state_dir / "storage"),
     )
@@ -48,10 +52,16 @@ def env_for(settings: Settings) -> dict[str, str]:
     }
 
 
-def run_cli(settings: Settings, *args: str, input: bytes | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_cli(
+    settings: Settings, *args: str, input: bytes | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "lambdalake", *args],
-        env=env_for(settings), input=input, capture_output=True, timeout=timeout, cwd=PROJECT_ROOT,
+        env=env_for(settings),
+        input=input,
+        capture_output=True,
+        timeout=timeout,
+        cwd=PROJECT_ROOT,
     )
 
 

@@ -14,10 +14,14 @@ def record(*fields: dict) -> str:
 
 
 BASE = record({"name": "id", "type": "string"}, {"name": "n", "type": "int"})
-ADD_OPTIONAL = record({"name": "id", "type": "string"}, {"name": "n", "type": "int"},
-                      {"name": "note", "type": ["null", "string"], "default": None})
-ADD_REQUIRED = record({"name": "id", "type": "string"}, {"name": "n", "type": "int"},
-                      {"name": "note", "type": "string"})
+ADD_OPTIONAL = record(
+    {"name": "id", "type": "string"},
+    {"name": "n", "type": "int"},
+    {"name": "note", "type": ["null", "string"], "default": None},
+)
+ADD_REQUIRED = record(
+    {"name": "id", "type": "string"}, {"name": "n", "type": "int"}, {"name": "note", "type": "string"}
+)
 REMOVE_FIELD = record({"name": "id", "type": "string"})
 PROMOTE_INT_TO_LONG = record({"name": "id", "type": "string"}, {"name": "n", "type": "long"})
 CHANGE_TYPE = record({"name": "id", "type": "string"}, {"name": "n", "type": "string"})
@@ -28,16 +32,16 @@ ENUM_ABC = record({"name": "s", "type": {"type": "enum", "name": "S", "symbols":
 @pytest.mark.parametrize(
     ("old", "new", "level", "ok"),
     [
-        (BASE, ADD_OPTIONAL, "BACKWARD", True),       # new reader fills the default
-        (BASE, ADD_REQUIRED, "BACKWARD", False),      # new reader has no value for 'note'
-        (BASE, REMOVE_FIELD, "BACKWARD", True),       # new reader ignores 'n'
+        (BASE, ADD_OPTIONAL, "BACKWARD", True),  # new reader fills the default
+        (BASE, ADD_REQUIRED, "BACKWARD", False),  # new reader has no value for 'note'
+        (BASE, REMOVE_FIELD, "BACKWARD", True),  # new reader ignores 'n'
         (BASE, PROMOTE_INT_TO_LONG, "BACKWARD", True),  # int promotes to long
         (PROMOTE_INT_TO_LONG, BASE, "BACKWARD", False),  # long does not narrow to int
         (BASE, CHANGE_TYPE, "BACKWARD", False),
-        (ENUM_AB, ENUM_ABC, "BACKWARD", True),        # reader knows every writer symbol
-        (ENUM_ABC, ENUM_AB, "BACKWARD", False),       # 'C' unknown to the new reader
-        (BASE, ADD_REQUIRED, "FORWARD", True),        # old reader ignores the new field
-        (BASE, REMOVE_FIELD, "FORWARD", False),       # old reader needs 'n', has no default
+        (ENUM_AB, ENUM_ABC, "BACKWARD", True),  # reader knows every writer symbol
+        (ENUM_ABC, ENUM_AB, "BACKWARD", False),  # 'C' unknown to the new reader
+        (BASE, ADD_REQUIRED, "FORWARD", True),  # old reader ignores the new field
+        (BASE, REMOVE_FIELD, "FORWARD", False),  # old reader needs 'n', has no default
         (BASE, ADD_OPTIONAL, "FULL", True),
         (BASE, ADD_REQUIRED, "FULL", False),
         (BASE, CHANGE_TYPE, "NONE", True),

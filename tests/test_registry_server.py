@@ -29,7 +29,9 @@ def sr(services: Settings) -> SchemaRegistryClient:
     return SchemaRegistryClient({"url": services.registry.url})
 
 
-def test_incompatible_refused_with_reason_compatible_gets_new_id(sr: SchemaRegistryClient, unique: str) -> None:
+def test_incompatible_refused_with_reason_compatible_gets_new_id(
+    sr: SchemaRegistryClient, unique: str
+) -> None:
     subject = f"s-{unique}-value"
     v1 = sr.register_schema(subject, schema())
     with pytest.raises(SchemaRegistryError) as refused:
@@ -50,12 +52,16 @@ def test_same_schema_same_id_across_subjects(sr: SchemaRegistryClient, unique: s
     assert sr.register_schema(f"a-{unique}", s) == sr.register_schema(f"b-{unique}", s)
 
 
-def test_subject_config_and_compatibility_endpoint(services: Settings, sr: SchemaRegistryClient, unique: str) -> None:
+def test_subject_config_and_compatibility_endpoint(
+    services: Settings, sr: SchemaRegistryClient, unique: str
+) -> None:
     subject = f"c-{unique}"
     sr.register_schema(subject, schema())
     assert sr.test_compatibility(subject, schema(REQUIRED)) is False
-    answer = httpx.post(f"{services.registry.url}/compatibility/subjects/{subject}/versions/latest?verbose=true",
-                        json={"schema": schema(REQUIRED).schema_str}).json()
+    answer = httpx.post(
+        f"{services.registry.url}/compatibility/subjects/{subject}/versions/latest?verbose=true",
+        json={"schema": schema(REQUIRED).schema_str},
+    ).json()
     assert answer["is_compatible"] is False and any("note" in m for m in answer["messages"])
     sr.set_compatibility(subject, "NONE")
     assert sr.get_compatibility(subject) == "NONE"

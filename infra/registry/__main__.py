@@ -25,8 +25,13 @@ def main() -> int:
         default_level=settings.registry.default_compatibility,
     )
     server = make_server(store, args.host, args.port)
-    logging.info("schema registry on http://%s:%d (state in topic %s, %d schemas replayed)",
-                 args.host, args.port, store.topic, len(store.state.schemas))
+    logging.info(
+        "schema registry on http://%s:%d (state in topic %s, %d schemas replayed)",
+        args.host,
+        args.port,
+        store.topic,
+        len(store.state.schemas),
+    )
 
     def shutdown(*_: object) -> None:
         raise KeyboardInterrupt

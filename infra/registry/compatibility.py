@@ -46,9 +46,13 @@ def check(new: str, existing: list[str], level: str) -> list[str]:
     for old_str in against:
         old = parse(old_str)
         if base in ("BACKWARD", "FULL"):
-            reasons += [f"new schema cannot read data written with an existing version ({r})"
-                        for r in _can_read(new_schema, old)]
+            reasons += [
+                f"new schema cannot read data written with an existing version ({r})"
+                for r in _can_read(new_schema, old)
+            ]
         if base in ("FORWARD", "FULL"):
-            reasons += [f"an existing version cannot read data written with the new schema ({r})"
-                        for r in _can_read(old, new_schema)]
+            reasons += [
+                f"an existing version cannot read data written with the new schema ({r})"
+                for r in _can_read(old, new_schema)
+            ]
     return reasons

@@ -28,7 +28,9 @@ def route(method: str, pattern: str) -> Callable[[Handler], Handler]:
 
 
 class Request:
-    def __init__(self, store: KafkaBackedStore, params: dict[str, str], query: dict[str, list[str]], body: Any):
+    def __init__(
+        self, store: KafkaBackedStore, params: dict[str, str], query: dict[str, list[str]], body: Any
+    ):
         self.store, self.params, self.query, self.body = store, params, query, body
 
     def flag(self, name: str) -> bool:
@@ -162,8 +164,9 @@ class Routes:
     @route("GET", r"/config/(?P<subject>[^/]+)")
     def get_subject_config(req: Request) -> Any:
         if req.subject not in req.store.state.configs and not req.flag("defaultToGlobal"):
-            raise RegistryError(404, 40408, f"Subject '{req.subject}' does not have subject-level "
-                                "compatibility configured")
+            raise RegistryError(
+                404, 40408, f"Subject '{req.subject}' does not have subject-level compatibility configured"
+            )
         return {"compatibilityLevel": req.store.level(req.subject)}
 
     @staticmethod

@@ -92,9 +92,7 @@ class KafkaBackedStore:
         self._kafka_config = kafka_config
         self._ensure_topic()
         self._replay()
-        self._producer = Producer(
-            {**kafka_config, "enable.idempotence": True, "acks": "all", "linger.ms": 0}
-        )
+        self._producer = Producer({**kafka_config, "enable.idempotence": True, "acks": "all", "linger.ms": 0})
 
     def _ensure_topic(self) -> None:
         admin = AdminClient(self._kafka_config)
@@ -110,8 +108,12 @@ class KafkaBackedStore:
 
     def _replay(self) -> None:
         consumer = Consumer(
-            {**self._kafka_config, "group.id": "lambdalake-registry-replay", "enable.auto.commit": False,
-             "auto.offset.reset": "earliest"}
+            {
+                **self._kafka_config,
+                "group.id": "lambdalake-registry-replay",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
         )
         try:
             low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=10)
@@ -156,7 +158,9 @@ class KafkaBackedStore:
             raise subject_not_found(subject)
         return live
 
-    def version(self, subject: str, version: str | int, *, include_deleted: bool = False) -> tuple[int, Version]:
+    def version(
+        self, subject: str, version: str | int, *, include_deleted: bool = False
+    ) -> tuple[int, Version]:
         live = self.live_versions(subject, include_deleted=include_deleted)
         if str(version) in ("latest", "-1"):
             v = max(live)
@@ -164,14 +168,18 @@ class KafkaBackedStore:
         try:
             v = int(version)
         except ValueError:
-            raise RegistryError(422, 42202, f"The specified version '{version}' is not a valid version id.")
+            raise RegistryError(
+                422, 42202, f"The specified version '{version}' is not a valid version id."
+            ) from None
         if v not in live:
             raise version_not_found(subject, version)
         return v, live[v]
 
     def subjects(self, *, include_deleted: bool = False) -> list[str]:
         return sorted(
-            s for s, vs in self.state.subjects.items() if any(include_deleted or not v.deleted for v in vs.values())
+            s
+            for s, vs in self.state.subjects.items()
+            if any(include_deleted or not v.deleted for v in vs.values())
         )
 
     def schema(self, schema_id: int) -> str:
@@ -188,7 +196,9 @@ class KafkaBackedStore:
                 return v, ver
         raise RegistryError(404, 40403, "Schema not found")
 
-    def compatibility_errors(self, subject: str, schema_str: str, version: str | int | None = None) -> list[str]:
+    def compatibility_errors(
+        self, subject: str, schema_str: str, version: str | int | None = None
+    ) -> list[str]:
         """Reasons the schema is incompatible with ``version`` (or with what the level requires)."""
         validate(schema_str)
         level = self.level(subject)
@@ -234,14 +244,19 @@ class KafkaBackedStore:
         with self._lock:
             v, ver = self.version(subject, version, include_deleted=permanent)
             if permanent and not ver.deleted:
-                raise RegistryError(404, 40407, f"Subject '{subject}' Version {v} was not deleted first "
-                                    "before being permanently deleted")
+                raise RegistryError(
+                    404,
+                    40407,
+                    f"Subject '{subject}' Version {v} was not deleted first before being permanently deleted",
+                )
             key = {"keytype": "SCHEMA", "subject": subject, "version": v, "magic": 1}
             if permanent:
                 self._write(key, None)
             else:
-                self._write(key, {"subject": subject, "version": v, "id": ver.id, "schema": ver.schema,
-                                  "deleted": True})
+                self._write(
+                    key,
+                    {"subject": subject, "version": v, "id": ver.id, "schema": ver.schema, "deleted": True},
+                )
             return v
 
     def delete_subject(self, subject: str, *, permanent: bool) -> list[int]:
@@ -252,7 +267,9 @@ class KafkaBackedStore:
     def set_level(self, subject: str | None, level: str) -> None:
         level = level.upper()
         if level not in compatibility.LEVELS:
-            raise RegistryError(422, 42203, f"Invalid compatibility level {level}; use one of {compatibility.LEVELS}")
+            raise RegistryError(
+                422, 42203, f"Invalid compatibility level {level}; use one of {compatibility.LEVELS}"
+            )
         with self._lock:
             self._write({"keytype": "CONFIG", "subject": subject, "magic": 0}, {"compatibilityLevel": level})
 

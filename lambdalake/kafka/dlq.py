@@ -17,8 +17,15 @@ SOURCE = "lambdalake.source"  # topic/partition/offset of the original record, w
 Stage = Literal["producer", "speed", "batch"]
 
 
-def headers(*, pipeline: str, stage: Stage, rule: str, reason: str, source: str | None = None) -> list[tuple[str, bytes]]:
-    out = [(RULE, rule.encode()), (REASON, reason.encode()), (PIPELINE, pipeline.encode()), (STAGE, stage.encode())]
+def headers(
+    *, pipeline: str, stage: Stage, rule: str, reason: str, source: str | None = None
+) -> list[tuple[str, bytes]]:
+    out = [
+        (RULE, rule.encode()),
+        (REASON, reason.encode()),
+        (PIPELINE, pipeline.encode()),
+        (STAGE, stage.encode()),
+    ]
     if source is not None:
         out.append((SOURCE, source.encode()))
     return out

@@ -214,8 +214,9 @@ class TelemetryStream(_Stream):
 STREAMS: dict[str, type[_Stream]] = {"offers": OfferStream, "telemetry": TelemetryStream}
 
 
-def generate(kind: str, n: int, *, seed: int = 0, mix: Mix | None = None,
-             clock: Callable[[], float] | None = None) -> Iterator[dict[str, Any]]:
+def generate(
+    kind: str, n: int, *, seed: int = 0, mix: Mix | None = None, clock: Callable[[], float] | None = None
+) -> Iterator[dict[str, Any]]:
     """``n`` synthetic records of the generator ``kind`` (see the pipeline's ``[generator]``)."""
     import time
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections import Counter
@@ -103,7 +104,9 @@ class EventProducer:
         self._topic = pipeline.topic.name
         self._dlq = pipeline.topic.dlq
         self._key = pipeline.event.key
-        self._producer = Producer({**settings.kafka.client_config(), **PRODUCER_DEFAULTS, **(producer_config or {})})
+        self._producer = Producer(
+            {**settings.kafka.client_config(), **PRODUCER_DEFAULTS, **(producer_config or {})}
+        )
 
     # --- delivery reports (called from poll/flush on this thread) ------------------------------
 
@@ -121,7 +124,9 @@ class EventProducer:
             self.stats.dlq_failed += 1
             self.stats.errors[f"dlq: {err.str()}"] += 1
 
-    def _produce(self, topic: str, key: bytes | None, value: bytes, callback: Any, headers: Any = None) -> None:
+    def _produce(
+        self, topic: str, key: bytes | None, value: bytes, callback: Any, headers: Any = None
+    ) -> None:
         while True:
             try:
                 self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=callback)
@@ -137,10 +142,10 @@ class EventProducer:
         for name in self._ts_fields:
             value = record.get(name)
             if isinstance(value, str):
-                try:
-                    record[name] = int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
-                except ValueError:
-                    pass  # left as is: the schema check names the field and the value
+                # An unparsable string is left as is: the schema check then names the field and value.
+                with contextlib.suppress(ValueError):
+                    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+                    record[name] = int(parsed.timestamp() * 1000)
 
     def send(self, record: dict[str, Any], *, original: bytes | None = None) -> Rejection | None:
         """Validate and produce one record. Returns the rejection if it went to the DLQ.
@@ -161,8 +166,9 @@ class EventProducer:
             self.reject(record, rejection, original=original)
             return rejection
         key = record[self._key]
-        self._produce(self._topic, key.encode() if isinstance(key, str) else str(key).encode(), value,
-                      self._on_delivery)
+        self._produce(
+            self._topic, key.encode() if isinstance(key, str) else str(key).encode(), value, self._on_delivery
+        )
         self.stats.sent += 1
         if self.stats.sent % 1000 == 0:
             self._producer.poll(0)

@@ -1,0 +1,56 @@
+"""Benchmark scaffolding: an own set of embedded services on bench ports, results to bench/results/."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from infra.services import EmbeddedService, all_services
+from lambdalake.settings import PROJECT_ROOT, Settings
+
+RESULTS = PROJECT_ROOT / "bench" / "results"
+BENCH_PORTS = {"broker": 39092, "registry": 38081, "cassandra": 39042, "storage": 37000}
+
+
+def bench_settings() -> Settings:
+    state = PROJECT_ROOT / ".lambdalake" / "bench"
+    return Settings(
+        kafka={"bootstrap_servers": f"127.0.0.1:{BENCH_PORTS['broker']}"},
+        registry={"url": f"http://127.0.0.1:{BENCH_PORTS['registry']}"},
+        cassandra={
+            "port": BENCH_PORTS["cassandra"],
+            "storage_port": BENCH_PORTS["storage"],
+            "keyspace": "lambdalake_bench",
+        },
+        state_dir=state,
+        storage_root=str(state / "storage"),
+    )
+
+
+@contextmanager
+def running(settings: Settings, names: tuple[str, ...]) -> Iterator[list[EmbeddedService]]:
+    services = [s for s in all_services(settings) if s.name in names]
+    try:
+        for s in services:
+            s.start()
+        yield services
+    finally:
+        for s in reversed(services):
+            s.stop()
+
+
+def write_result(name: str, result: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    result = {
+        "benchmark": name,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
+        **result,
+    }
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path

@@ -1,0 +1,89 @@
+"""Independent helpers for tests: reading topics with other clients, reference validity checks.
+
+The reference checks restate the pipelines' rules by hand instead of calling lambdalake's validator,
+so a test compares the platform against something it did not compute itself.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from typing import Any
+
+from confluent_kafka import Consumer, Message, TopicPartition
+
+from lambdalake.settings import Settings
+
+CURRENCIES = {"EUR", "USD", "GBP", "INR", "JPY", "CHF"}
+
+
+def kcat_count(settings: Settings, topic: str) -> int:
+    """Records on ``topic`` counted by kcat, a Kafka client independent of librdkafka's Python binding."""
+    out = subprocess.run(
+        ["kcat", "-b", settings.kafka.bootstrap_servers, "-C", "-t", topic, "-e", "-q", "-f", "%p:%o\n"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return len([line for line in out.stdout.splitlines() if line])
+
+
+def consume_all(settings: Settings, topic: str) -> list[Message]:
+    consumer = Consumer({**settings.kafka.client_config(), "group.id": "tests", "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in partitions}
+        consumer.assign([TopicPartition(topic, p, lo) for p, (lo, _) in ends.items()])
+        todo = sum(hi - lo for lo, hi in ends.values())
+        out: list[Message] = []
+        while len(out) < todo:
+            msg = consumer.poll(10)
+            assert msg is not None, f"timed out reading {topic}: {len(out)} of {todo}"
+            assert msg.error() is None, msg.error()
+            out.append(msg)
+        return out
+    finally:
+        consumer.close()
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _int(v: Any, bits: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and -(2 ** (bits - 1)) <= v < 2 ** (bits - 1)
+
+
+def offer_is_valid(r: dict[str, Any], now_ms: int) -> bool:
+    return (
+        isinstance(r.get("offer_id"), str) and r["offer_id"].strip() != ""
+        and isinstance(r.get("merchant_id"), str) and r["merchant_id"].strip() != ""
+        and isinstance(r.get("title"), str)
+        and _int(r.get("price_cents"), 64) and 0 <= r["price_cents"] <= 10_000_000_000
+        and r.get("currency") in CURRENCIES
+        and _int(r.get("stock"), 32) and r["stock"] >= 0
+        and r.get("status") in ("active", "withdrawn")
+        and _int(r.get("version"), 64) and r["version"] >= 1
+        and _int(r.get("updated_at"), 64) and r["updated_at"] <= now_ms + 300_000
+        and (r.get("promo_code") is None or isinstance(r["promo_code"], str))
+    )  # fmt: skip
+
+
+def reading_is_valid(r: dict[str, Any], now_ms: int) -> bool:
+    def finite_in(name: str, lo: float, hi: float, hi_ok: bool = True) -> bool:
+        v = r.get(name)
+        return _num(v) and math.isfinite(v) and lo <= v and (v <= hi if hi_ok else v < hi)
+
+    return (
+        isinstance(r.get("vehicle_id"), str) and r["vehicle_id"].strip() != ""
+        and _int(r.get("event_time"), 64) and r["event_time"] <= now_ms + 300_000
+        and finite_in("speed_kmh", 0, 400) and finite_in("heading_deg", 0, 360, hi_ok=False)
+        and finite_in("latitude", -90, 90) and finite_in("longitude", -180, 180)
+        and finite_in("odometer_km", 0, math.inf)
+        and r.get("engine_state") in ("off", "idle", "running")
+        and (r.get("fuel_level_pct") is None or _num(r["fuel_level_pct"]))
+    )  # fmt: skip
+
+
+REFERENCE_VALID = {"offers": offer_is_valid, "telemetry": reading_is_valid}

@@ -1,0 +1,130 @@
+"""The command line as a user runs it: a separate process, configured by environment variables."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from lambdalake.settings import Settings
+from tests.conftest import pipeline_named, run_cli, settings_for
+from tests.helpers import REFERENCE_VALID, kcat_count
+
+
+def test_help_lists_commands() -> None:
+    result = run_cli(Settings(), "--help")
+    assert result.returncode == 0
+    for command in ("up", "down", "status", "produce", "topics", "schemas"):
+        assert command in result.stdout.decode()
+
+
+def test_stopped_broker_gives_an_error_naming_the_fix(tmp_path) -> None:
+    # Nothing listens on these ports: the CLI must fail fast and say how to fix it.
+    stopped = settings_for(tmp_path, {"broker": 1, "registry": 2, "cassandra": 3, "storage": 4})
+    t0 = time.monotonic()
+    result = run_cli(stopped, "produce", "offers", "--generate", "10", timeout=60)
+    err = result.stderr.decode()
+    assert result.returncode == 2, err
+    assert "cannot reach Kafka at 127.0.0.1:1" in err
+    assert "lambdalake up" in err and "LAMBDALAKE_KAFKA__BOOTSTRAP_SERVERS" in err
+    assert "Traceback" not in err
+    assert time.monotonic() - t0 < 30
+
+
+def test_either_file_or_generate() -> None:
+    result = run_cli(Settings(), "produce", "offers")
+    assert result.returncode == 2 and "exactly one of --file or --generate" in result.stderr.decode()
+
+
+def test_unknown_pipeline() -> None:
+    result = run_cli(Settings(), "topics", "nope")
+    assert result.returncode == 2 and "offers" in result.stderr.decode()
+
+
+@pytest.mark.services
+@pytest.mark.slow
+def test_produce_100k_offers_counted_by_kcat(services: Settings, tmp_path) -> None:
+    saved = tmp_path / "offers.jsonl"
+    result = run_cli(
+        services, "produce", "offers", "--generate", "100000", "--seed", "11", "--save", str(saved)
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    records = [json.loads(line) for line in saved.read_text().splitlines()]
+    assert len(records) == 100_000
+    now_ms = int(time.time() * 1000)
+    valid = sum(REFERENCE_VALID["offers"](r, now_ms) for r in records)
+    pipeline = pipeline_named(services, "offers")
+    assert kcat_count(services, pipeline.topic.name) == valid
+    assert kcat_count(services, pipeline.topic.dlq) == len(records) - valid
+    assert 0 < len(records) - valid < 5000
+    assert f"{valid:,}" in result.stderr.decode()  # the summary reports what was sent
+
+
+@pytest.mark.services
+def test_produce_from_stdin(services: Settings, unique: str) -> None:
+    lines = (
+        b'{"vehicle_id": "v-1", "event_time": 1700000000000, "speed_kmh": 50.0, "heading_deg": 90.0,'
+        b' "latitude": 1.0, "longitude": 2.0, "engine_state": "running", "odometer_km": 10.0}\n'
+        b'{"vehicle_id": "v-1", "speed_kmh": -3}\n'
+    )
+    result = run_cli(services, "produce", "telemetry", "--file", "-", input=lines)
+    assert result.returncode == 0, result.stderr.decode()
+    assert "rejected by" in result.stderr.decode()
+
+
+def _gone(pid: int, wait: float = 10.0) -> bool:
+    """Whether the process has exited (a zombie not yet reaped by init counts as exited)."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.slow
+def test_up_status_down_cycle(tmp_path) -> None:
+    """A second, independent set of services on other ports: up, status, idempotent up, down by PID."""
+    own = settings_for(tmp_path, {"broker": 29092, "registry": 28081, "cassandra": 29042, "storage": 27000})
+    try:
+        assert run_cli(own, "up").returncode == 0
+        status = run_cli(own, "status", "--json")
+        assert status.returncode == 0, status.stderr.decode()
+        services = json.loads(status.stdout)
+        assert [s["name"] for s in services] == ["broker", "registry", "cassandra"]
+        assert all(s["healthy"] and s["pid"] for s in services), services
+        again = run_cli(own, "up")
+        assert again.returncode == 0 and again.stderr.decode().count("already running") == 3
+        pids = [s["pid"] for s in services]
+    finally:
+        down = run_cli(own, "down")
+    assert down.returncode == 0, down.stderr.decode()
+    for pid in pids:
+        assert _gone(pid), f"process {pid} still runs after `lambdalake down`"
+    after = run_cli(own, "status", "--json")
+    assert after.returncode == 1
+    assert not any(s["healthy"] for s in json.loads(after.stdout))
+
+
+@pytest.mark.slow
+def test_up_refuses_a_port_taken_by_someone_else(tmp_path) -> None:
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    port = sock.getsockname()[1]
+    own = settings_for(tmp_path, {"broker": port, "registry": 1, "cassandra": 1, "storage": 1})
+    try:
+        result = run_cli(own, "up", "--only", "broker")
+    finally:
+        sock.close()
+    err = result.stderr.decode()
+    assert result.returncode == 2 and f"127.0.0.1:{port} is already in use" in err
+    assert "LAMBDALAKE_KAFKA__BOOTSTRAP_SERVERS" in err

@@ -1,0 +1,42 @@
+"""Idempotent topic creation and drift reports, against the embedded broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from lambdalake.kafka.admin import admin_client, ensure_pipeline_topics, ensure_topic
+from lambdalake.settings import Settings
+from tests.conftest import pipeline_named
+
+pytestmark = pytest.mark.services
+
+
+def test_pipeline_topics_are_created_once_then_reported_clean(services: Settings, unique: str) -> None:
+    pipeline = pipeline_named(services, "offers", topic=f"offers-{unique}")
+    first = ensure_pipeline_topics(services, pipeline)
+    assert [(r.topic, r.action) for r in first] == [
+        (pipeline.topic.name, "created"),
+        (pipeline.topic.dlq, "created"),
+    ]
+    second = ensure_pipeline_topics(services, pipeline)
+    assert [(r.action, r.drift) for r in second] == [("exists", []), ("exists", [])]
+    metadata = admin_client(services).list_topics(pipeline.topic.name, timeout=10)
+    assert len(metadata.topics[pipeline.topic.name].partitions) == pipeline.topic.partitions
+
+
+def test_drift_is_reported_not_repaired(services: Settings, unique: str) -> None:
+    admin = admin_client(services)
+    name = f"drift-{unique}"
+    ensure_topic(admin, name, partitions=1, replication_factor=1, config={"cleanup.policy": "delete"})
+    report = ensure_topic(
+        admin,
+        name,
+        partitions=3,
+        replication_factor=1,
+        config={"cleanup.policy": "compact", "min.compaction.lag.ms": "604800000"},
+    )
+    assert report.action == "exists"
+    drift = {key: (wanted, actual) for key, wanted, actual in report.drift}
+    assert drift["partitions"] == ("3", "1")
+    assert drift["cleanup.policy"] == ("compact", "delete")
+    assert drift["min.compaction.lag.ms"][0] == "604800000"

@@ -1,0 +1,85 @@
+"""Edge validation of single records (no services: the rules and the schema check alone)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lambdalake.avro import parse_schema
+from lambdalake.settings import Settings
+from lambdalake.validation import RecordValidator
+from tests.conftest import pipeline_named
+
+NOW = 1_800_000_000.0
+
+
+def validator(name: str) -> RecordValidator:
+    p = pipeline_named(Settings(), name)
+    schema = json.loads(p.schema_text())
+    return RecordValidator(p, schema=schema, parsed_schema=parse_schema(schema), now=lambda: NOW)
+
+
+OFFER = {
+    "offer_id": "o-1", "merchant_id": "m-1", "title": "Lamp", "price_cents": 1999, "currency": "EUR",
+    "stock": 3, "status": "active", "version": 7, "updated_at": int(NOW * 1000) - 5000, "promo_code": None,
+}  # fmt: skip
+READING = {
+    "vehicle_id": "v-1", "event_time": int(NOW * 1000), "speed_kmh": 88.5, "heading_deg": 359.99,
+    "latitude": 52.5, "longitude": 13.4, "engine_state": "running", "odometer_km": 12345.6,
+}  # fmt: skip
+
+
+def test_valid_records_pass() -> None:
+    assert validator("offers").check(OFFER) is None
+    assert validator("telemetry").check(READING) is None
+    no_optional = {k: v for k, v in OFFER.items() if k != "promo_code"}
+    assert validator("offers").check(no_optional) is None
+
+
+@pytest.mark.parametrize(
+    ("change", "rule", "mentions"),
+    [
+        ({"price_cents": -1}, "price_cents.range", "-1"),
+        ({"currency": "XXX"}, "currency.allowed", "XXX"),
+        ({"offer_id": "  "}, "offer_id.required", "offer_id"),
+        ({"offer_id": None}, "offer_id.required", "offer_id"),
+        ({"updated_at": int(NOW * 1000) + 301_000}, "updated_at.not_future", "future"),
+        ({"price_cents": "12.99"}, "schema", "price_cents"),
+        ({"price_cents": 12.5}, "schema", "price_cents"),  # fastavro alone would write this
+        ({"stock": 2**40}, "schema", "stock"),  # int overflow
+        ({"status": "deleted"}, "schema", "status"),
+        ({"version": True}, "schema", "version"),
+        ({"version": 0}, "version.range", "version"),
+    ],
+)
+def test_invalid_offers_name_rule_and_value(change: dict, rule: str, mentions: str) -> None:
+    rejection = validator("offers").check({**OFFER, **change})
+    assert rejection is not None and rejection.rule == rule
+    assert mentions in rejection.reason
+
+
+def test_missing_field_is_named() -> None:
+    record = {k: v for k, v in OFFER.items() if k != "title"}
+    rejection = validator("offers").check(record)
+    assert rejection is not None and rejection.rule == "schema" and "'title'" in rejection.reason
+
+
+@pytest.mark.parametrize(
+    ("change", "rule"),
+    [
+        ({"heading_deg": 360.0}, "heading_deg.range"),  # max is exclusive
+        ({"speed_kmh": float("nan")}, "speed_kmh.range"),
+        ({"latitude": -90.5}, "latitude.range"),
+        ({"engine_state": "flying"}, "schema"),
+        ({"vehicle_id": ""}, "vehicle_id.required"),
+    ],
+)
+def test_invalid_readings(change: dict, rule: str) -> None:
+    rejection = validator("telemetry").check({**READING, **change})
+    assert rejection is not None and rejection.rule == rule
+
+
+def test_not_an_object() -> None:
+    rejection = validator("offers").check([1, 2])  # type: ignore[arg-type]
+    assert rejection is not None and rejection.rule == "schema"
