@@ -30,6 +30,10 @@ app = typer.Typer(
 )
 schemas_app = typer.Typer(help="Register and check a pipeline's Avro schemas.", no_args_is_help=True)
 app.add_typer(schemas_app, name="schemas")
+speed_app = typer.Typer(
+    help="The speed layer: streaming jobs from Kafka to Delta and Cassandra.", no_args_is_help=True
+)
+app.add_typer(speed_app, name="speed")
 
 console = Console(stderr=True)
 out = Console()
@@ -306,6 +310,56 @@ def produce(
             console.print(f"  [red]{n} x {err}[/]")
         console.print(f"[red]✘ {stats.unacknowledged} record(s) were not acknowledged by the broker[/]")
         raise typer.Exit(1)
+
+
+@app.command()
+def deploy(pipeline: PipelineArg) -> None:
+    """Create everything a pipeline needs: topics, schema versions, Cassandra keyspace and view tables."""
+    from lambdalake.cassandra.session import connect
+    from lambdalake.cassandra.tables import deploy_speed_tables
+    from lambdalake.kafka.admin import ensure_pipeline_topics
+    from lambdalake.registry import register_pipeline
+
+    settings = get_settings()
+    p = _pipeline(pipeline, settings)
+    for report in ensure_pipeline_topics(settings, p):
+        drift = f" [yellow](drift: {report.drift})[/]" if report.drift else ""
+        console.print(f"[green]✔[/] topic {report.topic}: {report.action}{drift}")
+    for r in register_pipeline(settings, p):
+        console.print(f"[green]✔[/] schema {p.schema_.subject} v{r.version} = id {r.schema_id}")
+    for table in deploy_speed_tables(connect(settings.cassandra), settings.cassandra, p):
+        console.print(f"[green]✔[/] table {settings.cassandra.keyspace}.{table.name}")
+
+
+@speed_app.command("run")
+def speed_run(
+    pipeline: PipelineArg,
+    master: Annotated[
+        str | None, typer.Option(help="Spark master URL (default: LAMBDALAKE_SPARK__MASTER).")
+    ] = None,
+    trigger: Annotated[float, typer.Option(help="Seconds between micro-batches (0: back to back).")] = 0.0,
+    max_offsets_per_trigger: Annotated[int, typer.Option(help="Records per micro-batch at most.")] = 200_000,
+    watermark_delay: Annotated[
+        str, typer.Option(help="State and dedup horizon on ingest time.")
+    ] = "10 minutes",
+) -> None:
+    """Run the pipeline's streaming queries until SIGTERM/Ctrl-C (checkpoints under the storage root)."""
+    import logging
+
+    from speed.job import SpeedJob, SpeedOptions
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("py4j", "cassandra"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    settings = get_settings()
+    if master:
+        settings = settings.model_copy(update={"spark": settings.spark.model_copy(update={"master": master})})
+    options = SpeedOptions(
+        trigger_seconds=trigger,
+        max_offsets_per_trigger=max_offsets_per_trigger,
+        watermark_delay=watermark_delay,
+    )
+    SpeedJob(settings=settings, pipeline=_pipeline(pipeline, settings), options=options).run_until_stopped()
 
 
 def main() -> None:

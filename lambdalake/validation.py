@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from fastavro.validation import validate as fastavro_validate
 
-from lambdalake.pipeline import AllowedRule, NotFutureRule, Pipeline, RangeRule, RequiredRule, Rule
+from lambdalake.pipeline import AllowedRule, NotFutureRule, RangeRule, RequiredRule, Rule
 
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
@@ -30,7 +30,8 @@ class Rejection:
     reason: str
 
 
-Check = Callable[[Mapping[str, Any]], Rejection | None]
+#: A check gets the record and the reference time in seconds ("now" for ``not_future``).
+Check = Callable[[Mapping[str, Any], float], Rejection | None]
 
 
 def _is_int(v: Any, bounds: tuple[int, int]) -> bool:
@@ -96,7 +97,7 @@ def compile_schema_check(schema: dict[str, Any], parsed_schema: Any) -> Check:
         fields.append((f["name"], "default" in f, _type_test(f["type"], named), _describe(f["type"])))
     needs_fastavro = any(test is None for _, _, test, _ in fields)
 
-    def check(record: Mapping[str, Any]) -> Rejection | None:
+    def check(record: Mapping[str, Any], _now: float) -> Rejection | None:
         for name, has_default, test, expected in fields:
             if name not in record:
                 if has_default:
@@ -114,13 +115,13 @@ def compile_schema_check(schema: dict[str, Any], parsed_schema: Any) -> Check:
     return check
 
 
-def compile_rule(rule: Rule, now: Callable[[], float]) -> Check:
+def compile_rule(rule: Rule) -> Check:
     name = f"{rule.field}.{rule.kind}"
     field = rule.field
     match rule:
         case RequiredRule():
 
-            def required(r: Mapping[str, Any]) -> Rejection | None:
+            def required(r: Mapping[str, Any], _now: float) -> Rejection | None:
                 v = r.get(field)
                 if v is None or (isinstance(v, str) and not v.strip()):
                     return Rejection(name, f"{field} is required but is {v!r}")
@@ -129,7 +130,7 @@ def compile_rule(rule: Rule, now: Callable[[], float]) -> Check:
             return required
         case RangeRule(min=lo, max=hi, max_inclusive=incl):
 
-            def in_range(r: Mapping[str, Any]) -> Rejection | None:
+            def in_range(r: Mapping[str, Any], _now: float) -> Rejection | None:
                 v = r.get(field)
                 if v is None:
                     return None
@@ -144,7 +145,7 @@ def compile_rule(rule: Rule, now: Callable[[], float]) -> Check:
         case AllowedRule(values=values):
             allowed = frozenset(values)
 
-            def is_allowed(r: Mapping[str, Any]) -> Rejection | None:
+            def is_allowed(r: Mapping[str, Any], _now: float) -> Rejection | None:
                 v = r.get(field)
                 if v is not None and v not in allowed:
                     return Rejection(name, f"{field}={v!r} is not one of {sorted(map(str, allowed))}")
@@ -153,10 +154,10 @@ def compile_rule(rule: Rule, now: Callable[[], float]) -> Check:
             return is_allowed
         case NotFutureRule(max_skew_s=skew):
 
-            def not_future(r: Mapping[str, Any]) -> Rejection | None:
+            def not_future(r: Mapping[str, Any], now: float) -> Rejection | None:
                 v = r.get(field)
                 ms = v.timestamp() * 1000 if isinstance(v, datetime) else v
-                if isinstance(ms, int | float) and ms > (now() + skew) * 1000:
+                if isinstance(ms, int | float) and ms > (now + skew) * 1000:
                     return Rejection(name, f"{field}={v} is more than {skew:g}s in the future")
                 return None
 
@@ -165,38 +166,48 @@ def compile_rule(rule: Rule, now: Callable[[], float]) -> Check:
 
 
 class RecordValidator:
-    """Validates records of one pipeline: Avro shape first, then the pipeline's rules in file order.
+    """Validates records: Avro shape first (unless already decoded), then the pipeline's rules.
 
     Args:
-        pipeline: The pipeline definition.
+        rules: The pipeline's rules (``Pipeline.rules``), checked in file order.
         schema: The writer schema (JSON) records are checked against.
         parsed_schema: The same schema parsed by fastavro, for nested types.
-        now: Clock in seconds for ``not_future`` rules. Default ``time.time``.
+        check_shape: Check Avro types. Default True; False for records that were decoded from Avro
+            (their shape is right by construction).
+        now: Clock in seconds for ``not_future`` rules when :meth:`check` gets no time. Default
+            ``time.time``.
     """
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        rules: Sequence[Rule],
         *,
         schema: dict[str, Any],
         parsed_schema: Any,
+        check_shape: bool = True,
         now: Callable[[], float] = time.time,
     ) -> None:
         # A missing key is reported as such, not as a generic schema error; value rules run only on
         # values of the right type.
-        required = [r for r in pipeline.rules if isinstance(r, RequiredRule)]
-        others = [r for r in pipeline.rules if not isinstance(r, RequiredRule)]
-        self._checks = [
-            *(compile_rule(r, now) for r in required),
-            compile_schema_check(schema, parsed_schema),
-            *(compile_rule(r, now) for r in others),
-        ]
+        required = [r for r in rules if isinstance(r, RequiredRule)]
+        others = [r for r in rules if not isinstance(r, RequiredRule)]
+        shape = [compile_schema_check(schema, parsed_schema)] if check_shape else []
+        self._checks = [*(compile_rule(r) for r in required), *shape, *(compile_rule(r) for r in others)]
+        self._now = now
 
-    def check(self, record: Mapping[str, Any]) -> Rejection | None:
+    def check(self, record: Mapping[str, Any], *, now: float | None = None) -> Rejection | None:
+        """The first rule the record breaks, or None.
+
+        Args:
+            record: The record.
+            now: Reference time in seconds for ``not_future`` (the speed layer passes the Kafka
+                record timestamp, so a replay judges a record as its first reading did).
+        """
         if not isinstance(record, Mapping):
             return Rejection("schema", f"expected a JSON object, got {type(record).__name__}")
+        at = self._now() if now is None else now
         for check in self._checks:
-            rejection = check(record)
+            rejection = check(record, at)
             if rejection is not None:
                 return rejection
         return None

@@ -17,7 +17,7 @@ NOW = 1_800_000_000.0
 def validator(name: str) -> RecordValidator:
     p = pipeline_named(Settings(), name)
     schema = json.loads(p.schema_text())
-    return RecordValidator(p, schema=schema, parsed_schema=parse_schema(schema), now=lambda: NOW)
+    return RecordValidator(p.rules, schema=schema, parsed_schema=parse_schema(schema), now=lambda: NOW)
 
 
 OFFER = {

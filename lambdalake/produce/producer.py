@@ -99,7 +99,7 @@ class EventProducer:
         parsed = parse_schema(schema)
         self.schema_id = registered[index].schema_id
         self._encoder = WireEncoder(self.schema_id, parsed)
-        self._validator = RecordValidator(pipeline, schema=schema, parsed_schema=parsed, now=clock)
+        self._validator = RecordValidator(pipeline.rules, schema=schema, parsed_schema=parsed, now=clock)
         self._ts_fields = _timestamp_fields(schema)
         self._topic = pipeline.topic.name
         self._dlq = pipeline.topic.dlq

@@ -1,0 +1,1 @@
+"""Cassandra access shared by the layers: sessions, view tables (DDL), idempotent upserts."""

@@ -1,0 +1,107 @@
+"""View tables in Cassandra, derived from the view definitions (CQL that Cassandra 2.1 understands)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pyarrow as pa
+from cassandra.cluster import Session
+
+from lambdalake.errors import ConfigurationError
+from lambdalake.pipeline import LatestView, Pipeline, WindowedView
+from lambdalake.settings import CassandraSettings
+from lambdalake.views import EPOCH, WINDOW_START, latest_columns, speed_table, view_components
+
+INGEST_COLUMNS = [("_ingest_ts", "timestamp"), ("_epoch", "bigint")]
+
+
+def cql_type(t: pa.DataType) -> str:
+    if pa.types.is_string(t):
+        return "text"
+    if pa.types.is_int64(t):
+        return "bigint"
+    if pa.types.is_int32(t):
+        return "int"
+    if pa.types.is_float64(t):
+        return "double"
+    if pa.types.is_float32(t):
+        return "float"
+    if pa.types.is_boolean(t):
+        return "boolean"
+    if pa.types.is_binary(t):
+        return "blob"
+    if pa.types.is_timestamp(t):
+        return "timestamp"
+    raise ConfigurationError(
+        f"no Cassandra column type for {t}", fix="flatten the field or keep it out of views"
+    )
+
+
+@dataclass(frozen=True)
+class TableDef:
+    """A Cassandra table: columns in order, partition key, clustering columns."""
+
+    name: str
+    columns: tuple[tuple[str, str], ...]
+    partition_key: tuple[str, ...]
+    clustering: tuple[str, ...] = ()
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c for c, _ in self.columns]
+
+    @property
+    def timestamp_columns(self) -> list[str]:
+        return [c for c, t in self.columns if t == "timestamp"]
+
+    def create_cql(self, keyspace: str) -> str:
+        cols = ", ".join(f'"{c}" {t}' for c, t in self.columns)
+        pk = "(" + ", ".join(f'"{c}"' for c in self.partition_key) + ")"
+        if self.clustering:
+            pk += ", " + ", ".join(f'"{c}"' for c in self.clustering)
+        return f'CREATE TABLE IF NOT EXISTS "{keyspace}"."{self.name}" ({cols}, PRIMARY KEY ({pk}))'
+
+    def insert_cql(self, keyspace: str, *, with_timestamp: bool = False) -> str:
+        cols = ", ".join(f'"{c}"' for c in self.column_names)
+        marks = ", ".join("?" for _ in self.columns)
+        using = " USING TIMESTAMP ?" if with_timestamp else ""
+        return f'INSERT INTO "{keyspace}"."{self.name}" ({cols}) VALUES ({marks}){using}'
+
+
+def _field_types(pipeline: Pipeline) -> dict[str, pa.DataType]:
+    from lambdalake.spark.decode import event_schema
+
+    return {f.name: f.type for f in event_schema(pipeline.reader_schema)}
+
+
+def speed_table_def(pipeline: Pipeline, view: LatestView | WindowedView) -> TableDef:
+    types = _field_types(pipeline)
+    if isinstance(view, LatestView):
+        cols = [(c, cql_type(types[c])) for c in latest_columns(pipeline, view)]
+        return TableDef(speed_table(view), tuple(cols + INGEST_COLUMNS), tuple(view.key))
+    cols = [(k, cql_type(types[k])) for k in view.key]
+    cols += [(WINDOW_START, "timestamp"), (EPOCH, "bigint")]
+    for c in view_components(view):
+        if c.fn == "count":
+            cols.append((c.column, "bigint"))
+        elif c.fn == "sum":
+            src = types[c.source]  # type: ignore[index]
+            cols.append((c.column, "double" if pa.types.is_floating(src) else "bigint"))
+        else:
+            cols.append((c.column, cql_type(types[c.source])))  # type: ignore[index]
+    return TableDef(speed_table(view), tuple(cols), tuple(view.key), (WINDOW_START, EPOCH))
+
+
+def create_keyspace(session: Session, settings: CassandraSettings) -> None:
+    replication = json.dumps(settings.replication).replace('"', "'")
+    session.execute(f'CREATE KEYSPACE IF NOT EXISTS "{settings.keyspace}" WITH replication = {replication}')
+
+
+def deploy_speed_tables(session: Session, settings: CassandraSettings, pipeline: Pipeline) -> list[TableDef]:
+    """Create the keyspace and every speed table of the pipeline (idempotent)."""
+    create_keyspace(session, settings)
+    tables = [speed_table_def(pipeline, v) for v in pipeline.views]
+    for table in tables:
+        session.execute(table.create_cql(settings.keyspace), timeout=60)
+    return tables

@@ -1,0 +1,110 @@
+"""Idempotent upserts of view rows, concurrent, retried through Cassandra outages.
+
+Rows carry absolute values (never increments or counters), so writing a row twice leaves the same
+table: a replayed micro-batch is harmless. ``latest`` rows are written ``USING TIMESTAMP`` derived
+from the event version, so the highest version wins whatever order writes arrive in.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from cassandra.concurrent import execute_concurrent_with_args
+
+from lambdalake.cassandra.session import connect
+from lambdalake.cassandra.tables import TableDef
+from lambdalake.settings import CassandraSettings
+
+log = logging.getLogger("lambdalake.cassandra")
+
+CHUNK = 2000
+
+
+def upsert(
+    rows: Iterable[Sequence[Any]],
+    *,
+    table: TableDef,
+    settings: CassandraSettings,
+    write_timestamp_index: int | None = None,
+    concurrency: int = 64,
+    give_up_after_s: float = 900.0,
+) -> int:
+    """Write ``rows`` (values in ``table.column_names`` order) and return how many were written.
+
+    Args:
+        rows: Row values; timestamps as datetimes or epoch milliseconds.
+        table: Target table.
+        settings: Cluster settings.
+        write_timestamp_index: Position in each row of the value to use as the write timestamp
+            (``USING TIMESTAMP``); the value itself is not a column.
+        concurrency: Requests in flight.
+        give_up_after_s: Keep retrying failed writes (e.g. Cassandra restarting) this long, then
+            raise so the micro-batch fails and is retried from the checkpoint. Default 15 minutes.
+    """
+    written = 0
+    chunk: list[tuple[Any, ...]] = []
+    for row in rows:
+        chunk.append(_params(row, write_timestamp_index))
+        if len(chunk) >= CHUNK:
+            written += _write_chunk(
+                chunk, table, settings, write_timestamp_index is not None, concurrency, give_up_after_s
+            )
+            chunk = []
+    if chunk:
+        written += _write_chunk(
+            chunk, table, settings, write_timestamp_index is not None, concurrency, give_up_after_s
+        )
+    return written
+
+
+def _params(row: Sequence[Any], ts_index: int | None) -> tuple[Any, ...]:
+    values = list(row)
+    if ts_index is not None:
+        ts = values.pop(ts_index)
+        values.append(int(ts.timestamp() * 1000) if isinstance(ts, datetime) else int(ts))
+    return tuple(values)
+
+
+def _write_chunk(
+    params: list[tuple[Any, ...]],
+    table: TableDef,
+    settings: CassandraSettings,
+    with_timestamp: bool,
+    concurrency: int,
+    give_up_after_s: float,
+) -> int:
+    deadline = time.monotonic() + give_up_after_s
+    pending = params
+    delay = 0.5
+    while True:
+        try:
+            session = connect(settings)
+            stmt = session.prepare(table.insert_cql(settings.keyspace, with_timestamp=with_timestamp))
+            results = execute_concurrent_with_args(
+                session, stmt, pending, concurrency=concurrency, raise_on_first_error=False
+            )
+            failed = [p for p, (ok, _) in zip(pending, results, strict=True) if not ok]
+            errors = [res for ok, res in results if not ok]
+        except Exception as exc:  # no host available, session failures: retry below
+            failed, errors = pending, [exc]
+        if not failed:
+            return len(params)
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{len(failed)} writes to {table.name} still failing after {give_up_after_s:.0f}s: {errors[0]!r}"
+            )
+        log.warning(
+            "%d of %d writes to %s failed (%r); retrying in %.1fs",
+            len(failed),
+            len(pending),
+            table.name,
+            errors[0],
+            delay,
+        )
+        time.sleep(delay)
+        delay = min(delay * 2, 10.0)
+        pending = failed

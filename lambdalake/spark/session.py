@@ -1,0 +1,41 @@
+"""Build the Spark session from settings (``local[2]`` here, ``spark://`` or ``k8s://`` on clusters)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from lambdalake.settings import Settings
+
+#: Defaults sized for small micro-batches on a few cores; every one can be overridden by
+#: ``LAMBDALAKE_SPARK__CONF``.
+SPARK_DEFAULTS = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.streaming.stopTimeout": "60s",
+    "spark.driver.memory": "2g",
+}
+
+
+def spark_session(settings: Settings, app_name: str = "lambdalake") -> SparkSession:
+    """The active session, created with the settings' master and conf if there is none."""
+    # Executors must run the interpreter that has lambdalake installed (the venv's).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name).master(settings.spark.master)
+    for key, value in {**SPARK_DEFAULTS, **settings.spark.conf}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    from lambdalake.spark.kafka_source import KafkaSource
+
+    spark.dataSource.register(KafkaSource)
+    return spark

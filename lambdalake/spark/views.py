@@ -1,0 +1,71 @@
+"""Views compiled into Spark transformations that run unchanged on streaming and batch DataFrames.
+
+The speed layer applies them to each micro-batch (``latest``) or to the stream with a watermark
+(``windowed``, grouped by ingest epoch too); the batch layer applies the very same functions to the
+whole master dataset. No view logic exists anywhere else.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from lambdalake.pipeline import LatestView, Pipeline, WindowedView
+from lambdalake.views import EPOCH, WINDOW_START, Component, latest_columns, view_components
+
+#: Columns the decoder adds to every event (its Kafka coordinates and ingest time).
+INGEST_TS = "_ingest_ts"
+INGEST_EPOCH = "_epoch"
+
+
+def latest(df: DataFrame, pipeline: Pipeline, view: LatestView) -> DataFrame:
+    """One row per key: the event with the highest version (ties are the same event)."""
+    cols = latest_columns(pipeline, view)
+    keep = [c for c in cols if c not in view.key] + [INGEST_TS, INGEST_EPOCH]
+    winner = F.max_by(F.struct(*[F.col(c) for c in keep]), F.col(view.version))
+    return (
+        df.groupBy(*view.key)
+        .agg(winner.alias("_w"))
+        .select(*view.key, *[F.col(f"_w.{c}").alias(c) for c in keep])
+    )
+
+
+def _component(c: Component) -> Column:
+    col = F.col(c.source) if c.source else F.lit(1)
+    if c.fn == "count":
+        return F.count(col).cast("long").alias(c.column)
+    return {"sum": F.sum, "min": F.min, "max": F.max}[c.fn](col).alias(c.column)
+
+
+def windowed(
+    df: DataFrame, pipeline: Pipeline, view: WindowedView, *, epoch: Column | None = None
+) -> DataFrame:
+    """Mergeable aggregates per key and tumbling event-time window.
+
+    Args:
+        df: Decoded, deduplicated events.
+        pipeline: The pipeline (for the default time column).
+        view: The view definition.
+        epoch: A grouping column for the ingest epoch (the speed layer's ``window`` on the
+            watermarked ingest time). None aggregates across epochs (the batch layer).
+    """
+    time_col = view.time or pipeline.event.time
+    # Spark allows one window() per aggregation and the speed layer spends it on the ingest epoch
+    # (state eviction needs it), so the event-time window is plain arithmetic (epoch-aligned, UTC).
+    size = view.window_seconds
+    window = F.timestamp_seconds(F.floor(F.unix_seconds(F.col(time_col)) / size) * size).alias(WINDOW_START)
+    groups = [*[F.col(k) for k in view.key], window]
+    if epoch is not None:
+        groups.append(epoch.alias("_epoch_window"))
+    out = df.groupBy(*groups).agg(*[_component(c) for c in view_components(view)])
+    if epoch is not None:
+        seconds = F.col("_epoch_window.start").cast("long")
+        duration = F.col("_epoch_window.end").cast("long") - seconds
+        out = out.withColumn(EPOCH, (seconds / duration).cast("long")).drop("_epoch_window")
+    return out
+
+
+def deduplicate(df: DataFrame, pipeline: Pipeline) -> DataFrame:
+    """Batch form of event identity: keep each identity's first delivery (lowest ingest time)."""
+    first = F.min_by(F.struct(*[F.col(c) for c in df.columns]), F.struct(INGEST_TS, "_partition", "_offset"))
+    return df.groupBy(*pipeline.event.identity).agg(first.alias("_e")).select("_e.*")

@@ -1,0 +1,79 @@
+"""What a view stores and how its rows merge: the engine-free half of a view definition.
+
+A windowed aggregate is stored as mergeable components (an average as its sum and count), so a batch
+row and any number of speed rows of later epochs combine exactly; :func:`merge` is that combination,
+used by serving. The Spark half (``lambdalake.spark.views``) computes the same components.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from lambdalake.pipeline import Aggregate, LatestView, Pipeline, WindowedView
+
+Merge = Literal["add", "min", "max"]
+
+#: Columns every speed row of a windowed view is keyed by besides the view's key.
+WINDOW_START = "window_start"
+EPOCH = "epoch"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One stored column of an aggregate and how two values of it combine."""
+
+    column: str
+    fn: Literal["count", "sum", "min", "max"]
+    source: str | None
+    merge: Merge
+
+
+def components(agg: Aggregate) -> list[Component]:
+    if agg.fn == "avg":
+        return [
+            Component(f"{agg.name}_sum", "sum", agg.column, "add"),
+            Component(f"{agg.name}_count", "count", agg.column, "add"),
+        ]
+    merge: Merge = {"count": "add", "sum": "add", "min": "min", "max": "max"}[agg.fn]  # type: ignore[assignment]
+    return [Component(agg.name, agg.fn, agg.column, merge)]  # type: ignore[arg-type]
+
+
+def view_components(view: WindowedView) -> list[Component]:
+    return [c for agg in view.aggregates for c in components(agg)]
+
+
+def merge(rows: Iterable[Mapping[str, Any]], view: WindowedView) -> dict[str, Any] | None:
+    """Combine rows of one (key, window) by each component's merge, then derive averages."""
+    out: dict[str, Any] | None = None
+    comps = view_components(view)
+    for row in rows:
+        if out is None:
+            out = {c.column: row.get(c.column) for c in comps}
+            continue
+        for c in comps:
+            a, b = out[c.column], row.get(c.column)
+            if a is None or b is None:
+                out[c.column] = a if b is None else b
+            elif c.merge == "add":
+                out[c.column] = a + b
+            elif c.merge == "min":
+                out[c.column] = min(a, b)
+            else:
+                out[c.column] = max(a, b)
+    if out is not None:
+        for agg in view.aggregates:
+            if agg.fn == "avg":
+                n = out[f"{agg.name}_count"]
+                out[agg.name] = out[f"{agg.name}_sum"] / n if n else None
+    return out
+
+
+def speed_table(view: LatestView | WindowedView) -> str:
+    return f"speed_{view.name}"
+
+
+def latest_columns(pipeline: Pipeline, view: LatestView) -> list[str]:
+    cols = view.columns or pipeline.reader_fields
+    return [*view.key, *[c for c in cols if c not in view.key]]

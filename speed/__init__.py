@@ -1,0 +1,1 @@
+"""The speed layer: Spark Structured Streaming from Kafka into the master dataset and speed views."""

@@ -1,0 +1,272 @@
+"""The speed job of one pipeline: two kinds of streaming query over the pipeline's topic.
+
+``archive`` (one query): decode every record; dead-letter the failures; append the valid events to
+the Delta master dataset (exactly once, by app transaction); upsert the ``latest`` views with a write
+timestamp taken from the version. It holds no state, so it never drops an event.
+
+``<view>`` (one query per windowed view): valid events, deduplicated by identity within the
+watermark, aggregated per (key, event-time window, ingest epoch) with Spark state and upserted as
+absolute values. The watermark is on ingest time (the Kafka record timestamp), so an event days late
+in event time still counts at once in the current epoch's row. An event whose *ingest* time is behind
+the watermark is dropped here, counted (``dropped_behind_watermark`` in the status file) and left to
+the batch layer, which reads it from the master dataset.
+
+Progress lives in each query's checkpoint; results are durable before Spark commits an offset.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
+
+from lambdalake.cassandra.session import connect
+from lambdalake.cassandra.tables import deploy_speed_tables, speed_table_def
+from lambdalake.master import MasterDataset, table_path
+from lambdalake.pipeline import LatestView, Pipeline, WindowedView
+from lambdalake.settings import Settings
+from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decode
+from lambdalake.spark.session import spark_session
+from lambdalake.spark.views import INGEST_TS, latest, windowed
+from speed.sinks import dead_letters, upsert_view
+
+log = logging.getLogger("lambdalake.speed")
+
+
+@dataclass(frozen=True)
+class SpeedOptions:
+    """Tuning of the speed job.
+
+    Args:
+        trigger_seconds: Micro-batch interval; 0 starts the next batch as soon as one ends. Default 0.
+        max_offsets_per_trigger: Records per micro-batch at most (bounds catch-up batches). Default 200k.
+        watermark_delay: How far behind the newest ingest time state is kept (and duplicates are
+            recognised). Default 10 minutes.
+        starting_offsets: Where a query without a checkpoint starts. Default ``earliest``.
+    """
+
+    trigger_seconds: float = 0.0
+    max_offsets_per_trigger: int = 200_000
+    watermark_delay: str = "10 minutes"
+    starting_offsets: str = "earliest"
+
+
+@dataclass
+class QueryStats:
+    batches: int = 0
+    rows: int = 0
+    dropped_behind_watermark: int = 0
+    last_batch: dict[str, Any] = field(default_factory=dict)
+
+
+class ProgressLog(StreamingQueryListener):
+    """Logs every micro-batch (rows, lag, duration) and keeps a status file per pipeline."""
+
+    def __init__(self, status_file: Path) -> None:
+        self.status_file = status_file
+        self.stats: dict[str, QueryStats] = {}
+        self._lock = threading.Lock()
+
+    def onQueryStarted(self, event: Any) -> None:
+        log.info("query %s started (id %s)", event.name, event.id)
+
+    def onQueryProgress(self, event: Any) -> None:
+        p = event.progress
+        lag = 0
+        for source in p.sources:
+            end = (
+                json.loads(source.endOffset or "{}")
+                if isinstance(source.endOffset, str)
+                else (source.endOffset or {})
+            )
+            latest_offsets = source.latestOffset
+            latest_offsets = (
+                json.loads(latest_offsets) if isinstance(latest_offsets, str) else (latest_offsets or {})
+            )
+            for topic, parts in (latest_offsets or {}).items():
+                for part, off in parts.items():
+                    lag += max(0, int(off) - int(end.get(topic, {}).get(part, 0)))
+        dropped = sum(op.numRowsDroppedByWatermark for op in p.stateOperators)
+        with self._lock:
+            stats = self.stats.setdefault(p.name, QueryStats())
+            stats.batches += 1
+            stats.rows += p.numInputRows
+            stats.dropped_behind_watermark += dropped
+            stats.last_batch = {
+                "batch_id": p.batchId,
+                "rows": p.numInputRows,
+                "lag": lag,
+                "duration_ms": p.durationMs.get("triggerExecution"),
+                "at": p.timestamp,
+            }
+            self._write()
+        if p.numInputRows or dropped:
+            log.info(
+                "%s batch %d: %d rows, lag %d, %d ms%s",
+                p.name,
+                p.batchId,
+                p.numInputRows,
+                lag,
+                p.durationMs.get("triggerExecution", 0),
+                f", {dropped} behind the watermark (left to the batch layer)" if dropped else "",
+            )
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        log.info("query %s terminated%s", event.id, f": {event.exception}" if event.exception else "")
+
+    def _write(self) -> None:
+        self.status_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.status_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({name: vars(s) for name, s in self.stats.items()}, indent=2))
+        tmp.replace(self.status_file)
+
+
+class SpeedJob:
+    """The speed layer of one pipeline.
+
+    Args:
+        settings: Cluster addresses and the storage root.
+        pipeline: The pipeline definition (topic, schema, views).
+        options: Tuning; default :class:`SpeedOptions`.
+        spark: An existing session; default one built from ``settings.spark``.
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        pipeline: Pipeline,
+        options: SpeedOptions | None = None,
+        spark: SparkSession | None = None,
+    ) -> None:
+        self.settings = settings
+        self.pipeline = pipeline
+        self.options = options or SpeedOptions()
+        self.spark = spark or spark_session(settings, f"lambdalake-speed-{pipeline.name}")
+        self.spec = DecodeSpec.of(pipeline, settings)
+        self.master = MasterDataset(
+            table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
+        )
+        self.checkpoints = f"{settings.storage_root.rstrip('/')}/checkpoints/{pipeline.name}"
+        self.progress = ProgressLog(Path(settings.storage_root) / "status" / f"speed-{pipeline.name}.json")
+        self.queries: list[StreamingQuery] = []
+
+    # --- building blocks ----------------------------------------------------------------------
+
+    def deploy(self) -> None:
+        """Create the pipeline's Cassandra tables (idempotent DDL)."""
+        session = connect(self.settings.cassandra)
+        deploy_speed_tables(session, self.settings.cassandra, self.pipeline)
+
+    def events(self) -> DataFrame:
+        """The topic as a stream of decoded events (with failures, see ``_error_rule``)."""
+        reader = self.spark.readStream.format("lambdalake_kafka")
+        for key, value in self.settings.kafka.client_config().items():
+            reader = reader.option(f"kafka.{key}", str(value))
+        raw = (
+            reader.option("subscribe", self.pipeline.topic.name)
+            .option("startingOffsets", self.options.starting_offsets)
+            .option("maxOffsetsPerTrigger", str(self.options.max_offsets_per_trigger))
+            .load()
+        )
+        return decode(raw, self.spec)
+
+    def _archive_batch(self, df: DataFrame, batch_id: int) -> None:
+        df = df.persist()
+        try:
+            failed = df.filter(F.col("_error_rule").isNotNull())
+            dead_letters(
+                failed,
+                kafka_config=self.settings.kafka.client_config(),
+                topic=self.pipeline.topic.dlq,
+                pipeline=self.pipeline.name,
+            )
+            valid = df.filter(F.col("_error_rule").isNull()).drop(*ERROR_FIELDS)
+            self.master.append(valid, app_id=f"speed-{self.pipeline.name}-archive", batch_id=batch_id)
+            for view in self.pipeline.views:
+                if isinstance(view, LatestView):
+                    upsert_view(
+                        latest(valid, self.pipeline, view),
+                        table=speed_table_def(self.pipeline, view),
+                        cassandra=self.settings.cassandra,
+                        write_timestamp=view.version,
+                    )
+        finally:
+            df.unpersist()
+
+    def _windowed_stream(self, view: WindowedView) -> DataFrame:
+        valid = self.events().filter(F.col("_error_rule").isNull()).drop(*ERROR_FIELDS)
+        deduped = valid.withWatermark(INGEST_TS, self.options.watermark_delay).dropDuplicatesWithinWatermark(
+            list(self.pipeline.event.identity)
+        )
+        epoch = F.window(F.col(INGEST_TS), f"{self.settings.epoch_seconds} seconds")
+        return windowed(deduped, self.pipeline, view, epoch=epoch)
+
+    # --- running ------------------------------------------------------------------------------
+
+    def start(self) -> list[StreamingQuery]:
+        self.deploy()
+        self.spark.streams.addListener(self.progress)
+        trigger = {"processingTime": f"{self.options.trigger_seconds} seconds"}
+        name = self.pipeline.name
+        archive = (
+            self.events().writeStream.queryName(f"{name}-archive")
+            .option("checkpointLocation", f"{self.checkpoints}/archive")
+            .foreachBatch(self._archive_batch).trigger(**trigger).start()
+        )  # fmt: skip
+        self.queries = [archive]
+        for view in self.pipeline.views:
+            if isinstance(view, WindowedView):
+                table = speed_table_def(self.pipeline, view)
+                cassandra = self.settings.cassandra
+
+                def write(df: DataFrame, _batch_id: int, table: Any = table) -> None:
+                    upsert_view(df, table=table, cassandra=cassandra)
+
+                query = (
+                    self._windowed_stream(view).writeStream.queryName(f"{name}-{view.name}")
+                    .outputMode("update")
+                    .option("checkpointLocation", f"{self.checkpoints}/{view.name}")
+                    .foreachBatch(write).trigger(**trigger).start()
+                )  # fmt: skip
+                self.queries.append(query)
+        return self.queries
+
+    def catch_up(self) -> None:
+        """Process everything available now (tests and backfills)."""
+        for q in self.queries:
+            q.processAllAvailable()
+
+    def stop(self) -> None:
+        for q in self.queries:
+            q.stop()
+        self.spark.streams.removeListener(self.progress)
+
+    def run_until_stopped(self) -> None:
+        """Run until SIGTERM/SIGINT; then stop the queries (every write is idempotent, so stopping
+        mid-batch is safe: the batch is replayed from the checkpoint next time)."""
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        self.start()
+        try:
+            while not stop.is_set():
+                for q in self.queries:
+                    if not q.isActive:
+                        raise RuntimeError(f"query {q.name} stopped: {q.exception()}")
+                time.sleep(0.5)
+        finally:
+            log.info("stopping %s", ", ".join(q.name for q in self.queries))
+            self.stop()
