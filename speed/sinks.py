@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
 from lambdalake.cassandra.tables import TableDef
 from lambdalake.kafka import dlq
 from lambdalake.settings import CassandraSettings
+from lambdalake.spark.views import INGEST_TS
 
 
 def dead_letters(df: DataFrame, *, kafka_config: dict[str, Any], topic: str, pipeline: str) -> None:
@@ -54,6 +55,24 @@ def dead_letters(df: DataFrame, *, kafka_config: dict[str, Any], topic: str, pip
     ).foreachPartition(send)
 
 
+TIEBREAK_BITS = 20
+
+
+def version_write_timestamp(df: DataFrame, version: str) -> Column:
+    """Cassandra write timestamp of a ``latest`` row: the version, then the earlier delivery.
+
+    ``version * 2^20 + (2^20 - 1 - ingest second mod 2^20)``: the highest version wins whatever the
+    order of writes, and between two deliveries of one version the first wins (as in the batch
+    layer) when they are less than 2^20 s (12 days) apart. Versions must stay below 8.7e12 (epoch
+    milliseconds qualify until the year 2248).
+    """
+    v = F.col(version)
+    v = F.unix_millis(v) if isinstance(df.schema[version].dataType, TimestampType) else v.cast("long")
+    span = 1 << TIEBREAK_BITS
+    tiebreak = F.lit(span - 1) - F.pmod(F.unix_seconds(F.col(INGEST_TS)), F.lit(span))
+    return v * F.lit(span) + tiebreak
+
+
 def upsert_view(
     df: DataFrame, *, table: TableDef, cassandra: CassandraSettings, write_timestamp: str | None = None
 ) -> None:
@@ -73,9 +92,7 @@ def upsert_view(
             F.unix_millis(col).alias(name) if isinstance(df.schema[name].dataType, TimestampType) else col
         )
     if write_timestamp is not None:
-        ts = F.col(write_timestamp)
-        is_time = isinstance(df.schema[write_timestamp].dataType, TimestampType)
-        cols.append((F.unix_millis(ts) if is_time else ts.cast("long")).alias("_write_ts"))
+        cols.append(version_write_timestamp(df, write_timestamp).alias("_write_ts"))
     index = len(table.column_names) if write_timestamp is not None else None
 
     def write(rows: Iterator[Row]) -> None:

@@ -39,17 +39,7 @@ def settings_for(state_dir: Path, ports: dict[str, int] = TEST_PORTS) -> Setting
 
 def env_for(settings: Settings) -> dict[str, str]:
     """Environment that points the CLI at ``settings``' services."""
-    return {
-        **os.environ,
-        "LAMBDALAKE_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
-        "LAMBDALAKE_REGISTRY__URL": settings.registry.url,
-        "LAMBDALAKE_CASSANDRA__PORT": str(settings.cassandra.port),
-        "LAMBDALAKE_CASSANDRA__STORAGE_PORT": str(settings.cassandra.storage_port),
-        "LAMBDALAKE_CASSANDRA__KEYSPACE": settings.cassandra.keyspace,
-        "LAMBDALAKE_STATE_DIR": str(settings.state_dir),
-        "LAMBDALAKE_STORAGE_ROOT": settings.storage_root,
-        "COLUMNS": "200",
-    }
+    return {**os.environ, **settings.to_env(), "COLUMNS": "200"}
 
 
 def run_cli(
@@ -94,3 +84,22 @@ def pipeline_named(settings: Settings, name: str, *, topic: str | None = None) -
     if topic is not None:
         p = p.model_copy(update={"topic": p.topic.model_copy(update={"name": topic})})
     return p
+
+
+def isolated(settings: Settings, tmp_path: Path, unique: str, *, epoch_seconds: int = 10) -> Settings:
+    """The session's services with a storage root and keyspace of the test's own, and short epochs
+    so a test of a few minutes spans several ingest epochs."""
+    cassandra = settings.cassandra.model_copy(update={"keyspace": f"t_{unique}"})
+    return settings.model_copy(update={
+        "storage_root": str(tmp_path / "storage"), "cassandra": cassandra, "epoch_seconds": epoch_seconds,
+    })
+
+
+@pytest.fixture(scope="session")
+def spark(services: Settings):
+    """One local[2] Spark session for the test session (7-10 s to start)."""
+    from lambdalake.spark.session import spark_session
+
+    session = spark_session(services, "lambdalake-tests")
+    yield session
+    session.stop()

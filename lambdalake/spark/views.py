@@ -19,10 +19,12 @@ INGEST_EPOCH = "_epoch"
 
 
 def latest(df: DataFrame, pipeline: Pipeline, view: LatestView) -> DataFrame:
-    """One row per key: the event with the highest version (ties are the same event)."""
+    """One row per key: the event with the highest version; among deliveries of one version, the
+    first (the same rule as deduplication), so the result never depends on arrival order."""
     cols = latest_columns(pipeline, view)
     keep = [c for c in cols if c not in view.key] + [INGEST_TS, INGEST_EPOCH]
-    winner = F.max_by(F.struct(*[F.col(c) for c in keep]), F.col(view.version))
+    order = F.struct(F.col(view.version), -F.unix_micros(F.col(INGEST_TS)), -F.col("_offset"))
+    winner = F.max_by(F.struct(*[F.col(c) for c in keep]), order)
     return (
         df.groupBy(*view.key)
         .agg(winner.alias("_w"))

@@ -1,0 +1,132 @@
+"""Ground truth for the speed views, computed without lambdalake's code.
+
+Events are read back from Kafka with confluent-kafka's own ``AvroDeserializer`` (not our decoder),
+judged with the hand-written checks in ``tests.helpers`` and aggregated with pandas from the view
+definitions' plain meaning: dedupe by identity keeping the first delivery, latest = highest version
+per key, windowed = count/sum/min/max per (key, event-time window, ingest epoch).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timezone
+from typing import Any
+
+import pandas as pd
+from cassandra.cluster import Cluster
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from lambdalake.pipeline import LatestView, Pipeline, WindowedView
+from lambdalake.settings import Settings
+from tests.helpers import REFERENCE_VALID, consume_all
+
+logging.getLogger("cassandra").setLevel(logging.ERROR)
+
+
+def topic_events(settings: Settings, pipeline: Pipeline) -> tuple[pd.DataFrame, int]:
+    """(valid events with Kafka coordinates, number of records that are not valid events)."""
+    deserializer = AvroDeserializer(SchemaRegistryClient(settings.registry.client_config()))
+    rows, invalid = [], 0
+    for msg in consume_all(settings, pipeline.topic.name):
+        try:
+            value = deserializer(msg.value(), SerializationContext(msg.topic(), MessageField.VALUE))
+        except Exception:
+            invalid += 1
+            continue
+        value = {k: (int(v.timestamp() * 1000) if hasattr(v, "timestamp") else v) for k, v in value.items()}
+        if not REFERENCE_VALID[pipeline.name](value, msg.timestamp()[1]):
+            invalid += 1
+            continue
+        value.update(_ts=msg.timestamp()[1], _partition=msg.partition(), _offset=msg.offset())
+        rows.append(value)
+    return pd.DataFrame(rows), invalid
+
+
+def first_deliveries(events: pd.DataFrame, pipeline: Pipeline) -> pd.DataFrame:
+    ordered = events.sort_values(["_ts", "_partition", "_offset"])
+    return ordered.drop_duplicates(subset=list(pipeline.event.identity), keep="first")
+
+
+def latest_view(events: pd.DataFrame, view: LatestView) -> dict[tuple, dict[str, Any]]:
+    # Highest version; among deliveries of one version the first (lowest ingest time, offset).
+    ordered = events.sort_values([view.version, "_ts", "_offset"], ascending=[True, False, False], kind="stable")
+    winners = ordered.groupby(view.key, sort=False).tail(1)
+    return {tuple(r[k] for k in view.key): r for r in winners.to_dict("records")}
+
+
+def windowed_view(events: pd.DataFrame, pipeline: Pipeline, view: WindowedView, epoch_seconds: int) -> dict[tuple, dict]:
+    df = first_deliveries(events, pipeline).copy()
+    time_col = view.time or pipeline.event.time
+    size_ms = view.window_seconds * 1000
+    df["window_start"] = df[time_col] // size_ms * size_ms
+    df["epoch"] = df["_ts"] // (epoch_seconds * 1000)
+    out: dict[tuple, dict] = {}
+    for key, group in df.groupby([*view.key, "window_start", "epoch"]):
+        row: dict[str, Any] = {}
+        for agg in view.aggregates:
+            col = group[agg.column] if agg.column else None
+            if agg.fn == "count":
+                row[agg.name] = len(group)
+            elif agg.fn == "sum":
+                row[agg.name] = col.sum()
+            elif agg.fn == "min":
+                row[agg.name] = col.min()
+            elif agg.fn == "max":
+                row[agg.name] = col.max()
+            else:
+                row[f"{agg.name}_sum"], row[f"{agg.name}_count"] = col.sum(), col.count()
+        out[key] = row
+    return out
+
+
+def cassandra_rows(settings: Settings, table: str) -> list[dict[str, Any]]:
+    cluster = Cluster(settings.cassandra.contact_points, port=settings.cassandra.port,
+                      protocol_version=settings.cassandra.protocol_version)
+    try:
+        session = cluster.connect(settings.cassandra.keyspace)
+        rows = []
+        for r in session.execute(f'SELECT * FROM "{table}"', timeout=60):
+            d = r._asdict()
+            # The driver returns naive UTC datetimes.
+            rows.append({k: (round(v.replace(tzinfo=timezone.utc).timestamp() * 1000) if hasattr(v, "timestamp")
+                             else v) for k, v in d.items()})
+        return rows
+    finally:
+        cluster.shutdown()
+
+
+def differences(settings: Settings, pipeline: Pipeline, events: pd.DataFrame) -> list[str]:
+    """Every way the speed tables differ from the reference (empty when equal)."""
+    problems: list[str] = []
+    for view in pipeline.views:
+        rows = cassandra_rows(settings, f"speed_{view.name}")
+        if isinstance(view, LatestView):
+            want = latest_view(events, view)
+            got = {tuple(r[k] for k in view.key): r for r in rows}
+            cols = [c for c in pipeline.reader_fields if c not in view.key]
+        else:
+            want = windowed_view(events, pipeline, view, settings.epoch_seconds)
+            got = {(*[r[k] for k in view.key], r["window_start"], r["epoch"]): r for r in rows}
+            cols = list(next(iter(want.values())).keys()) if want else []
+        if set(got) != set(want):
+            problems.append(f"{view.name}: {len(set(want) - set(got))} rows missing, "
+                            f"{len(set(got) - set(want))} unexpected (of {len(want)})")
+            continue
+        bad = 0
+        for key, w in want.items():
+            for c in cols:
+                a, b = w[c], got[key][c]
+                if isinstance(a, float) or isinstance(b, float):
+                    same = a is not None and b is not None and abs(a - b) <= 1e-6 * max(1.0, abs(a))
+                    same = same or (pd.isna(a) and b is None)
+                else:
+                    same = (None if pd.isna(a) else a) == b if not isinstance(a, str) else a == b
+                if not same:
+                    bad += 1
+                    if bad <= 3:
+                        problems.append(f"{view.name} {key} {c}: want {a!r}, got {b!r}")
+        if bad:
+            problems.append(f"{view.name}: {bad} values differ")
+    return problems

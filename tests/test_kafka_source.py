@@ -1,0 +1,165 @@
+"""Offset logic of the Spark Kafka source, against the real broker (no Spark needed for most)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import NewPartitions, NewTopic
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from lambdalake.kafka.admin import admin_client
+from lambdalake.settings import Settings
+from lambdalake.spark.kafka_source import (
+    KafkaBatchReader,
+    KafkaPartition,
+    KafkaSourceError,
+    KafkaStreamReader,
+    SourceOptions,
+    plan,
+    rate_limit,
+)
+
+pytestmark = pytest.mark.services
+
+
+def make_topic(settings: Settings, name: str, partitions: int = 3) -> None:
+    admin = admin_client(settings)  # kept alive until the future resolves
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result()
+
+
+def produce(settings: Settings, topic: str, n: int, partition: int | None = None, prefix: str = "v") -> None:
+    p = Producer({**settings.kafka.client_config(), "enable.idempotence": True, "linger.ms": 5})
+    for i in range(n):
+        kwargs = {"partition": partition} if partition is not None else {}
+        p.produce(topic, key=f"k{i % 7}".encode(), value=f"{prefix}{i}".encode(), **kwargs)
+    assert p.flush(30) == 0
+
+
+def options(settings: Settings, topic: str, **extra: str) -> SourceOptions:
+    return SourceOptions.parse({"kafka.bootstrap.servers": settings.kafka.bootstrap_servers,
+                                "subscribe": topic, **extra})
+
+
+def read_all(opts: SourceOptions, parts: list[KafkaPartition]) -> list[tuple[int, int, bytes]]:
+    from lambdalake.spark.kafka_source import read_partition
+
+    out = []
+    for part in parts:
+        for batch in read_partition(opts, part):
+            d = batch.to_pydict()
+            out += list(zip(d["partition"], d["offset"], d["value"], strict=True))
+    return out
+
+
+def test_starting_and_ending_offsets(services: Settings, unique: str) -> None:
+    topic = f"src-{unique}"
+    make_topic(services, topic, 2)
+    produce(services, topic, 10, partition=0)
+    produce(services, topic, 4, partition=1)
+    earliest = KafkaBatchReader(options(services, topic, startingOffsets="earliest"))
+    assert earliest.start == {topic: {"0": 0, "1": 0}} and earliest.end == {topic: {"0": 10, "1": 4}}
+    assert len(read_all(earliest.opts, earliest.partitions())) == 14
+    bounded = KafkaBatchReader(options(
+        services, topic, startingOffsets=json.dumps({topic: {"0": 3, "1": -2}}),
+        endingOffsets=json.dumps({topic: {"0": 7, "1": -1}})))
+    rows = read_all(bounded.opts, bounded.partitions())
+    assert sorted((p, o) for p, o, _ in rows) == [(0, 3), (0, 4), (0, 5), (0, 6), (1, 0), (1, 1), (1, 2), (1, 3)]
+    stream = KafkaStreamReader(options(services, topic, startingOffsets="latest"))
+    assert stream.initialOffset() == {topic: {"0": 10, "1": 4}}
+
+
+def test_starting_timestamp(services: Settings, unique: str) -> None:
+    topic = f"ts-{unique}"
+    make_topic(services, topic, 1)
+    produce(services, topic, 5, partition=0, prefix="old")
+    import time
+    time.sleep(0.05)
+    cut = int(time.time() * 1000)
+    time.sleep(0.05)
+    produce(services, topic, 3, partition=0, prefix="new")
+    reader = KafkaBatchReader(options(services, topic, startingTimestamp=str(cut)))
+    values = [v for _, _, v in read_all(reader.opts, reader.partitions())]
+    assert values == [b"new0", b"new1", b"new2"]
+
+
+def test_rate_limit_and_plan() -> None:
+    start = {"t": {"0": 0, "1": 100}}
+    latest = {"t": {"0": 900, "1": 200}, "u": {"0": 0}}
+    limited = rate_limit(start, latest, 500)
+    taken = sum(limited["t"][p] - start["t"][p] for p in ("0", "1"))
+    assert 0 < taken <= 500 and limited["t"]["0"] - 0 > limited["t"]["1"] - 100  # shared by backlog
+    assert rate_limit(start, latest, 10_000) == latest
+    # A partition that appeared since the start is read from its beginning.
+    parts = plan({"t": {"0": 5}}, {"t": {"0": 8, "1": 3}})
+    assert [(p.partition, p.start, p.until, p.new) for p in parts] == [(0, 5, 8, False), (1, 0, 3, True)]
+
+
+def test_stream_limits_and_added_partitions(services: Settings, unique: str) -> None:
+    topic = f"grow-{unique}"
+    make_topic(services, topic, 1)
+    produce(services, topic, 50, partition=0)
+    reader = KafkaStreamReader(options(services, topic, startingOffsets="earliest", maxOffsetsPerTrigger="20"))
+    start = reader.initialOffset()
+    assert isinstance(reader.getDefaultReadLimit(), ReadMaxRows)
+    end = reader.latestOffset(start, ReadMaxRows(20))
+    assert end == {topic: {"0": 20}}
+    assert reader.latestOffset(start, ReadAllAvailable()) == {topic: {"0": 50}}
+    admin = admin_client(services)
+    admin.create_partitions([NewPartitions(topic, 2)])[topic].result()
+    produce(services, topic, 6, partition=1)
+    later = reader.latestOffset(end, ReadAllAvailable())
+    assert later == {topic: {"0": 50, "1": 6}}
+    rows = read_all(reader.opts, reader.partitions(end, later))
+    assert sorted((p, o) for p, o, _ in rows) == [(0, o) for o in range(20, 50)] + [(1, o) for o in range(6)]
+
+
+def test_gaps_and_control_records(services: Settings, unique: str) -> None:
+    """Transactions leave offsets no consumer sees (markers, aborted records): reads end anyway."""
+    topic = f"gaps-{unique}"
+    make_topic(services, topic, 1)
+    p = Producer({**services.kafka.client_config(), "transactional.id": f"tx-{unique}"})
+    p.init_transactions(10)
+    for commit, values in ((True, [b"a", b"b"]), (False, [b"x", b"y"]), (True, [b"c"])):
+        p.begin_transaction()
+        for v in values:
+            p.produce(topic, value=v, partition=0)
+        (p.commit_transaction if commit else p.abort_transaction)(10)
+    reader = KafkaBatchReader(options(services, topic))
+    (part,) = reader.partitions()
+    rows = read_all(reader.opts, [part])
+    assert [v for _, _, v in rows] == [b"a", b"b", b"c"]
+    offsets = [o for _, o, _ in rows]
+    assert offsets != list(range(offsets[0], offsets[0] + 3)), "expected gaps between offsets"
+    assert part.until > offsets[-1] + 1  # the last offset is a marker no consumer receives
+
+
+def test_data_loss_fails_or_skips(services: Settings, unique: str) -> None:
+    topic = f"loss-{unique}"
+    make_topic(services, topic, 1)
+    produce(services, topic, 10, partition=0)
+    admin = admin_client(services)
+    for fut in admin.delete_records([TopicPartition(topic, 0, 4)]).values():
+        fut.result()
+    part = KafkaPartition(topic, 0, 1, 10)
+    with pytest.raises(KafkaSourceError, match="removed"):
+        read_all(options(services, topic), [part])
+    rows = read_all(options(services, topic, failOnDataLoss="false"), [part])
+    assert [o for _, o, _ in rows] == list(range(4, 10))
+
+
+def test_headers_column(services: Settings, unique: str) -> None:
+    topic = f"hdr-{unique}"
+    make_topic(services, topic, 1)
+    p = Producer(services.kafka.client_config())
+    p.produce(topic, value=b"v", headers=[("h1", b"x")])
+    p.flush(10)
+    reader = KafkaBatchReader(options(services, topic, includeHeaders="true"))
+    from lambdalake.spark.kafka_source import read_partition
+
+    (batch,) = list(read_partition(reader.opts, reader.partitions()[0]))
+    assert batch.schema.field("headers").type == pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    assert batch.column("headers").to_pylist() == [[{"key": "h1", "value": b"x"}]]
+    assert batch.column("timestampType").to_pylist() == [0]  # CreateTime, as Spark's source reports it

@@ -1,0 +1,129 @@
+"""The speed layer end to end: real broker, registry, Cassandra and a local[2] Spark session.
+
+Views are compared with an independent reference (tests/reference.py) computed from what Kafka holds.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from lambdalake.avro import HEADER, MAGIC, WireEncoder, parse_schema
+from lambdalake.kafka import dlq
+from lambdalake.master import MasterDataset, table_path
+from lambdalake.pipeline import Pipeline
+from lambdalake.produce.generator import Mix, generate
+from lambdalake.produce.producer import EventProducer
+from lambdalake.settings import Settings
+from speed.job import SpeedJob, SpeedOptions
+from tests.conftest import isolated, pipeline_named
+from tests.helpers import consume_all
+from tests.reference import cassandra_rows, differences, topic_events
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+EVENTS = int(os.environ.get("LAMBDALAKE_TEST_EVENTS", "200000"))
+
+
+def produce_mixed(settings: Settings, pipeline: Pipeline, n: int, seed: int) -> None:
+    """n generated events, the first quarter with the older schema version (v1), the rest with v2."""
+    records = list(generate(pipeline.name, n, seed=seed, mix=Mix(duplicates=0.03, invalid=0.01, late=0.03)))
+    old = EventProducer(settings=settings, pipeline=pipeline, schema_version=1)
+    new = EventProducer(settings=settings, pipeline=pipeline, prepare=False)
+    split = n // 4
+    for r in records[:split]:
+        old.send(r)
+    for r in records[split:]:
+        new.send(r)
+    for p in (old, new):
+        stats = p.flush()
+        assert stats.unacknowledged == 0
+
+
+def inject_bad_records(settings: Settings, pipeline: Pipeline) -> int:
+    """Records the producer would have refused, written around it: the speed layer must dead-letter them."""
+    producer = EventProducer(settings=settings, pipeline=pipeline, prepare=False)
+    schema = parse_schema(pipeline.reader_schema)
+    encoder = WireEncoder(producer.schema_id, schema)
+    good = next(generate(pipeline.name, 1, seed=99, mix=Mix(duplicates=0, invalid=0, late=0)))
+    breaks_rule = {**good, "price_cents": -5} if pipeline.name == "offers" else {**good, "speed_kmh": -5.0}
+    raw = Producer(settings.kafka.client_config())
+    bad = [b"not avro at all", HEADER.pack(MAGIC, 987654) + b"\x02", encoder.encode(breaks_rule)]
+    for value in bad:
+        raw.produce(pipeline.topic.name, key=b"bad", value=value)
+    assert raw.flush(10) == 0
+    return len(bad)
+
+
+@pytest.fixture(scope="module")
+def speed_run(services: Settings, spark, tmp_path_factory) -> dict:
+    """Both example pipelines produced, then processed by one speed job each until caught up."""
+    unique = os.urandom(4).hex()
+    settings = isolated(services, tmp_path_factory.mktemp("speed"), unique)
+    pipelines = {name: pipeline_named(settings, name, topic=f"{name}-{unique}") for name in ("offers", "telemetry")}
+    for seed, p in enumerate(pipelines.values()):
+        produce_mixed(settings, p, EVENTS, seed)
+        inject_bad_records(settings, p)
+    jobs = {name: SpeedJob(settings=settings, pipeline=p, spark=spark) for name, p in pipelines.items()}
+    t0 = time.monotonic()
+    for job in jobs.values():
+        job.start()
+    for job in jobs.values():
+        job.catch_up()
+    elapsed = time.monotonic() - t0
+    yield {"settings": settings, "pipelines": pipelines, "jobs": jobs, "elapsed": elapsed}
+    for job in jobs.values():
+        job.stop()
+
+
+@pytest.mark.parametrize("name", ["offers", "telemetry"])
+def test_views_equal_reference(speed_run: dict, name: str) -> None:
+    settings, pipeline = speed_run["settings"], speed_run["pipelines"][name]
+    events, invalid = topic_events(settings, pipeline)
+    assert len(events) > 0.9 * EVENTS and invalid == 3
+    assert events["_ts"].nunique() > 1
+    assert differences(settings, pipeline, events) == []
+
+
+@pytest.mark.parametrize("name", ["offers", "telemetry"])
+def test_master_dataset_holds_each_valid_event_once(speed_run: dict, name: str) -> None:
+    settings, pipeline = speed_run["settings"], speed_run["pipelines"][name]
+    events, _ = topic_events(settings, pipeline)
+    bronze = MasterDataset(table_path(settings.storage_root, name), event_time=pipeline.event.time).read()
+    coords = list(zip(bronze.column("_partition").to_pylist(), bronze.column("_offset").to_pylist(), strict=True))
+    assert len(coords) == len(set(coords)) == len(events)
+    assert set(coords) == set(zip(events["_partition"], events["_offset"], strict=True))
+    # Old and new schema versions were both written and decode into the one reader shape.
+    assert len(set(bronze.column("_schema_id").to_pylist())) == 2
+
+
+@pytest.mark.parametrize("name", ["offers", "telemetry"])
+def test_bad_records_are_dead_lettered_with_reasons(speed_run: dict, name: str) -> None:
+    settings, pipeline = speed_run["settings"], speed_run["pipelines"][name]
+    letters = [m for m in consume_all(settings, pipeline.topic.dlq) if dict(m.headers())[dlq.STAGE] == b"speed"]
+    rules = sorted(dict(m.headers())[dlq.RULE].decode() for m in letters)
+    expected_rule = "price_cents.range" if name == "offers" else "speed_kmh.range"
+    assert rules == sorted(["wire_format", "wire_format", expected_rule])
+    assert all(dict(m.headers())[dlq.REASON] and dict(m.headers())[dlq.SOURCE] for m in letters)
+    assert b"not avro at all" in [m.value() for m in letters]
+
+
+def test_days_late_event_counts_at_once_in_current_epoch(speed_run: dict) -> None:
+    settings, pipeline, job = speed_run["settings"], speed_run["pipelines"]["offers"], speed_run["jobs"]["offers"]
+    now_ms = int(time.time() * 1000)
+    late = {"offer_id": "late-offer", "merchant_id": "merchant-late", "title": "Old news", "price_cents": 4200,
+            "currency": "EUR", "stock": 1, "status": "active", "version": 1, "updated_at": now_ms - 3 * 86_400_000}
+    producer = EventProducer(settings=settings, pipeline=pipeline, prepare=False)
+    assert producer.send(late) is None and producer.flush().acked == 1
+    msg = [m for m in consume_all(settings, pipeline.topic.name) if m.key() == b"late-offer"][0]
+    job.catch_up()
+    rows = [r for r in cassandra_rows(settings, "speed_merchant_offers_hourly") if r["merchant_id"] == "merchant-late"]
+    window = late["updated_at"] // 3_600_000 * 3_600_000
+    assert rows == [{**rows[0], "window_start": window, "epoch": msg.timestamp()[1] // (settings.epoch_seconds * 1000),
+                     "updates": 1, "price_sum": 4200}]
+    status = Path(settings.storage_root, "status", "speed-offers.json").read_text()
+    assert '"dropped_behind_watermark": 0' in status
