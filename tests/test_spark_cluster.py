@@ -1,0 +1,86 @@
+"""The speed job on a real Spark standalone cluster (master + worker from pyspark's own jars).
+
+Executors run in the worker's processes, so the source, the decoder and the sinks must serialise
+and work outside the driver, as on any cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyspark
+import pytest
+
+from infra.process import port_open
+from lambdalake.produce.generator import Mix, generate
+from lambdalake.produce.producer import EventProducer
+from lambdalake.settings import Settings
+from tests.conftest import isolated, pipeline_named
+from tests.test_speed_faults import pipelines_dir_with_topic, start_job, wait_equal
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+MASTER_PORT = 17077
+
+
+@pytest.fixture
+def standalone(tmp_path: Path) -> Iterator[str]:
+    home = Path(pyspark.__file__).parent
+    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
+           "SPARK_WORKER_DIR": str(tmp_path / "work"), "SPARK_LOG_DIR": str(tmp_path / "logs")}
+    spark_class = str(home / "bin" / "spark-class")
+    url = f"spark://127.0.0.1:{MASTER_PORT}"
+    procs = [subprocess.Popen(
+        [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+         "--port", str(MASTER_PORT), "--webui-port", "38180"],
+        env=env, stdout=open(tmp_path / "master.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        start_new_session=True)]
+    try:
+        deadline = time.monotonic() + 60
+        while not port_open("127.0.0.1", MASTER_PORT):
+            assert time.monotonic() < deadline, (tmp_path / "master.log").read_text()[-2000:]
+            time.sleep(0.5)
+        procs.append(subprocess.Popen(
+            [spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
+             "--cores", "2", "--memory", "3g", "--webui-port", "38181"],
+            env=env, stdout=open(tmp_path / "worker.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+            start_new_session=True))
+        deadline = time.monotonic() + 60
+        while "Successfully registered with master" not in (tmp_path / "worker.log").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-2000:]
+            time.sleep(0.5)
+        yield url
+    finally:
+        for p in reversed(procs):
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(30)
+
+
+def test_speed_job_on_standalone_cluster(services: Settings, standalone: str, tmp_path: Path, unique: str) -> None:
+    topic = f"telemetry-{unique}"
+    settings = isolated(services, tmp_path, unique)
+    settings = settings.model_copy(update={
+        "pipelines_dir": pipelines_dir_with_topic(tmp_path, "telemetry", topic),
+        "spark": settings.spark.model_copy(update={"master": standalone}),
+    })
+    pipeline = pipeline_named(settings, "telemetry")
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    for record in generate("telemetry", 20_000, seed=8, mix=Mix(duplicates=0.03, late=0.03)):
+        producer.send(record)
+    assert producer.flush().unacknowledged == 0
+    log = tmp_path / "speed.log"
+    job = start_job(settings, "telemetry", log)
+    try:
+        problems = wait_equal(settings, pipeline, timeout=300)
+        assert problems == [], f"{problems[:10]}\n{log.read_text()[-3000:]}"
+        executors = list((tmp_path / "work").glob("app-*/*/stderr"))
+        assert executors, "no executor ran on the worker"
+    finally:
+        job.send_signal(signal.SIGTERM)
+        job.wait(90)
+    assert job.returncode == 0, log.read_text()[-3000:]

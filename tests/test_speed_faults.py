@@ -1,0 +1,145 @@
+"""Fault tests: kill -9 the speed job repeatedly, stop Cassandra; views still equal the reference."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.services import CassandraService
+from lambdalake.master import MasterDataset, table_path
+from lambdalake.produce.generator import Mix, generate
+from lambdalake.produce.producer import EventProducer
+from lambdalake.settings import PROJECT_ROOT, Settings
+from speed.job import SpeedJob
+from tests.conftest import env_for, isolated, pipeline_named
+from tests.reference import differences, topic_events
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+def produce_steadily(settings: Settings, pipeline, n: int, rate: float, seed: int) -> threading.Thread:
+    """Produce ``n`` generated events at about ``rate``/s in a background thread."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            producer = EventProducer(settings=settings, pipeline=pipeline, prepare=False)
+            t0 = time.monotonic()
+            for i, record in enumerate(generate(pipeline.name, n, seed=seed, mix=Mix(duplicates=0.03, late=0.03))):
+                producer.send(record)
+                if i % 500 == 0:
+                    ahead = i / rate - (time.monotonic() - t0)
+                    if ahead > 0:
+                        time.sleep(ahead)
+            assert producer.flush().unacknowledged == 0
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.errors = errors  # type: ignore[attr-defined]
+    thread.start()
+    return thread
+
+
+def wait_equal(settings: Settings, pipeline, timeout: float) -> list[str]:
+    """Poll until the speed views equal the reference (which is fixed: production has ended)."""
+    events, _ = topic_events(settings, pipeline)
+    deadline = time.monotonic() + timeout
+    problems = ["not checked"]
+    while time.monotonic() < deadline:
+        problems = differences(settings, pipeline, events)
+        bronze = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+        try:
+            table = bronze.read()
+            coords = list(zip(table.column("_partition").to_pylist(), table.column("_offset").to_pylist(), strict=True))
+        except FileNotFoundError:
+            coords = []
+        want = set(zip(events["_partition"], events["_offset"], strict=True))
+        if len(coords) != len(set(coords)) or set(coords) != want:
+            problems.append(f"bronze: {len(coords)} rows, {len(set(coords))} distinct, want {len(want)}")
+        if not problems:
+            return []
+        time.sleep(5)
+    return problems
+
+
+def pipelines_dir_with_topic(tmp: Path, name: str, topic: str) -> Path:
+    """A copy of the pipeline file whose topic is the test's own (the CLI loads pipelines by name)."""
+    folder = tmp / "pipelines"
+    folder.mkdir(exist_ok=True)
+    text = (PROJECT_ROOT / "pipelines" / f"{name}.toml").read_text()
+    (folder / f"{name}.toml").write_text(text.replace(f'[topic]\nname = "{name}"', f'[topic]\nname = "{topic}"'))
+    return folder
+
+
+def start_job(settings: Settings, name: str, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "lambdalake", "speed", "run", name],
+        env=env_for(settings), stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        start_new_session=True, cwd=PROJECT_ROOT,
+    )
+
+
+def test_kill_minus_nine_three_times(services: Settings, tmp_path: Path, unique: str) -> None:
+    topic = f"offers-{unique}"
+    settings = isolated(services, tmp_path, unique)
+    settings = settings.model_copy(update={"pipelines_dir": pipelines_dir_with_topic(tmp_path, "offers", topic)})
+    pipeline = pipeline_named(settings, "offers")
+    assert pipeline.topic.name == topic
+    EventProducer(settings=settings, pipeline=pipeline)  # topics and schemas exist before the job
+    log = tmp_path / "speed.log"
+    rng = random.Random(int(unique, 16))
+    producer = produce_steadily(settings, pipeline, 60_000, rate=1000, seed=5)
+    job = start_job(settings, "offers", log)
+    kills = 0
+    try:
+        while kills < 3:
+            time.sleep(rng.uniform(10, 22))
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(30)
+            kills += 1
+            job = start_job(settings, "offers", log)
+        producer.join(120)
+        assert not producer.is_alive() and not producer.errors, producer.errors
+        problems = wait_equal(settings, pipeline, timeout=300)
+        assert problems == [], problems[:10]
+    finally:
+        if job.poll() is None:
+            job.send_signal(signal.SIGTERM)
+            try:
+                job.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 0, f"graceful stop failed; log: {log.read_text()[-2000:]}"
+    assert log.read_text().count("offers-archive started") == 4  # one start and three restarts
+
+
+def test_cassandra_stopped_for_30s(services: Settings, spark, tmp_path: Path, unique: str) -> None:
+    settings = isolated(services, tmp_path, unique)
+    pipeline = pipeline_named(settings, "telemetry", topic=f"telemetry-{unique}")
+    EventProducer(settings=settings, pipeline=pipeline)
+    job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
+    job.start()
+    producer = produce_steadily(settings, pipeline, 40_000, rate=800, seed=6)
+    cassandra = CassandraService(services)
+    try:
+        time.sleep(10)
+        assert cassandra.stop()
+        time.sleep(30)
+        assert all(q.isActive for q in job.queries), "the job must wait for Cassandra, not die"
+        cassandra.start()
+        producer.join(120)
+        assert not producer.is_alive() and not producer.errors, producer.errors
+        job.catch_up()
+        assert wait_equal(settings, pipeline, timeout=120) == []
+    finally:
+        job.stop()
+        cassandra.start()
