@@ -55,7 +55,10 @@ def wait_equal(settings: Settings, pipeline, timeout: float) -> list[str]:
     deadline = time.monotonic() + timeout
     problems = ["not checked"]
     while time.monotonic() < deadline:
-        problems = differences(settings, pipeline, events)
+        try:
+            problems = differences(settings, pipeline, events)
+        except Exception as exc:  # e.g. the job has not created its keyspace yet
+            problems = [f"cannot read the views yet: {exc!r}"]
         bronze = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
         try:
             table = bronze.read()
