@@ -55,6 +55,7 @@ demo: setup
 
 bench: setup
 	$(BIN)/python -m bench.produce
+	$(BIN)/python -m bench.speed
 
 clean: down
 	rm -rf .lambdalake

@@ -10,6 +10,8 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 step "Start the embedded broker, schema registry and Cassandra"
 lambdalake up
 lambdalake status
+lambdalake deploy offers
+lambdalake deploy telemetry
 
 step "Produce $N offers and $N telemetry readings (skewed keys, duplicates, late and invalid records)"
 lambdalake produce offers --generate "$N" --seed 1
@@ -22,6 +24,15 @@ done
 
 step "A dead letter names the rule that failed"
 kcat -b 127.0.0.1:9092 -C -t offers.dlq -c 1 -e -q -f 'headers: %h\nvalue:   %s\n'
+
+step "Speed layer: archive into the Delta master dataset, fresh views in Cassandra (Spark local[2])"
+lambdalake speed run offers --once
+lambdalake speed run telemetry --once
+
+step "Speed views as Cassandra holds them"
+lambdalake speed show offers offer_latest --limit 5
+lambdalake speed show offers merchant_offers_hourly --key merchant-0000 --limit 5
+lambdalake speed show telemetry vehicle_minute --key vehicle-00000 --limit 5
 
 echo
 echo "Services keep running; stop them with: lambdalake down"

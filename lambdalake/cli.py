@@ -342,6 +342,9 @@ def speed_run(
     watermark_delay: Annotated[
         str, typer.Option(help="State and dedup horizon on ingest time.")
     ] = "10 minutes",
+    once: Annotated[
+        bool, typer.Option("--once", help="Process what the topic holds now, then stop.")
+    ] = False,
 ) -> None:
     """Run the pipeline's streaming queries until SIGTERM/Ctrl-C (checkpoints under the storage root)."""
     import logging
@@ -359,7 +362,46 @@ def speed_run(
         max_offsets_per_trigger=max_offsets_per_trigger,
         watermark_delay=watermark_delay,
     )
-    SpeedJob(settings=settings, pipeline=_pipeline(pipeline, settings), options=options).run_until_stopped()
+    job = SpeedJob(settings=settings, pipeline=_pipeline(pipeline, settings), options=options)
+    if not once:
+        job.run_until_stopped()
+        return
+    t0 = time.monotonic()
+    with console.status("processing what the topic holds..."):
+        job.start()
+        job.catch_up()
+        job.stop()
+    for name, stats in job.progress.stats.items():
+        behind = (
+            f", {stats.dropped_behind_watermark} behind the watermark"
+            if stats.dropped_behind_watermark
+            else ""
+        )
+        console.print(f"[green]✔[/] {name}: {stats.rows:,} records in {stats.batches} micro-batches{behind}")
+    console.print(f"caught up in {time.monotonic() - t0:.1f}s")
+
+
+@speed_app.command("show")
+def speed_show(
+    pipeline: PipelineArg,
+    view: Annotated[str, typer.Argument(help="View name (see `lambdalake pipelines`).")],
+    key: Annotated[str | None, typer.Option(help="Only this key (the view's first key column).")] = None,
+    limit: Annotated[int, typer.Option(help="Rows at most.")] = 10,
+) -> None:
+    """Print rows of a speed view as Cassandra holds them (the merged query comes with serving)."""
+    from lambdalake.cassandra.session import connect
+    from lambdalake.views import speed_table
+
+    settings = get_settings()
+    v = _pipeline(pipeline, settings).view(view)
+    session = connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
+    where = f' WHERE "{v.key[0]}" = %s' if key else ""
+    cql = f'SELECT * FROM "{speed_table(v)}"{where} LIMIT {int(limit)}'
+    rows = list(session.execute(cql, [key] if key else []))
+    table = Table(*(rows[0]._fields if rows else ["(no rows)"]))
+    for r in rows:
+        table.add_row(*[str(x) for x in r])
+    out.print(table)
 
 
 def main() -> None:

@@ -232,7 +232,9 @@ class SpeedJob:
                 table = speed_table_def(self.pipeline, view)
                 cassandra = self.settings.cassandra
 
-                def write(df: DataFrame, _batch_id: int, table: Any = table) -> None:
+                def write(
+                    df: DataFrame, _batch_id: int, table: Any = table, cassandra: Any = cassandra
+                ) -> None:
                     upsert_view(df, table=table, cassandra=cassandra)
 
                 query = (

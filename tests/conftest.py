@@ -90,9 +90,13 @@ def isolated(settings: Settings, tmp_path: Path, unique: str, *, epoch_seconds: 
     """The session's services with a storage root and keyspace of the test's own, and short epochs
     so a test of a few minutes spans several ingest epochs."""
     cassandra = settings.cassandra.model_copy(update={"keyspace": f"t_{unique}"})
-    return settings.model_copy(update={
-        "storage_root": str(tmp_path / "storage"), "cassandra": cassandra, "epoch_seconds": epoch_seconds,
-    })
+    return settings.model_copy(
+        update={
+            "storage_root": str(tmp_path / "storage"),
+            "cassandra": cassandra,
+            "epoch_seconds": epoch_seconds,
+        }
+    )
 
 
 @pytest.fixture(scope="session")

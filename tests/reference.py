@@ -9,7 +9,7 @@ per key, windowed = count/sum/min/max per (key, event-time window, ingest epoch)
 from __future__ import annotations
 
 import logging
-from datetime import timezone
+from datetime import UTC
 from typing import Any
 
 import pandas as pd
@@ -51,12 +51,16 @@ def first_deliveries(events: pd.DataFrame, pipeline: Pipeline) -> pd.DataFrame:
 
 def latest_view(events: pd.DataFrame, view: LatestView) -> dict[tuple, dict[str, Any]]:
     # Highest version; among deliveries of one version the first (lowest ingest time, offset).
-    ordered = events.sort_values([view.version, "_ts", "_offset"], ascending=[True, False, False], kind="stable")
+    ordered = events.sort_values(
+        [view.version, "_ts", "_offset"], ascending=[True, False, False], kind="stable"
+    )
     winners = ordered.groupby(view.key, sort=False).tail(1)
     return {tuple(r[k] for k in view.key): r for r in winners.to_dict("records")}
 
 
-def windowed_view(events: pd.DataFrame, pipeline: Pipeline, view: WindowedView, epoch_seconds: int) -> dict[tuple, dict]:
+def windowed_view(
+    events: pd.DataFrame, pipeline: Pipeline, view: WindowedView, epoch_seconds: int
+) -> dict[tuple, dict]:
     df = first_deliveries(events, pipeline).copy()
     time_col = view.time or pipeline.event.time
     size_ms = view.window_seconds * 1000
@@ -82,16 +86,23 @@ def windowed_view(events: pd.DataFrame, pipeline: Pipeline, view: WindowedView, 
 
 
 def cassandra_rows(settings: Settings, table: str) -> list[dict[str, Any]]:
-    cluster = Cluster(settings.cassandra.contact_points, port=settings.cassandra.port,
-                      protocol_version=settings.cassandra.protocol_version)
+    cluster = Cluster(
+        settings.cassandra.contact_points,
+        port=settings.cassandra.port,
+        protocol_version=settings.cassandra.protocol_version,
+    )
     try:
         session = cluster.connect(settings.cassandra.keyspace)
         rows = []
         for r in session.execute(f'SELECT * FROM "{table}"', timeout=60):
             d = r._asdict()
             # The driver returns naive UTC datetimes.
-            rows.append({k: (round(v.replace(tzinfo=timezone.utc).timestamp() * 1000) if hasattr(v, "timestamp")
-                             else v) for k, v in d.items()})
+            rows.append(
+                {
+                    k: (round(v.replace(tzinfo=UTC).timestamp() * 1000) if hasattr(v, "timestamp") else v)
+                    for k, v in d.items()
+                }
+            )
         return rows
     finally:
         cluster.shutdown()
@@ -111,8 +122,10 @@ def differences(settings: Settings, pipeline: Pipeline, events: pd.DataFrame) ->
             got = {(*[r[k] for k in view.key], r["window_start"], r["epoch"]): r for r in rows}
             cols = list(next(iter(want.values())).keys()) if want else []
         if set(got) != set(want):
-            problems.append(f"{view.name}: {len(set(want) - set(got))} rows missing, "
-                            f"{len(set(got) - set(want))} unexpected (of {len(want)})")
+            problems.append(
+                f"{view.name}: {len(set(want) - set(got))} rows missing, "
+                f"{len(set(got) - set(want))} unexpected (of {len(want)})"
+            )
             continue
         bad = 0
         for key, w in want.items():

@@ -39,8 +39,9 @@ def produce(settings: Settings, topic: str, n: int, partition: int | None = None
 
 
 def options(settings: Settings, topic: str, **extra: str) -> SourceOptions:
-    return SourceOptions.parse({"kafka.bootstrap.servers": settings.kafka.bootstrap_servers,
-                                "subscribe": topic, **extra})
+    return SourceOptions.parse(
+        {"kafka.bootstrap.servers": settings.kafka.bootstrap_servers, "subscribe": topic, **extra}
+    )
 
 
 def read_all(opts: SourceOptions, parts: list[KafkaPartition]) -> list[tuple[int, int, bytes]]:
@@ -62,11 +63,25 @@ def test_starting_and_ending_offsets(services: Settings, unique: str) -> None:
     earliest = KafkaBatchReader(options(services, topic, startingOffsets="earliest"))
     assert earliest.start == {topic: {"0": 0, "1": 0}} and earliest.end == {topic: {"0": 10, "1": 4}}
     assert len(read_all(earliest.opts, earliest.partitions())) == 14
-    bounded = KafkaBatchReader(options(
-        services, topic, startingOffsets=json.dumps({topic: {"0": 3, "1": -2}}),
-        endingOffsets=json.dumps({topic: {"0": 7, "1": -1}})))
+    bounded = KafkaBatchReader(
+        options(
+            services,
+            topic,
+            startingOffsets=json.dumps({topic: {"0": 3, "1": -2}}),
+            endingOffsets=json.dumps({topic: {"0": 7, "1": -1}}),
+        )
+    )
     rows = read_all(bounded.opts, bounded.partitions())
-    assert sorted((p, o) for p, o, _ in rows) == [(0, 3), (0, 4), (0, 5), (0, 6), (1, 0), (1, 1), (1, 2), (1, 3)]
+    assert sorted((p, o) for p, o, _ in rows) == [
+        (0, 3),
+        (0, 4),
+        (0, 5),
+        (0, 6),
+        (1, 0),
+        (1, 1),
+        (1, 2),
+        (1, 3),
+    ]
     stream = KafkaStreamReader(options(services, topic, startingOffsets="latest"))
     assert stream.initialOffset() == {topic: {"0": 10, "1": 4}}
 
@@ -76,6 +91,7 @@ def test_starting_timestamp(services: Settings, unique: str) -> None:
     make_topic(services, topic, 1)
     produce(services, topic, 5, partition=0, prefix="old")
     import time
+
     time.sleep(0.05)
     cut = int(time.time() * 1000)
     time.sleep(0.05)
@@ -101,7 +117,9 @@ def test_stream_limits_and_added_partitions(services: Settings, unique: str) -> 
     topic = f"grow-{unique}"
     make_topic(services, topic, 1)
     produce(services, topic, 50, partition=0)
-    reader = KafkaStreamReader(options(services, topic, startingOffsets="earliest", maxOffsetsPerTrigger="20"))
+    reader = KafkaStreamReader(
+        options(services, topic, startingOffsets="earliest", maxOffsetsPerTrigger="20")
+    )
     start = reader.initialOffset()
     assert isinstance(reader.getDefaultReadLimit(), ReadMaxRows)
     end = reader.latestOffset(start, ReadMaxRows(20))
@@ -160,6 +178,8 @@ def test_headers_column(services: Settings, unique: str) -> None:
     from lambdalake.spark.kafka_source import read_partition
 
     (batch,) = list(read_partition(reader.opts, reader.partitions()[0]))
-    assert batch.schema.field("headers").type == pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    assert batch.schema.field("headers").type == pa.list_(
+        pa.struct([("key", pa.string()), ("value", pa.binary())])
+    )
     assert batch.column("headers").to_pylist() == [[{"key": "h1", "value": b"x"}]]
     assert batch.column("timestampType").to_pylist() == [0]  # CreateTime, as Spark's source reports it

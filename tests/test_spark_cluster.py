@@ -31,25 +31,59 @@ MASTER_PORT = 17077
 @pytest.fixture
 def standalone(tmp_path: Path) -> Iterator[str]:
     home = Path(pyspark.__file__).parent
-    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
-           "SPARK_WORKER_DIR": str(tmp_path / "work"), "SPARK_LOG_DIR": str(tmp_path / "logs")}
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(home),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_WORKER_DIR": str(tmp_path / "work"),
+        "SPARK_LOG_DIR": str(tmp_path / "logs"),
+    }
     spark_class = str(home / "bin" / "spark-class")
     url = f"spark://127.0.0.1:{MASTER_PORT}"
-    procs = [subprocess.Popen(
-        [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-         "--port", str(MASTER_PORT), "--webui-port", "38180"],
-        env=env, stdout=open(tmp_path / "master.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-        start_new_session=True)]
+    procs = [
+        subprocess.Popen(
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(MASTER_PORT),
+                "--webui-port",
+                "38180",
+            ],
+            env=env,
+            stdout=open(tmp_path / "master.log", "wb"),  # noqa: SIM115 - the server outlives this call
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    ]
     try:
         deadline = time.monotonic() + 60
         while not port_open("127.0.0.1", MASTER_PORT):
             assert time.monotonic() < deadline, (tmp_path / "master.log").read_text()[-2000:]
             time.sleep(0.5)
-        procs.append(subprocess.Popen(
-            [spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-             "--cores", "2", "--memory", "3g", "--webui-port", "38181"],
-            env=env, stdout=open(tmp_path / "worker.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-            start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.worker.Worker",
+                    url,
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    "2",
+                    "--memory",
+                    "3g",
+                    "--webui-port",
+                    "38181",
+                ],
+                env=env,
+                stdout=open(tmp_path / "worker.log", "wb"),  # noqa: SIM115
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         deadline = time.monotonic() + 60
         while "Successfully registered with master" not in (tmp_path / "worker.log").read_text():
             assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-2000:]
@@ -61,13 +95,17 @@ def standalone(tmp_path: Path) -> Iterator[str]:
             p.wait(30)
 
 
-def test_speed_job_on_standalone_cluster(services: Settings, standalone: str, tmp_path: Path, unique: str) -> None:
+def test_speed_job_on_standalone_cluster(
+    services: Settings, standalone: str, tmp_path: Path, unique: str
+) -> None:
     topic = f"telemetry-{unique}"
     settings = isolated(services, tmp_path, unique)
-    settings = settings.model_copy(update={
-        "pipelines_dir": pipelines_dir_with_topic(tmp_path, "telemetry", topic),
-        "spark": settings.spark.model_copy(update={"master": standalone}),
-    })
+    settings = settings.model_copy(
+        update={
+            "pipelines_dir": pipelines_dir_with_topic(tmp_path, "telemetry", topic),
+            "spark": settings.spark.model_copy(update={"master": standalone}),
+        }
+    )
     pipeline = pipeline_named(settings, "telemetry")
     producer = EventProducer(settings=settings, pipeline=pipeline)
     for record in generate("telemetry", 20_000, seed=8, mix=Mix(duplicates=0.03, late=0.03)):

@@ -19,7 +19,7 @@ from lambdalake.pipeline import Pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
-from speed.job import SpeedJob, SpeedOptions
+from speed.job import SpeedJob
 from tests.conftest import isolated, pipeline_named
 from tests.helpers import consume_all
 from tests.reference import cassandra_rows, differences, topic_events
@@ -64,7 +64,9 @@ def speed_run(services: Settings, spark, tmp_path_factory) -> dict:
     """Both example pipelines produced, then processed by one speed job each until caught up."""
     unique = os.urandom(4).hex()
     settings = isolated(services, tmp_path_factory.mktemp("speed"), unique)
-    pipelines = {name: pipeline_named(settings, name, topic=f"{name}-{unique}") for name in ("offers", "telemetry")}
+    pipelines = {
+        name: pipeline_named(settings, name, topic=f"{name}-{unique}") for name in ("offers", "telemetry")
+    }
     for seed, p in enumerate(pipelines.values()):
         produce_mixed(settings, p, EVENTS, seed)
         inject_bad_records(settings, p)
@@ -94,7 +96,9 @@ def test_master_dataset_holds_each_valid_event_once(speed_run: dict, name: str) 
     settings, pipeline = speed_run["settings"], speed_run["pipelines"][name]
     events, _ = topic_events(settings, pipeline)
     bronze = MasterDataset(table_path(settings.storage_root, name), event_time=pipeline.event.time).read()
-    coords = list(zip(bronze.column("_partition").to_pylist(), bronze.column("_offset").to_pylist(), strict=True))
+    coords = list(
+        zip(bronze.column("_partition").to_pylist(), bronze.column("_offset").to_pylist(), strict=True)
+    )
     assert len(coords) == len(set(coords)) == len(events)
     assert set(coords) == set(zip(events["_partition"], events["_offset"], strict=True))
     # Old and new schema versions were both written and decode into the one reader shape.
@@ -104,7 +108,9 @@ def test_master_dataset_holds_each_valid_event_once(speed_run: dict, name: str) 
 @pytest.mark.parametrize("name", ["offers", "telemetry"])
 def test_bad_records_are_dead_lettered_with_reasons(speed_run: dict, name: str) -> None:
     settings, pipeline = speed_run["settings"], speed_run["pipelines"][name]
-    letters = [m for m in consume_all(settings, pipeline.topic.dlq) if dict(m.headers())[dlq.STAGE] == b"speed"]
+    letters = [
+        m for m in consume_all(settings, pipeline.topic.dlq) if dict(m.headers())[dlq.STAGE] == b"speed"
+    ]
     rules = sorted(dict(m.headers())[dlq.RULE].decode() for m in letters)
     expected_rule = "price_cents.range" if name == "offers" else "speed_kmh.range"
     assert rules == sorted(["wire_format", "wire_format", expected_rule])
@@ -113,17 +119,41 @@ def test_bad_records_are_dead_lettered_with_reasons(speed_run: dict, name: str) 
 
 
 def test_days_late_event_counts_at_once_in_current_epoch(speed_run: dict) -> None:
-    settings, pipeline, job = speed_run["settings"], speed_run["pipelines"]["offers"], speed_run["jobs"]["offers"]
+    settings, pipeline, job = (
+        speed_run["settings"],
+        speed_run["pipelines"]["offers"],
+        speed_run["jobs"]["offers"],
+    )
     now_ms = int(time.time() * 1000)
-    late = {"offer_id": "late-offer", "merchant_id": "merchant-late", "title": "Old news", "price_cents": 4200,
-            "currency": "EUR", "stock": 1, "status": "active", "version": 1, "updated_at": now_ms - 3 * 86_400_000}
+    late = {
+        "offer_id": "late-offer",
+        "merchant_id": "merchant-late",
+        "title": "Old news",
+        "price_cents": 4200,
+        "currency": "EUR",
+        "stock": 1,
+        "status": "active",
+        "version": 1,
+        "updated_at": now_ms - 3 * 86_400_000,
+    }
     producer = EventProducer(settings=settings, pipeline=pipeline, prepare=False)
     assert producer.send(late) is None and producer.flush().acked == 1
-    msg = [m for m in consume_all(settings, pipeline.topic.name) if m.key() == b"late-offer"][0]
+    msg = next(m for m in consume_all(settings, pipeline.topic.name) if m.key() == b"late-offer")
     job.catch_up()
-    rows = [r for r in cassandra_rows(settings, "speed_merchant_offers_hourly") if r["merchant_id"] == "merchant-late"]
+    rows = [
+        r
+        for r in cassandra_rows(settings, "speed_merchant_offers_hourly")
+        if r["merchant_id"] == "merchant-late"
+    ]
     window = late["updated_at"] // 3_600_000 * 3_600_000
-    assert rows == [{**rows[0], "window_start": window, "epoch": msg.timestamp()[1] // (settings.epoch_seconds * 1000),
-                     "updates": 1, "price_sum": 4200}]
+    assert rows == [
+        {
+            **rows[0],
+            "window_start": window,
+            "epoch": msg.timestamp()[1] // (settings.epoch_seconds * 1000),
+            "updates": 1,
+            "price_sum": 4200,
+        }
+    ]
     status = Path(settings.storage_root, "status", "speed-offers.json").read_text()
     assert '"dropped_behind_watermark": 0' in status

@@ -33,7 +33,9 @@ def produce_steadily(settings: Settings, pipeline, n: int, rate: float, seed: in
         try:
             producer = EventProducer(settings=settings, pipeline=pipeline, prepare=False)
             t0 = time.monotonic()
-            for i, record in enumerate(generate(pipeline.name, n, seed=seed, mix=Mix(duplicates=0.03, late=0.03))):
+            for i, record in enumerate(
+                generate(pipeline.name, n, seed=seed, mix=Mix(duplicates=0.03, late=0.03))
+            ):
                 producer.send(record)
                 if i % 500 == 0:
                     ahead = i / rate - (time.monotonic() - t0)
@@ -59,10 +61,14 @@ def wait_equal(settings: Settings, pipeline, timeout: float) -> list[str]:
             problems = differences(settings, pipeline, events)
         except Exception as exc:  # e.g. the job has not created its keyspace yet
             problems = [f"cannot read the views yet: {exc!r}"]
-        bronze = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+        bronze = MasterDataset(
+            table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
+        )
         try:
             table = bronze.read()
-            coords = list(zip(table.column("_partition").to_pylist(), table.column("_offset").to_pylist(), strict=True))
+            coords = list(
+                zip(table.column("_partition").to_pylist(), table.column("_offset").to_pylist(), strict=True)
+            )
         except FileNotFoundError:
             coords = []
         want = set(zip(events["_partition"], events["_offset"], strict=True))
@@ -79,22 +85,29 @@ def pipelines_dir_with_topic(tmp: Path, name: str, topic: str) -> Path:
     folder = tmp / "pipelines"
     folder.mkdir(exist_ok=True)
     text = (PROJECT_ROOT / "pipelines" / f"{name}.toml").read_text()
-    (folder / f"{name}.toml").write_text(text.replace(f'[topic]\nname = "{name}"', f'[topic]\nname = "{topic}"'))
+    (folder / f"{name}.toml").write_text(
+        text.replace(f'[topic]\nname = "{name}"', f'[topic]\nname = "{topic}"')
+    )
     return folder
 
 
 def start_job(settings: Settings, name: str, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "lambdalake", "speed", "run", name],
-        env=env_for(settings), stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-        start_new_session=True, cwd=PROJECT_ROOT,
+        env=env_for(settings),
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=PROJECT_ROOT,
     )
 
 
 def test_kill_minus_nine_three_times(services: Settings, tmp_path: Path, unique: str) -> None:
     topic = f"offers-{unique}"
     settings = isolated(services, tmp_path, unique)
-    settings = settings.model_copy(update={"pipelines_dir": pipelines_dir_with_topic(tmp_path, "offers", topic)})
+    settings = settings.model_copy(
+        update={"pipelines_dir": pipelines_dir_with_topic(tmp_path, "offers", topic)}
+    )
     pipeline = pipeline_named(settings, "offers")
     assert pipeline.topic.name == topic
     EventProducer(settings=settings, pipeline=pipeline)  # topics and schemas exist before the job

@@ -43,7 +43,8 @@ def connect(settings: CassandraSettings, *, keyspace: str | None = None) -> Sess
             cluster.shutdown()
             raise ServiceUnavailable(
                 f"cannot reach Cassandra at {settings.contact_points}:{settings.port}: {exc}",
-                fix="start the embedded services with `lambdalake up`, or set LAMBDALAKE_CASSANDRA__CONTACT_POINTS",
+                fix="start the embedded services with `lambdalake up`, "
+                "or set LAMBDALAKE_CASSANDRA__CONTACT_POINTS",
             ) from exc
         session.default_timeout = 30
         _sessions[key] = session

@@ -95,7 +95,8 @@ def _write_chunk(
             return len(params)
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"{len(failed)} writes to {table.name} still failing after {give_up_after_s:.0f}s: {errors[0]!r}"
+                f"{len(failed)} writes to {table.name} still failing after {give_up_after_s:.0f}s: "
+                f"{errors[0]!r}"
             )
         log.warning(
             "%d of %d writes to %s failed (%r); retrying in %.1fs",

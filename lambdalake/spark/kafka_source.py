@@ -44,7 +44,10 @@ log = logging.getLogger("lambdalake.kafka_source")
 EARLIEST, LATEST = -2, -1
 ARROW_BATCH_ROWS = 20_000
 
-BASE_SCHEMA = "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int"
+BASE_SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, "
+    "timestamp timestamp, timestampType int"
+)
 HEADERS_SCHEMA = ", headers array<struct<key: string, value: binary>>"
 
 ARROW_FIELDS = [
@@ -264,8 +267,12 @@ def read_partition(opts: SourceOptions, part: KafkaPartition) -> Iterator[pa.Rec
         cols: list[list[Any]] = [[] for _ in fields]
         last_progress = time.monotonic()
         done = False
+        next_offset = begin
         while not done:
-            msgs = consumer.consume(num_messages=5000, timeout=1.0)
+            # consume() waits for num_messages or the timeout: ask for no more than can be left, and
+            # wait briefly, so the tail of a range (or a gap at it) costs milliseconds, not seconds.
+            wanted = max(1, min(10_000, part.until - next_offset))
+            msgs = consumer.consume(num_messages=wanted, timeout=0.1)
             if not msgs:
                 position = consumer.position([tp])[0].offset
                 if position >= part.until:
@@ -287,6 +294,7 @@ def read_partition(opts: SourceOptions, part: KafkaPartition) -> Iterator[pa.Rec
                         continue
                     raise KafkaSourceError(f"{part.topic}-{part.partition}: {err.str()}")
                 offset = msg.offset()
+                next_offset = offset + 1
                 if offset >= part.until:
                     done = True
                     break
@@ -306,12 +314,12 @@ def read_partition(opts: SourceOptions, part: KafkaPartition) -> Iterator[pa.Rec
                     break
             if len(cols[0]) >= ARROW_BATCH_ROWS:
                 yield pa.RecordBatch.from_arrays(
-                    [pa.array(c, type=f.type) for c, f in zip(cols, fields)], schema=schema
+                    [pa.array(c, type=f.type) for c, f in zip(cols, fields, strict=True)], schema=schema
                 )
                 cols = [[] for _ in fields]
         if cols[0]:
             yield pa.RecordBatch.from_arrays(
-                [pa.array(c, type=f.type) for c, f in zip(cols, fields)], schema=schema
+                [pa.array(c, type=f.type) for c, f in zip(cols, fields, strict=True)], schema=schema
             )
     finally:
         consumer.close()

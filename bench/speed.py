@@ -1,0 +1,154 @@
+"""Speed-layer throughput and freshness on local[2] (telemetry pipeline, all its queries).
+
+Throughput: with the job running and warm on an empty topic, N events are produced as fast as the
+producer goes; the rate is N over the time from the first produce to every query having caught up.
+Freshness: events produced at a steady rate; a probe event every ``1/probe_rate`` s is looked up in
+Cassandra (``speed_vehicle_latest`` and ``speed_vehicle_minute``) until visible; p50/p99 of
+visible-time minus produce-time.
+
+    python -m bench.speed [--events 300000] [--rate 2000] [--seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import threading
+import time
+import uuid
+from typing import Any
+
+from bench.common import bench_settings, running, write_result
+from lambdalake.cassandra.session import connect
+from lambdalake.pipeline import load_pipeline
+from lambdalake.produce.generator import Mix, generate
+from lambdalake.produce.producer import EventProducer
+from speed.job import SpeedJob
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=300_000)
+    parser.add_argument("--rate", type=float, default=2000, help="events/s during the freshness run")
+    parser.add_argument("--seconds", type=float, default=60, help="length of the freshness run")
+    parser.add_argument("--probe-rate", type=float, default=5, help="probes/s during the freshness run")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    base = bench_settings()
+    run = uuid.uuid4().hex[:6]
+    settings = base.model_copy(
+        update={
+            "storage_root": f"{base.storage_root}/{run}",
+            "cassandra": base.cassandra.model_copy(update={"keyspace": f"bench_{run}"}),
+        }
+    )
+    with running(settings, ("broker", "registry", "cassandra")):
+        p = load_pipeline("telemetry", pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir)
+        p = p.model_copy(update={"topic": p.topic.model_copy(update={"name": f"bench-telemetry-{run}"})})
+        producer = EventProducer(settings=settings, pipeline=p)
+        job = SpeedJob(settings=settings, pipeline=p)
+        job.start()
+        job.catch_up()  # warm: the first (empty) batches start Python workers and compile plans
+
+        # --- throughput -------------------------------------------------------------------
+        records = list(generate("telemetry", args.events, seed=1, mix=Mix()))
+        t0 = time.perf_counter()
+        for r in records:
+            producer.send(r)
+        assert producer.flush().unacknowledged == 0
+        produced_s = time.perf_counter() - t0
+        job.catch_up()
+        drain_s = time.perf_counter() - t0
+        throughput = args.events / drain_s
+        print(
+            f"throughput: {args.events:,} events in {drain_s:.1f}s = {throughput:,.0f} events/s "
+            f"(producing took {produced_s:.1f}s)"
+        )
+
+        # --- freshness --------------------------------------------------------------------
+        session = connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
+        latest_q = session.prepare("SELECT event_time FROM speed_vehicle_latest WHERE vehicle_id = ?")
+        window_q = session.prepare("SELECT readings FROM speed_vehicle_minute WHERE vehicle_id = ?")
+        probes: list[tuple[str, float]] = []
+        results: dict[str, list[float]] = {"latest": [], "windowed": []}
+        stop = threading.Event()
+
+        def watch() -> None:
+            pending: dict[str, dict[str, Any]] = {}
+            while not stop.is_set() or pending:
+                while probes:
+                    vid, t = probes.pop(0)
+                    pending[vid] = {"t": t, "latest": None, "windowed": None}
+                for vid, state in list(pending.items()):
+                    now = time.perf_counter()
+                    if state["latest"] is None and session.execute(latest_q, [vid]).one():
+                        state["latest"] = now - state["t"]
+                    if state["windowed"] is None and session.execute(window_q, [vid]).one():
+                        state["windowed"] = now - state["t"]
+                    if state["latest"] is not None and state["windowed"] is not None:
+                        results["latest"].append(state["latest"])
+                        results["windowed"].append(state["windowed"])
+                        del pending[vid]
+                    elif now - state["t"] > 120:
+                        del pending[vid]
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        stream = generate(
+            "telemetry", int(args.rate * args.seconds), seed=2, mix=Mix(invalid=0, duplicates=0)
+        )
+        t0 = time.perf_counter()
+        next_probe = t0
+        for i, r in enumerate(stream):
+            if time.perf_counter() >= next_probe:
+                vid = f"probe-{run}-{i}"
+                producer.send({**r, "vehicle_id": vid, "event_time": int(time.time() * 1000)})
+                producer.poll(0)
+                producer._producer.flush(5)  # the probe leaves now, not after linger
+                probes.append((vid, time.perf_counter()))
+                next_probe += 1 / args.probe_rate
+            producer.send(r)
+            ahead = (i + 1) / args.rate - (time.perf_counter() - t0)
+            if ahead > 0:
+                producer.poll(ahead)
+        producer.flush()
+        stop.set()
+        watcher.join(180)
+        job.stop()
+    fresh = {
+        k: {
+            "p50_s": percentile(v, 0.5),
+            "p99_s": percentile(v, 0.99),
+            "probes": len(v),
+            "mean_s": statistics.mean(v),
+        }
+        for k, v in results.items()
+        if v
+    }
+    for k, f in fresh.items():
+        print(f"freshness {k}: p50 {f['p50_s']:.2f}s p99 {f['p99_s']:.2f}s over {f['probes']} probes")
+    path = write_result(
+        "speed",
+        {
+            "events": args.events,
+            "throughput_events_per_s": throughput,
+            "drain_seconds": drain_s,
+            "freshness_rate_events_per_s": args.rate,
+            "freshness": fresh,
+            "targets": {"events_per_s": 30_000, "freshness_p50_s": 2, "freshness_p99_s": 5},
+        },
+    )
+    print(f"-> {path}")
+
+
+if __name__ == "__main__":
+    main()
