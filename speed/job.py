@@ -184,6 +184,8 @@ class SpeedJob:
         return decode(raw, self.spec)
 
     def _archive_batch(self, df: DataFrame, batch_id: int) -> None:
+        timings: dict[str, float] = {}
+        t0 = time.monotonic()
         df = df.persist()
         try:
             failed = df.filter(F.col("_error_rule").isNotNull())
@@ -193,8 +195,10 @@ class SpeedJob:
                 topic=self.pipeline.topic.dlq,
                 pipeline=self.pipeline.name,
             )
+            timings["decode+dlq"] = time.monotonic() - t0
             valid = df.filter(F.col("_error_rule").isNull()).drop(*ERROR_FIELDS)
             self.master.append(valid, app_id=f"speed-{self.pipeline.name}-archive", batch_id=batch_id)
+            timings["master"] = time.monotonic() - t0 - sum(timings.values())
             for view in self.pipeline.views:
                 if isinstance(view, LatestView):
                     upsert_view(
@@ -203,8 +207,10 @@ class SpeedJob:
                         cassandra=self.settings.cassandra,
                         write_timestamp=view.version,
                     )
+            timings["latest views"] = time.monotonic() - t0 - sum(timings.values())
         finally:
             df.unpersist()
+        log.debug("archive batch %d: %s", batch_id, ", ".join(f"{k} {v:.2f}s" for k, v in timings.items()))
 
     def _windowed_stream(self, view: WindowedView) -> DataFrame:
         valid = self.events().filter(F.col("_error_rule").isNull()).drop(*ERROR_FIELDS)
