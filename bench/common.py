@@ -13,7 +13,8 @@ from infra.services import EmbeddedService, all_services
 from lambdalake.settings import PROJECT_ROOT, Settings
 
 RESULTS = PROJECT_ROOT / "bench" / "results"
-BENCH_PORTS = {"broker": 39092, "registry": 38081, "cassandra": 39042, "storage": 37000}
+# Below the kernel's ephemeral range (32768+), where Spark's and clients' random ports could take them.
+BENCH_PORTS = {"broker": 24092, "registry": 24081, "cassandra": 24042, "storage": 24000}
 
 
 def bench_settings() -> Settings:

@@ -6,7 +6,7 @@ Freshness: events produced at a steady rate; a probe event every ``1/probe_rate`
 Cassandra (``speed_vehicle_latest`` and ``speed_vehicle_minute``) until visible; p50/p99 of
 visible-time minus produce-time.
 
-    python -m bench.speed [--events 300000] [--rate 2000] [--seconds 60]
+    python -m bench.speed [--events 300000] [--rate 1000] [--seconds 60]
 """
 
 from __future__ import annotations

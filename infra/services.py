@@ -97,14 +97,22 @@ class EmbeddedService(ABC):
         """Start if not running (idempotent). Returns whether a process was started."""
         if not self.embedded:
             return False
-        if self.proc.pid() is not None:
-            self.proc.wait_until(lambda: self.probe() is None, timeout=self.start_timeout, what="healthy")
+        pid = self.proc.pid()
+        if pid is not None:
+            try:
+                self.proc.wait_until(lambda: self.probe() is None, timeout=self.start_timeout, what="healthy")
+            except LambdalakeError as exc:
+                raise LambdalakeError(
+                    f"{self.name} runs (pid {pid}) but does not answer on {self.address}: {exc.message}",
+                    fix="it may run with other settings: `lambdalake down`, then `lambdalake up`",
+                ) from exc
             return False
-        if port_open(self.host, self.port):
+        taken = [port for port in self.ports() if port_open(self.host, port)]
+        if taken:
             raise LambdalakeError(
-                f"cannot start the embedded {self.name}: {self.address} is already in use by a process "
-                "lambdalake did not start",
-                fix=f"stop whatever listens on port {self.port}, or move the {self.name} to a free port "
+                f"cannot start the embedded {self.name}: {self.host}:{taken[0]} is already in use by a "
+                "process lambdalake did not start",
+                fix=f"stop whatever listens on port {taken[0]}, or move the {self.name} to a free port "
                 f"({self.port_setting_hint()})",
             )
         self.prepare()
@@ -117,6 +125,10 @@ class EmbeddedService(ABC):
 
     def port_setting_hint(self) -> str:
         return ""
+
+    def ports(self) -> list[int]:
+        """Every port the service listens on (checked free before a start)."""
+        return [self.port]
 
     def status(self) -> ServiceStatus:
         pid = self.proc.pid() if self.embedded else None
@@ -259,7 +271,10 @@ class CassandraService(EmbeddedService):
         return self.settings.cassandra.port
 
     def port_setting_hint(self) -> str:
-        return "LAMBDALAKE_CASSANDRA__PORT=<port>"
+        return "LAMBDALAKE_CASSANDRA__PORT=<port>, LAMBDALAKE_CASSANDRA__STORAGE_PORT=<port>"
+
+    def ports(self) -> list[int]:
+        return [self.port, self.settings.cassandra.storage_port]
 
     @property
     def home(self) -> Path:

@@ -50,7 +50,7 @@ def standalone(tmp_path: Path) -> Iterator[str]:
                 "--port",
                 str(MASTER_PORT),
                 "--webui-port",
-                "38180",
+                "18180",
             ],
             env=env,
             stdout=open(tmp_path / "master.log", "wb"),  # noqa: SIM115 - the server outlives this call
@@ -76,7 +76,7 @@ def standalone(tmp_path: Path) -> Iterator[str]:
                     "--memory",
                     "3g",
                     "--webui-port",
-                    "38181",
+                    "18181",
                 ],
                 env=env,
                 stdout=open(tmp_path / "worker.log", "wb"),  # noqa: SIM115
