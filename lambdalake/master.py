@@ -57,7 +57,8 @@ class MasterDataset:
 
     def append(self, df: DataFrame, *, app_id: str, batch_id: int) -> int | None:
         """Append a micro-batch unless ``app_id`` already committed ``batch_id``. Returns rows added."""
-        last = self.committed(app_id)
+        table = self._table()
+        last = None if table is None else table.transaction_version(app_id)
         if last is not None and last >= batch_id:
             return None
         staging = f"_spark/{batch_id:012d}-{uuid.uuid4().hex[:8]}"
@@ -66,7 +67,6 @@ class MasterDataset:
         actions, schema, rows = self._add_actions(staging)
         if not actions:
             return 0
-        table = self._table()
         if table is None:
             DeltaTable.create(
                 self.path,

@@ -13,7 +13,9 @@ from lambdalake.settings import Settings
 #: ``LAMBDALAKE_SPARK__CONF``.
 SPARK_DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
-    "spark.sql.shuffle.partitions": "4",
+    # Few, larger tasks: each shuffle partition of a stateful query is a state store to commit per
+    # micro-batch. Fixed in a query's checkpoint: raise it before a query first runs on a cluster.
+    "spark.sql.shuffle.partitions": "2",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
