@@ -5,11 +5,8 @@ from __future__ import annotations
 import json
 import platform
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from infra.services import EmbeddedService, all_services
 from lambdalake.settings import PROJECT_ROOT, Settings
 
 RESULTS = PROJECT_ROOT / "bench" / "results"
@@ -30,18 +27,6 @@ def bench_settings() -> Settings:
         state_dir=state,
         storage_root=str(state / "storage"),
     )
-
-
-@contextmanager
-def running(settings: Settings, names: tuple[str, ...]) -> Iterator[list[EmbeddedService]]:
-    services = [s for s in all_services(settings) if s.name in names]
-    try:
-        for s in services:
-            s.start()
-        yield services
-    finally:
-        for s in reversed(services):
-            s.stop()
 
 
 def write_result(name: str, result: dict) -> Path:

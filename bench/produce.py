@@ -16,7 +16,8 @@ import uuid
 
 from confluent_kafka import Producer
 
-from bench.common import bench_settings, running, write_result
+from bench.common import bench_settings, write_result
+from infra.services import running
 from lambdalake.kafka.admin import admin_client, ensure_topic
 from lambdalake.pipeline import load_pipeline
 from lambdalake.produce.generator import generate
@@ -31,7 +32,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     settings = bench_settings()
-    with running(settings, ("broker", "registry")):
+    with running(settings, ["broker", "registry"]):
         base = load_pipeline("offers", pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir)
         records = list(generate("offers", args.events, seed=42))
         raw_rates, our_rates = [], []

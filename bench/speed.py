@@ -19,7 +19,8 @@ import time
 import uuid
 from typing import Any
 
-from bench.common import bench_settings, running, write_result
+from bench.common import bench_settings, write_result
+from infra.services import running
 from lambdalake.cassandra.session import connect
 from lambdalake.pipeline import load_pipeline
 from lambdalake.produce.generator import Mix, generate
@@ -50,7 +51,7 @@ def main() -> None:
             "cassandra": base.cassandra.model_copy(update={"keyspace": f"bench_{run}"}),
         }
     )
-    with running(settings, ("broker", "registry", "cassandra")):
+    with running(settings):
         p = load_pipeline("telemetry", pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir)
         p = p.model_copy(update={"topic": p.topic.model_copy(update={"name": f"bench-telemetry-{run}"})})
         producer = EventProducer(settings=settings, pipeline=p)

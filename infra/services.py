@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
-import subprocess
 import sys
-import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -326,26 +324,14 @@ def select(settings: Settings, only: list[str] | None) -> list[EmbeddedService]:
     return [s for s in services if s.name in only]
 
 
-def wait_healthy(service: EmbeddedService, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (reason := service.probe()) is not None:
-        if time.monotonic() > deadline:
-            raise LambdalakeError(f"{service.name} at {service.address} is not healthy: {reason}")
-        time.sleep(0.25)
-
-
-def status_json(statuses: list[ServiceStatus]) -> str:
-    return json.dumps([s.to_dict() for s in statuses], indent=2)
-
-
-def kill_hard(service: EmbeddedService) -> None:
-    """SIGKILL, for fault tests: no graceful shutdown."""
-    import signal
-
-    with contextlib.suppress(Exception):
-        service.proc.stop(sig=signal.SIGKILL, timeout=10)
-
-
-def java_version() -> str:
-    out = subprocess.run(["java", "-version"], capture_output=True, text=True, check=False)
-    return (out.stderr or out.stdout).splitlines()[0] if (out.stderr or out.stdout) else "unknown"
+@contextmanager
+def running(settings: Settings, only: list[str] | None = None) -> Iterator[list[EmbeddedService]]:
+    """Start the services (all, or ``only`` these) for the block, stop them after it."""
+    services = select(settings, only)
+    try:
+        for service in services:
+            service.start()
+        yield services
+    finally:
+        for service in reversed(services):
+            service.stop()

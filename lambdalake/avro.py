@@ -12,7 +12,6 @@ import json
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import fastavro
@@ -91,10 +90,3 @@ class WireDecoder:
     def decode(self, data: bytes) -> dict[str, Any]:
         schema_id, body = unframe(data)
         return fastavro.schemaless_reader(io.BytesIO(body), self.writer(schema_id), self.reader)
-
-
-def to_json_value(value: Any) -> Any:
-    """JSON-friendly form of a decoded value (datetimes as epoch milliseconds)."""
-    if isinstance(value, datetime):
-        return int(value.timestamp() * 1000)
-    return value

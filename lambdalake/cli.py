@@ -118,6 +118,12 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="Machine-readabl
 
 
 @app.command()
+def config() -> None:
+    """Print the effective settings (defaults + LAMBDALAKE_* overrides), secrets masked."""
+    out.print_json(json.dumps(get_settings().safe_dump(), default=str))
+
+
+@app.command()
 def pipelines() -> None:
     """List the pipeline definitions and their views."""
     settings = get_settings()

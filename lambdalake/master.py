@@ -12,7 +12,6 @@ import json
 import time
 import uuid
 from pathlib import PurePosixPath
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -121,8 +120,3 @@ class MasterDataset:
         """The live files (never the bare folder: it also holds removed and uncommitted files)."""
         table = self._table()
         return [] if table is None else table.file_uris()
-
-
-def describe(path: str) -> dict[str, Any]:
-    table = DeltaTable(path)
-    return {"version": table.version(), "files": len(table.file_uris())}

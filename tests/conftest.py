@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.services import all_services
+from infra.services import running
 from lambdalake.pipeline import Pipeline, load_pipeline
 from lambdalake.settings import PROJECT_ROOT, Settings
 
@@ -63,14 +63,8 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 @pytest.fixture(scope="session")
 def services(settings: Settings) -> Iterator[Settings]:
     """Broker, registry and Cassandra, started once for the session and stopped at its end."""
-    started = all_services(settings)
-    try:
-        for service in started:
-            service.start()
+    with running(settings):
         yield settings
-    finally:
-        for service in reversed(started):
-            service.stop()
 
 
 @pytest.fixture

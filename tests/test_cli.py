@@ -128,3 +128,14 @@ def test_up_refuses_a_port_taken_by_someone_else(tmp_path) -> None:
     err = result.stderr.decode()
     assert result.returncode == 2 and f"127.0.0.1:{port} is already in use" in err
     assert "LAMBDALAKE_KAFKA__BOOTSTRAP_SERVERS" in err
+
+
+def test_config_masks_secrets(tmp_path) -> None:
+    settings = settings_for(tmp_path).model_copy(
+        update={"kafka": Settings().kafka.model_copy(update={"sasl_password": "hunter2-secret"})}
+    )
+    result = run_cli(settings, "config")
+    assert result.returncode == 0, result.stderr.decode()
+    text = result.stdout.decode()
+    assert "hunter2-secret" not in text and "**********" in text
+    assert settings.kafka.bootstrap_servers in text

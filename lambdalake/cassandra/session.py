@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import Cluster, Session
@@ -49,11 +48,3 @@ def connect(settings: CassandraSettings, *, keyspace: str | None = None) -> Sess
         session.default_timeout = 30
         _sessions[key] = session
         return session
-
-
-def settings_dict(settings: CassandraSettings) -> dict[str, Any]:
-    """Picklable form for executors (the password travels inside Spark's closure, never logged)."""
-    data = settings.model_dump()
-    if settings.password is not None:
-        data["password"] = settings.password.get_secret_value()
-    return data
