@@ -9,6 +9,7 @@ Files of an attempt that crashed before its commit are not in the log, so reader
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from pathlib import PurePosixPath
@@ -22,6 +23,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 PARTITION = "event_date"
+
+log = logging.getLogger("lambdalake.master")
 
 
 def table_path(storage_root: str, pipeline: str) -> str:
@@ -62,8 +65,11 @@ class MasterDataset:
             return None
         staging = f"_spark/{batch_id:012d}-{uuid.uuid4().hex[:8]}"
         out = df.withColumn(PARTITION, F.to_date(F.col(self.event_time)))
+        t0 = time.monotonic()
         out.write.partitionBy(PARTITION).parquet(f"{self.path.rstrip('/')}/{staging}")
+        t1 = time.monotonic()
         actions, schema, rows = self._add_actions(staging)
+        log.debug("master append: spark write %.2fs, list %.2fs", t1 - t0, time.monotonic() - t1)
         if not actions:
             return 0
         if table is None:

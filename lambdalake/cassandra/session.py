@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from cassandra.auth import PlainTextAuthProvider
-from cassandra.cluster import Cluster, Session
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
 from cassandra.policies import ConstantReconnectionPolicy, RoundRobinPolicy
 
 from lambdalake.errors import ServiceUnavailable
 from lambdalake.settings import CassandraSettings
+
+# The driver warns about every Cassandra 2.1 system table it cannot describe: noise, not a problem.
+logging.getLogger("cassandra.metadata").setLevel(logging.ERROR)
 
 _sessions: dict[tuple, Session] = {}
 _lock = threading.Lock()
@@ -34,7 +38,11 @@ def connect(settings: CassandraSettings, *, keyspace: str | None = None) -> Sess
             control_connection_timeout=10,
             # Come back quickly after a Cassandra restart; the default backs off up to 10 minutes.
             reconnection_policy=ConstantReconnectionPolicy(2.0, max_attempts=None),
-            load_balancing_policy=RoundRobinPolicy(),
+            execution_profiles={
+                EXEC_PROFILE_DEFAULT: ExecutionProfile(
+                    load_balancing_policy=RoundRobinPolicy(), request_timeout=30
+                )
+            },
         )
         try:
             session = cluster.connect(keyspace)
@@ -45,6 +53,5 @@ def connect(settings: CassandraSettings, *, keyspace: str | None = None) -> Sess
                 fix="start the embedded services with `lambdalake up`, "
                 "or set LAMBDALAKE_CASSANDRA__CONTACT_POINTS",
             ) from exc
-        session.default_timeout = 30
         _sessions[key] = session
         return session
