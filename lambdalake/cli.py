@@ -376,7 +376,7 @@ def speed_run(
     with console.status("processing what the topic holds..."):
         job.start()
         job.catch_up()
-        job.stop()
+        job.close()
     for name, stats in job.progress.stats.items():
         behind = (
             f", {stats.dropped_behind_watermark} behind the watermark"
@@ -404,10 +404,15 @@ def speed_show(
     where = f' WHERE "{v.key[0]}" = %s' if key else ""
     cql = f'SELECT * FROM "{speed_table(v)}"{where} LIMIT {int(limit)}'
     rows = list(session.execute(cql, [key] if key else []))
-    table = Table(*(rows[0]._fields if rows else ["(no rows)"]))
-    for r in rows:
-        table.add_row(*[str(x) for x in r])
-    out.print(table)
+    if not rows:
+        out.print(f"(no rows in {settings.cassandra.keyspace}.{speed_table(v)})")
+    # One block per row: view rows are wide, terminals are not.
+    for i, r in enumerate(rows):
+        grid = Table.grid(padding=(0, 2))
+        for name, value in zip(r._fields, r, strict=True):
+            grid.add_row(f"[dim]{name}[/]", str(value))
+        out.print(f"[bold]{speed_table(v)} row {i + 1}[/]")
+        out.print(grid)
 
 
 def main() -> None:

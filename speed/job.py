@@ -154,6 +154,7 @@ class SpeedJob:
         self.settings = settings
         self.pipeline = pipeline
         self.options = options or SpeedOptions()
+        self._owns_spark = spark is None
         self.spark = spark or spark_session(settings, f"lambdalake-speed-{pipeline.name}")
         self.spec = DecodeSpec.of(pipeline, settings)
         self.master = MasterDataset(
@@ -262,6 +263,13 @@ class SpeedJob:
             q.stop()
         self.spark.streams.removeListener(self.progress)
 
+    def close(self) -> None:
+        """Stop the queries, and the Spark session if this job created it (so no progress event is
+        delivered to a Python process that has gone)."""
+        self.stop()
+        if self._owns_spark:
+            self.spark.stop()
+
     def run_until_stopped(self) -> None:
         """Run until SIGTERM/SIGINT; then stop the queries (every write is idempotent, so stopping
         mid-batch is safe: the batch is replayed from the checkpoint next time)."""
@@ -277,4 +285,4 @@ class SpeedJob:
                 time.sleep(0.5)
         finally:
             log.info("stopping %s", ", ".join(q.name for q in self.queries))
-            self.stop()
+            self.close()

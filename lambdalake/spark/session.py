@@ -32,6 +32,9 @@ def spark_session(settings: Settings, app_name: str = "lambdalake") -> SparkSess
     # Executors must run the interpreter that has lambdalake installed (the venv's).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if settings.spark.master.startswith("local"):
+        # One machine: bind to loopback instead of guessing an interface (and warning about it).
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name).master(settings.spark.master)
     for key, value in {**SPARK_DEFAULTS, **settings.spark.conf}.items():
         builder = builder.config(key, value)
