@@ -45,6 +45,10 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+#: Processes this Python process started, by PID file: their exit is known for sure (and reaped).
+_SPAWNED: dict[str, subprocess.Popen] = {}
+
+
 @dataclass(frozen=True)
 class ManagedProcess:
     """A background process owned through ``<run_dir>/<name>.pid``.
@@ -81,7 +85,10 @@ class ManagedProcess:
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 candidates.append(int(json.loads(self.pid_json.read_text())["pid"]))
         for pid in candidates:
-            if pid_alive(pid) and self.marker in _cmdline(pid):
+            # An unreadable command line (a race with the process starting) is not evidence of a
+            # recycled PID; only a readable one without our marker is.
+            cmdline = _cmdline(pid)
+            if pid_alive(pid) and (not cmdline or self.marker in cmdline):
                 if pid != candidates[0]:
                     self.pid_file.write_text(str(pid))
                 return pid
@@ -106,15 +113,21 @@ class ManagedProcess:
                 start_new_session=True,  # survives the CLI and is not hit by its Ctrl-C
             )
         self.pid_file.write_text(str(proc.pid))
+        _SPAWNED[str(self.pid_file)] = proc
         return proc.pid
 
     def wait_until(self, check: Callable[[], bool], *, timeout: float, what: str) -> None:
         """Poll ``check`` until it holds; fail with the log's tail if the process dies or time runs out."""
         deadline = time.monotonic() + timeout
         gone_since: float | None = None
+        child = _SPAWNED.get(str(self.pid_file))
         while time.monotonic() < deadline:
-            # A self-daemonizing program has no PID on record for a moment: allow it a grace period.
-            gone_since = (gone_since or time.monotonic()) if self.pid() is None else None
+            # Gone means: the process we spawned has exited (not merely a PID-file glitch) and no PID
+            # on record runs. A self-daemonizing program has no PID on record for a moment: allow it
+            # a grace period.
+            spawned_alive = child is not None and child.poll() is None
+            gone = not spawned_alive and self.pid() is None
+            gone_since = (gone_since or time.monotonic()) if gone else None
             if gone_since is not None and time.monotonic() - gone_since > 3.0:
                 raise LambdalakeError(
                     f"{self.name} exited while starting. Last lines of {self.log_file}:\n{self.log_tail()}",
