@@ -91,6 +91,13 @@ def pipelines_dir_with_topic(tmp: Path, name: str, topic: str) -> Path:
     return folder
 
 
+def wait_for_log(log: Path, text: str, *, count: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while log.read_text(errors="replace").count(text) < count:
+        assert time.monotonic() < deadline, f"{text!r} not logged {count} times: {log.read_text()[-2000:]}"
+        time.sleep(0.5)
+
+
 def start_job(settings: Settings, name: str, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "lambdalake", "speed", "run", name],
@@ -113,12 +120,14 @@ def test_kill_minus_nine_three_times(services: Settings, tmp_path: Path, unique:
     EventProducer(settings=settings, pipeline=pipeline)  # topics and schemas exist before the job
     log = tmp_path / "speed.log"
     rng = random.Random(int(unique, 16))
-    producer = produce_steadily(settings, pipeline, 60_000, rate=1000, seed=5)
+    producer = produce_steadily(settings, pipeline, 80_000, rate=1000, seed=5)
     job = start_job(settings, "offers", log)
     kills = 0
     try:
         while kills < 3:
-            time.sleep(rng.uniform(10, 22))
+            # Kill at a random point after the queries run (startup alone takes 10-20 s here).
+            wait_for_log(log, "offers-archive started", count=kills + 1, timeout=180)
+            time.sleep(rng.uniform(1, 12))
             os.killpg(job.pid, signal.SIGKILL)
             job.wait(30)
             kills += 1
