@@ -387,6 +387,37 @@ def speed_run(
     console.print(f"caught up in {time.monotonic() - t0:.1f}s")
 
 
+@speed_app.command("status")
+def speed_status(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Progress of every speed job under the storage root: rows, last batch, lag, events behind the
+    watermark (left to the batch layer)."""
+    settings = get_settings()
+    files = sorted((Path(settings.storage_root) / "status").glob("speed-*.json"))
+    queries = {name: stats for f in files for name, stats in json.loads(f.read_text()).items()}
+    if as_json:
+        out.print_json(json.dumps(queries))
+        return
+    if not queries:
+        out.print(f"no speed job has reported under {settings.storage_root} yet")
+        return
+    table = Table("query", "batches", "rows", "last batch", "lag", "duration", "behind watermark", "at")
+    for name, s in sorted(queries.items()):
+        last = s.get("last_batch", {})
+        table.add_row(
+            name,
+            f"{s['batches']:,}",
+            f"{s['rows']:,}",
+            str(last.get("batch_id", "-")),
+            f"{last.get('lag', 0):,}",
+            f"{(last.get('duration_ms') or 0) / 1000:.1f}s",
+            f"{s['dropped_behind_watermark']:,}",
+            str(last.get("at", "")),
+        )
+    out.print(table)
+
+
 @speed_app.command("show")
 def speed_show(
     pipeline: PipelineArg,

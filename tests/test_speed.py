@@ -157,3 +157,23 @@ def test_days_late_event_counts_at_once_in_current_epoch(speed_run: dict) -> Non
     ]
     status = Path(settings.storage_root, "status", "speed-offers.json").read_text()
     assert '"dropped_behind_watermark": 0' in status
+
+
+def test_speed_status_reports_every_query(speed_run: dict) -> None:
+    from tests.conftest import run_cli
+
+    settings = speed_run["settings"]
+    result = run_cli(settings, "speed", "status", "--json")
+    assert result.returncode == 0, result.stderr.decode()
+    import json
+
+    queries = json.loads(result.stdout)
+    assert set(queries) == {
+        "offers-archive",
+        "offers-merchant_offers_hourly",
+        "telemetry-archive",
+        "telemetry-vehicle_minute",
+    }
+    for name, stats in queries.items():
+        assert stats["rows"] >= EVENTS * 0.9, (name, stats)
+        assert stats["last_batch"]["lag"] == 0 and stats["dropped_behind_watermark"] == 0
