@@ -16,23 +16,23 @@ from lambdalake.views import EPOCH, WINDOW_START, latest_columns, speed_table, v
 INGEST_COLUMNS = [("_ingest_ts", "timestamp"), ("_epoch", "bigint")]
 
 
+#: Arrow type test -> CQL type (only types Cassandra 2.1 has).
+CQL_TYPES = (
+    (pa.types.is_string, "text"),
+    (pa.types.is_int64, "bigint"),
+    (pa.types.is_int32, "int"),
+    (pa.types.is_float64, "double"),
+    (pa.types.is_float32, "float"),
+    (pa.types.is_boolean, "boolean"),
+    (pa.types.is_binary, "blob"),
+    (pa.types.is_timestamp, "timestamp"),
+)
+
+
 def cql_type(t: pa.DataType) -> str:
-    if pa.types.is_string(t):
-        return "text"
-    if pa.types.is_int64(t):
-        return "bigint"
-    if pa.types.is_int32(t):
-        return "int"
-    if pa.types.is_float64(t):
-        return "double"
-    if pa.types.is_float32(t):
-        return "float"
-    if pa.types.is_boolean(t):
-        return "boolean"
-    if pa.types.is_binary(t):
-        return "blob"
-    if pa.types.is_timestamp(t):
-        return "timestamp"
+    for matches, cql in CQL_TYPES:
+        if matches(t):
+            return cql
     raise ConfigurationError(
         f"no Cassandra column type for {t}", fix="flatten the field or keep it out of views"
     )
