@@ -97,7 +97,9 @@ class CassandraSettings(BaseModel):
 
 
 class SparkSettings(BaseModel):
-    master: str = "local[2]"
+    #: ``local[2,4]``: two cores, and a failed task (a broker or registry hiccup) is retried up to
+    #: 4 times instead of failing the query at once, as on a cluster.
+    master: str = "local[2,4]"
     #: Extra Spark conf, e.g. ``{"spark.executor.memory": "4g"}``.
     conf: dict[str, str] = Field(default_factory=dict)
 

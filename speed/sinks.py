@@ -25,7 +25,7 @@ def dead_letters(df: DataFrame, *, kafka_config: dict[str, Any], topic: str, pip
     def send(rows: Iterator[Row]) -> None:
         from confluent_kafka import Producer
 
-        producer = Producer({**kafka_config, "enable.idempotence": True, "acks": "all"})
+        producer = None  # created on the first failed record: most partitions of most batches have none
         failures: list[str] = []
 
         def delivered(err: Any, _msg: Any) -> None:
@@ -33,6 +33,8 @@ def dead_letters(df: DataFrame, *, kafka_config: dict[str, Any], topic: str, pip
                 failures.append(err.str())
 
         for r in rows:
+            if producer is None:
+                producer = Producer({**kafka_config, "enable.idempotence": True, "acks": "all"})
             headers = dlq.headers(
                 pipeline=pipeline,
                 stage="speed",
@@ -44,6 +46,8 @@ def dead_letters(df: DataFrame, *, kafka_config: dict[str, Any], topic: str, pip
                 topic, key=r["_raw_key"], value=r["_raw_value"], headers=headers, on_delivery=delivered
             )
             producer.poll(0)
+        if producer is None:
+            return
         remaining = producer.flush(120)
         if failures or remaining:
             raise RuntimeError(

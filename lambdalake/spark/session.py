@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from lambdalake.settings import Settings
+
+LOG4J = Path(__file__).with_name("log4j2.properties")
 
 #: Defaults sized for small micro-batches on a few cores; every one can be overridden by
 #: ``LAMBDALAKE_SPARK__CONF``.
@@ -36,7 +39,8 @@ def spark_session(settings: Settings, app_name: str = "lambdalake") -> SparkSess
         # One machine: bind to loopback instead of guessing an interface (and warning about it).
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name).master(settings.spark.master)
-    for key, value in {**SPARK_DEFAULTS, **settings.spark.conf}.items():
+    log4j = {"spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{LOG4J}"}
+    for key, value in {**SPARK_DEFAULTS, **log4j, **settings.spark.conf}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
