@@ -1,7 +1,10 @@
-"""Speed-layer throughput and freshness on local[2] (telemetry pipeline, all its queries).
+"""Speed-layer throughput and freshness on local[2,4] (telemetry pipeline, all its queries).
 
-Throughput: with the job running and warm on an empty topic, N events are produced as fast as the
-producer goes; the rate is N over the time from the first produce to every query having caught up.
+The job runs as in production, in its own process (``lambdalake speed run``), so the load generator
+and the probes do not share its Python interpreter.
+
+Throughput: with the job running and warm, N events are produced as fast as the producer goes; the
+rate is N over the time from the first produce until every query has reported all of them.
 Freshness: events produced at a steady rate; a probe event every ``1/probe_rate`` s is looked up in
 Cassandra (``speed_vehicle_latest`` and ``speed_vehicle_minute``) until visible; p50/p99 of
 visible-time minus produce-time.
@@ -12,11 +15,17 @@ visible-time minus produce-time.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
+import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from bench.common import bench_settings, write_result
@@ -25,7 +34,7 @@ from lambdalake.cassandra.session import connect
 from lambdalake.pipeline import load_pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
-from speed.job import SpeedJob
+from lambdalake.settings import PROJECT_ROOT
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -55,18 +64,52 @@ def main() -> None:
         p = load_pipeline("telemetry", pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir)
         p = p.model_copy(update={"topic": p.topic.model_copy(update={"name": f"bench-telemetry-{run}"})})
         producer = EventProducer(settings=settings, pipeline=p)
-        job = SpeedJob(settings=settings, pipeline=p)
-        job.start()
-        job.catch_up()  # warm: the first (empty) batches start Python workers and compile plans
+        pipelines = Path(settings.storage_root) / "pipelines"
+        pipelines.mkdir(parents=True, exist_ok=True)
+        text = (settings.pipelines_dir / "telemetry.toml").read_text()
+        (pipelines / "telemetry.toml").write_text(
+            text.replace('[topic]\nname = "telemetry"', f'[topic]\nname = "{p.topic.name}"')
+        )
+        job_settings = settings.model_copy(update={"pipelines_dir": pipelines})
+        status = Path(settings.storage_root) / "status" / "speed-telemetry.json"
+        log_file = Path(settings.storage_root) / "speed.log"
+        job = subprocess.Popen(
+            [sys.executable, "-m", "lambdalake", "speed", "run", "telemetry"],
+            env={**os.environ, **job_settings.to_env()},
+            stdout=log_file.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=PROJECT_ROOT,
+        )
+
+        def processed() -> dict[str, int]:
+            try:
+                return {q: s["rows"] for q, s in json.loads(status.read_text()).items()}
+            except (OSError, ValueError):
+                return {}
+
+        # Warm: one small batch through both queries starts Python workers and compiles plans.
+        for r in generate("telemetry", 100, seed=3, mix=Mix(invalid=0)):
+            producer.send(r)
+        producer.flush()
+        deadline = time.monotonic() + 300
+        while len(processed()) < 2 or min(processed().values()) < 100:
+            assert time.monotonic() < deadline and job.poll() is None, log_file.read_text()[-3000:]
+            time.sleep(0.5)
+        base = processed()
 
         # --- throughput -------------------------------------------------------------------
         records = list(generate("telemetry", args.events, seed=1, mix=Mix()))
+        sent_before = producer.stats.sent
         t0 = time.perf_counter()
         for r in records:
             producer.send(r)
         assert producer.flush().unacknowledged == 0
         produced_s = time.perf_counter() - t0
-        job.catch_up()
+        on_topic = producer.stats.sent - sent_before  # invalid events went to the DLQ, not the topic
+        while min(processed()[q] - base[q] for q in base) < on_topic:
+            assert job.poll() is None, log_file.read_text()[-3000:]
+            time.sleep(0.1)
         drain_s = time.perf_counter() - t0
         throughput = args.events / drain_s
         print(
@@ -126,7 +169,8 @@ def main() -> None:
         producer.flush()
         stop.set()
         watcher.join(180)
-        job.stop()
+        job.send_signal(signal.SIGTERM)
+        job.wait(120)
     fresh = {
         k: {
             "p50_s": percentile(v, 0.5),
