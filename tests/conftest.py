@@ -95,7 +95,7 @@ def isolated(settings: Settings, tmp_path: Path, unique: str, *, epoch_seconds: 
 
 @pytest.fixture(scope="session")
 def spark(services: Settings):
-    """One local[2] Spark session for the test session (7-10 s to start)."""
+    """One local[2,4] Spark session for the test session (7-10 s to start)."""
     from lambdalake.spark.session import spark_session
 
     session = spark_session(services, "lambdalake-tests")

@@ -1,4 +1,4 @@
-"""The speed layer end to end: real broker, registry, Cassandra and a local[2] Spark session.
+"""The speed layer end to end: real broker, registry, Cassandra and a local[2,4] Spark session.
 
 Views are compared with an independent reference (tests/reference.py) computed from what Kafka holds.
 """

@@ -1,4 +1,4 @@
-"""Build the Spark session from settings (``local[2]`` here, ``spark://`` or ``k8s://`` on clusters)."""
+"""Build the Spark session from settings (``local[2,4]`` here, ``spark://`` or ``k8s://`` on clusters)."""
 
 from __future__ import annotations
 
