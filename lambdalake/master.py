@@ -52,11 +52,6 @@ class MasterDataset:
         except Exception:  # TableNotFoundError in recent versions; the type moved between releases
             return None
 
-    def committed(self, app_id: str) -> int | None:
-        """The last batch id committed by ``app_id``, or None."""
-        table = self._table()
-        return None if table is None else table.transaction_version(app_id)
-
     def append(self, df: DataFrame, *, app_id: str, batch_id: int) -> int | None:
         """Append a micro-batch unless ``app_id`` already committed ``batch_id``. Returns rows added."""
         table = self._table()

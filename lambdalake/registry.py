@@ -66,9 +66,3 @@ def register_pipeline(
             ) from exc
         out.append(RegisteredVersion(file, registered.schema_id, version))
     return out
-
-
-def fetcher(settings: Settings) -> Any:
-    """A ``schema_id -> schema text`` function for :class:`lambdalake.avro.WireDecoder`."""
-    sr = client(settings)
-    return lambda schema_id: call(settings, sr.get_schema, schema_id).schema_str

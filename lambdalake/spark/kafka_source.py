@@ -329,9 +329,11 @@ class KafkaStreamReader(DataSourceStreamReader):
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
         self._oracle: OffsetOracle | None = None
+        self._latest: Offsets | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"opts": self.opts, "_oracle": None}  # a live consumer does not travel to executors
+        # A live consumer does not travel to executors.
+        return {"opts": self.opts, "_oracle": None, "_latest": None}
 
     @property
     def oracle(self) -> OffsetOracle:
@@ -348,7 +350,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        latest = self.oracle.latest()
+        latest = self._latest = self.oracle.latest()
         for topic, ps in start.items():
             missing = set(ps) - set(latest.get(topic, {}))
             if missing:
@@ -361,7 +363,9 @@ class KafkaStreamReader(DataSourceStreamReader):
         return rate_limit(start, latest, limit.max_rows)
 
     def reportLatestOffset(self) -> dict | None:
-        return self.oracle.latest()
+        # Spark asks right after latestOffset: answer from that snapshot instead of asking the
+        # broker for every partition's watermark a second time per trigger.
+        return self._latest
 
     def partitions(self, start: dict, end: dict) -> list[KafkaPartition]:
         return plan(start, end)
