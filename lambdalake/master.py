@@ -1,9 +1,11 @@
 """The immutable master dataset: one append-only Delta table of every decoded event per pipeline.
 
-Spark writes the Parquet files (on executors, to any filesystem Spark and Arrow can reach); delta-rs
-commits them. Each commit carries a Delta app transaction ``(app_id, batch_id)``, so a micro-batch
-that is replayed after a crash, but was already committed, is skipped: every event lands exactly once.
-Files of an attempt that crashed before its commit are not in the log, so readers never see them.
+Executors write Parquet files with Arrow (:func:`write_event_files`, to any filesystem Arrow reaches)
+under names derived from the Kafka records they hold; the driver commits them with delta-rs
+(:meth:`MasterDataset.commit`). Each commit carries a Delta app transaction ``(app_id, batch_id)``, so
+a micro-batch that is replayed after a crash, but was already committed, is skipped: every event lands
+exactly once. Files of an attempt that crashed before its commit are not in the log, so readers never
+see them, and the replay writes the same names again.
 """
 
 from __future__ import annotations
@@ -12,17 +14,19 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import PurePosixPath
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction
 from pyarrow import fs as pafs
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 PARTITION = "event_date"
+#: Hive's name for the partition of a null value.
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 log = logging.getLogger("lambdalake.master")
 
@@ -31,10 +35,40 @@ def table_path(storage_root: str, pipeline: str) -> str:
     return f"{storage_root.rstrip('/')}/master/{pipeline}"
 
 
+def write_event_files(events: pa.Table, *, path: str, event_time: str, name: str) -> list[str]:
+    """Write ``events`` as one Parquet file per event date; return their paths relative to ``path``.
+
+    Runs on executors. ``name`` must be unique to the records (e.g. their Kafka coordinates): a file
+    that already exists under that name holds the same records (an earlier attempt of the same
+    micro-batch) and is left as it is, so a committed file is never rewritten. Each file appears
+    whole or not at all (written aside, then moved into place).
+    """
+    if events.num_rows == 0:
+        return []
+    filesystem, root = pafs.FileSystem.from_uri(path)
+    root = root.rstrip("/")
+    dates = pc.cast(pc.cast(events.column(event_time), pa.timestamp("us", tz="UTC")), pa.date32())
+    written = []
+    for date in pc.unique(dates).to_pylist():
+        value = NULL_PARTITION if date is None else date.isoformat()
+        relative = f"{PARTITION}={value}/{name}.parquet"
+        target = f"{root}/{relative}"
+        written.append(relative)
+        if filesystem.get_file_info(target).type != pafs.FileType.NotFound:
+            continue
+        rows = events.filter(pc.is_null(dates) if date is None else pc.equal(dates, pa.scalar(date)))
+        filesystem.create_dir(target.rsplit("/", 1)[0], recursive=True)
+        staging = f"{root}/_staging/{uuid.uuid4().hex}.parquet"
+        filesystem.create_dir(f"{root}/_staging", recursive=True)
+        pq.write_table(rows, staging, filesystem=filesystem, compression="snappy")
+        filesystem.move(staging, target)
+    return written
+
+
 class MasterDataset:
     """The Delta table of one pipeline's events (bronze), partitioned by event date.
 
-    Delivery guarantee: exactly once per ``(app_id, batch_id)``: :meth:`append` commits a batch at
+    Delivery guarantee: exactly once per ``(app_id, batch_id)``: :meth:`commit` commits a batch at
     most once, and a batch whose commit failed is retried by the caller (the stream's replay).
 
     Args:
@@ -52,19 +86,15 @@ class MasterDataset:
         except Exception:  # TableNotFoundError in recent versions; the type moved between releases
             return None
 
-    def append(self, df: DataFrame, *, app_id: str, batch_id: int) -> int | None:
-        """Append a micro-batch unless ``app_id`` already committed ``batch_id``. Returns rows added."""
+    def commit(self, files: Iterable[str], *, app_id: str, batch_id: int) -> int | None:
+        """Add ``files`` (relative paths written by :func:`write_event_files`) in one commit, unless
+        ``app_id`` already committed ``batch_id``. Returns the rows added, or None if skipped."""
         table = self._table()
         last = None if table is None else table.transaction_version(app_id)
         if last is not None and last >= batch_id:
             return None
-        staging = f"_spark/{batch_id:012d}-{uuid.uuid4().hex[:8]}"
-        out = df.withColumn(PARTITION, F.to_date(F.col(self.event_time)))
         t0 = time.monotonic()
-        out.write.partitionBy(PARTITION).parquet(f"{self.path.rstrip('/')}/{staging}")
-        t1 = time.monotonic()
-        actions, schema, rows = self._add_actions(staging)
-        log.debug("master append: spark write %.2fs, list %.2fs", t1 - t0, time.monotonic() - t1)
+        actions, schema, rows = self._add_actions(sorted(set(files)))
         if not actions:
             return 0
         if table is None:
@@ -86,25 +116,24 @@ class MasterDataset:
                 custom_metadata={"lambdalake.batch_id": batch_id, "lambdalake.app_id": app_id},
             ),
         )
+        log.debug("master commit of %d files: %.2fs", len(actions), time.monotonic() - t0)
         return rows
 
-    def _add_actions(self, staging: str) -> tuple[list[AddAction], pa.Schema, int]:
+    def _add_actions(self, files: list[str]) -> tuple[list[AddAction], pa.Schema, int]:
         filesystem, root = pafs.FileSystem.from_uri(self.path)
-        selector = pafs.FileSelector(f"{root.rstrip('/')}/{staging}", recursive=True, allow_not_found=True)
-        infos = [
-            i for i in filesystem.get_file_info(selector) if i.is_file and i.base_name.endswith(".parquet")
-        ]
+        root = root.rstrip("/")
         actions, schema, total = [], None, 0
         now_ms = int(time.time() * 1000)
-        for info in sorted(infos, key=lambda i: i.path):
-            relative = info.path[len(root.rstrip("/")) + 1 :]
-            partition = next(p.split("=", 1)[1] for p in relative.split("/") if p.startswith(f"{PARTITION}="))
-            metadata = pq.read_metadata(info.path, filesystem=filesystem)
+        for relative in files:
+            target = f"{root}/{relative}"
+            partition = relative.split("/", 1)[0].split("=", 1)[1]
+            metadata = pq.read_metadata(target, filesystem=filesystem)
             if schema is None:
                 schema = metadata.schema.to_arrow_schema().append(pa.field(PARTITION, pa.date32()))
             total += metadata.num_rows
             actions.append(AddAction(
-                path=relative, size=info.size, partition_values={PARTITION: partition},
+                path=relative, size=filesystem.get_file_info(target).size,
+                partition_values={PARTITION: None if partition == NULL_PARTITION else partition},
                 modification_time=now_ms, data_change=True,
                 stats=json.dumps({"numRecords": metadata.num_rows}),
             ))  # fmt: skip

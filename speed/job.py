@@ -1,17 +1,21 @@
-"""The speed job of one pipeline: two kinds of streaming query over the pipeline's topic.
+"""The speed job of one pipeline: one main streaming query over the pipeline's topic, decoding once.
 
-``archive`` (one query): decode every record; dead-letter the failures; append the valid events to
-the Delta master dataset (exactly once, by app transaction); upsert the ``latest`` views with a write
-timestamp taken from the version. It holds no state, so it never drops an event.
-
-``<view>`` (one query per windowed view): valid events, deduplicated by identity within the
+``<pipeline>-main``: each record is decoded once, then each Kafka partition's range goes through one
+task (:class:`speed.sinks.ArchiveSink`) that dead-letters the failures, writes the valid events as
+master-dataset files and upserts the ``latest`` views with a write timestamp taken from the version.
+The valid events flow on into the first windowed view: deduplicated by identity within the
 watermark, aggregated per (key, event-time window, ingest epoch) with Spark state and upserted as
-absolute values. The watermark is on ingest time (the Kafka record timestamp), so an event days late
-in event time still counts at once in the current epoch's row. An event whose *ingest* time is behind
-the watermark is dropped here, counted (``dropped_behind_watermark`` in the status file) and left to
-the batch layer, which reads it from the master dataset.
+absolute values. After the windowed rows are written, the driver commits the batch's master files
+to Delta in one app transaction. The watermark is on ingest time (the Kafka record timestamp), so an
+event days late in event time still counts at once in the current epoch's row. An event whose
+*ingest* time is behind the watermark is archived, but dropped from the windowed view, counted
+(``dropped_behind_watermark`` in the status file) and left to the batch layer.
 
-Progress lives in each query's checkpoint; results are durable before Spark commits an offset.
+``<pipeline>-<view>``: every further windowed view has a query of its own (reading and decoding the
+topic again; the pipelines shipped here have one windowed view each).
+
+Progress lives in each query's checkpoint; results are durable before Spark commits an offset, and
+every write is idempotent, so a batch replayed after a crash leaves the same views and bronze.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import logging
 import signal
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +41,15 @@ from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decode
 from lambdalake.spark.session import spark_session
-from lambdalake.spark.views import INGEST_TS, latest, windowed
-from speed.sinks import dead_letters, upsert_view
+from lambdalake.spark.views import INGEST_TS, latest_order, windowed
+from speed.sinks import (
+    ArchiveSink,
+    FileSet,
+    LatestSink,
+    drain,
+    order_column,
+    upsert_view,
+)
 
 log = logging.getLogger("lambdalake.speed")
 
@@ -163,6 +175,10 @@ class SpeedJob:
         self.checkpoints = f"{settings.storage_root.rstrip('/')}/checkpoints/{pipeline.name}"
         self.progress = ProgressLog(Path(settings.storage_root) / "status" / f"speed-{pipeline.name}.json")
         self.queries: list[StreamingQuery] = []
+        self.windowed_views = [v for v in pipeline.views if isinstance(v, WindowedView)]
+        self.primary = self.windowed_views[0] if self.windowed_views else None
+        self.files = self.spark.sparkContext.accumulator(frozenset(), FileSet())
+        self.run_id = ""
 
     # --- building blocks ----------------------------------------------------------------------
 
@@ -184,73 +200,98 @@ class SpeedJob:
         )
         return decode(raw, self.spec)
 
-    def _archive_batch(self, df: DataFrame, batch_id: int) -> None:
-        timings: dict[str, float] = {}
-        t0 = time.monotonic()
-        df = df.persist()
-        try:
-            failed = df.filter(F.col("_error_rule").isNotNull())
-            dead_letters(
-                failed,
-                kafka_config=self.settings.kafka.client_config(),
-                topic=self.pipeline.topic.dlq,
-                pipeline=self.pipeline.name,
-            )
-            timings["decode+dlq"] = time.monotonic() - t0
-            valid = df.filter(F.col("_error_rule").isNull()).drop(*ERROR_FIELDS)
-            self.master.append(valid, app_id=f"speed-{self.pipeline.name}-archive", batch_id=batch_id)
-            timings["master"] = time.monotonic() - t0 - sum(timings.values())
-            for view in self.pipeline.views:
-                if isinstance(view, LatestView):
-                    upsert_view(
-                        latest(valid, self.pipeline, view),
-                        table=speed_table_def(self.pipeline, view),
-                        cassandra=self.settings.cassandra,
-                        write_timestamp=view.version,
-                    )
-            timings["latest views"] = time.monotonic() - t0 - sum(timings.values())
-        finally:
-            df.unpersist()
-        log.debug("archive batch %d: %s", batch_id, ", ".join(f"{k} {v:.2f}s" for k, v in timings.items()))
+    def valid_events(self) -> DataFrame:
+        return self.events().filter(F.col("_error_rule").isNull()).drop(*ERROR_FIELDS)
 
-    def _windowed_stream(self, view: WindowedView) -> DataFrame:
-        valid = self.events().filter(F.col("_error_rule").isNull()).drop(*ERROR_FIELDS)
+    def _windowed(self, valid: DataFrame, view: WindowedView) -> DataFrame:
         deduped = valid.withWatermark(INGEST_TS, self.options.watermark_delay).dropDuplicatesWithinWatermark(
             list(self.pipeline.event.identity)
         )
         epoch = F.window(F.col(INGEST_TS), f"{self.settings.epoch_seconds} seconds")
         return windowed(deduped, self.pipeline, view, epoch=epoch)
 
+    def _run_id(self) -> str:
+        """This checkpoint's run id: names its master files and Delta app id, so a fresh checkpoint
+        (a replay of old offsets) never collides with what an earlier run committed."""
+        path = Path(self.checkpoints) / "main" / "lambdalake-run-id"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(uuid.uuid4().hex[:12])
+            tmp.replace(path)
+        return path.read_text().strip()
+
+    def main_stream(self) -> DataFrame:
+        """The main query's plan: decode, the archive pass, then the first windowed view if any."""
+        events = self.events()
+        latest_sinks = []
+        for view in self.pipeline.views:
+            if isinstance(view, LatestView):
+                order = order_column(view.name)
+                events = events.withColumn(order, latest_order(events, view))
+                latest_sinks.append(
+                    LatestSink(table=speed_table_def(self.pipeline, view), key=tuple(view.key), order=order)
+                )
+        passthrough = self.primary is not None
+        sink = ArchiveSink(
+            pipeline=self.pipeline.name,
+            dlq_topic=self.pipeline.topic.dlq,
+            kafka_config=self.settings.kafka.client_config(),
+            master_path=self.master.path,
+            event_time=self.pipeline.event.time,
+            file_prefix=self.run_id,
+            latest=tuple(latest_sinks),
+            cassandra=self.settings.cassandra,
+            files=self.files,
+            passthrough=passthrough,
+        )
+        valid_schema = events.drop(*ERROR_FIELDS, *(s.order for s in latest_sinks)).schema
+        archived = events.mapInArrow(sink, valid_schema)
+        return self._windowed(archived, self.primary) if self.primary is not None else archived
+
+    def _main_batch(self, df: DataFrame, batch_id: int) -> None:
+        t0 = time.monotonic()
+        self.files.value = frozenset()
+        if self.primary is not None:
+            table = speed_table_def(self.pipeline, self.primary)
+            upsert_view(df, table=table, cassandra=self.settings.cassandra)
+        else:
+            drain(df)
+        t1 = time.monotonic()
+        files = self.files.value
+        self.master.commit(files, app_id=f"speed-{self.pipeline.name}-{self.run_id}", batch_id=batch_id)
+        log.debug("main batch %d: pass %.2fs, commit %.2fs (%d files)", batch_id, t1 - t0,
+                  time.monotonic() - t1, len(files))  # fmt: skip
+
     # --- running ------------------------------------------------------------------------------
 
     def start(self) -> list[StreamingQuery]:
         self.deploy()
         self.spark.streams.addListener(self.progress)
+        self.run_id = self._run_id()
         trigger = {"processingTime": f"{self.options.trigger_seconds} seconds"}
         name = self.pipeline.name
-        archive = (
-            self.events().writeStream.queryName(f"{name}-archive")
-            .option("checkpointLocation", f"{self.checkpoints}/archive")
-            .foreachBatch(self._archive_batch).trigger(**trigger).start()
-        )  # fmt: skip
-        self.queries = [archive]
-        for view in self.pipeline.views:
-            if isinstance(view, WindowedView):
-                table = speed_table_def(self.pipeline, view)
-                cassandra = self.settings.cassandra
+        main = self.main_stream().writeStream.queryName(f"{name}-main")
+        if self.primary is not None:
+            main = main.outputMode("update")
+        self.queries = [
+            main.option("checkpointLocation", f"{self.checkpoints}/main")
+            .foreachBatch(self._main_batch).trigger(**trigger).start()
+        ]  # fmt: skip
+        for view in self.windowed_views[1:]:
+            table = speed_table_def(self.pipeline, view)
+            cassandra = self.settings.cassandra
 
-                def write(
-                    df: DataFrame, _batch_id: int, table: Any = table, cassandra: Any = cassandra
-                ) -> None:
-                    upsert_view(df, table=table, cassandra=cassandra)
+            def write(df: DataFrame, _batch_id: int, table: Any = table, cassandra: Any = cassandra) -> None:
+                upsert_view(df, table=table, cassandra=cassandra)
 
-                query = (
-                    self._windowed_stream(view).writeStream.queryName(f"{name}-{view.name}")
-                    .outputMode("update")
-                    .option("checkpointLocation", f"{self.checkpoints}/{view.name}")
-                    .foreachBatch(write).trigger(**trigger).start()
-                )  # fmt: skip
-                self.queries.append(query)
+            query = (
+                self._windowed(self.valid_events(), view).writeStream.queryName(f"{name}-{view.name}")
+                .outputMode("update")
+                .option("checkpointLocation", f"{self.checkpoints}/{view.name}")
+                .foreachBatch(write).trigger(**trigger).start()
+            )  # fmt: skip
+            self.queries.append(query)
         return self.queries
 
     def catch_up(self) -> None:

@@ -1,107 +1,187 @@
-"""What each micro-batch writes: dead letters, the master dataset, speed views in Cassandra.
+"""What the speed job writes: dead letters, the master dataset, speed views in Cassandra.
 
-Every sink runs its writes on executors (``foreachPartition``), so it works the same on ``local[2]``
-and on a cluster, and every write is idempotent so a replayed micro-batch changes nothing.
+Every sink runs on executors over Arrow batches (``mapInArrow``), so it works the same on ``local[2]``
+and on a cluster, costs no row-by-row pickling, and every write is idempotent so a replayed
+micro-batch changes nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, Row
-from pyspark.sql import functions as F
-from pyspark.sql.types import TimestampType
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import Accumulator
+from pyspark.accumulators import AccumulatorParam
+from pyspark.sql import DataFrame
 
 from lambdalake.cassandra.tables import TableDef
 from lambdalake.kafka import dlq
+from lambdalake.master import write_event_files
 from lambdalake.settings import CassandraSettings
-from lambdalake.spark.views import INGEST_TS
+from lambdalake.spark.decode import ERROR_FIELDS
 
 
-def dead_letters(df: DataFrame, *, kafka_config: dict[str, Any], topic: str, pipeline: str) -> None:
-    """Send failed records to the DLQ with rule and reason. At least once: a replay may repeat some."""
-
-    def send(rows: Iterator[Row]) -> None:
-        from confluent_kafka import Producer
-
-        producer = None  # created on the first failed record: most partitions of most batches have none
-        failures: list[str] = []
-
-        def delivered(err: Any, _msg: Any) -> None:
-            if err is not None:
-                failures.append(err.str())
-
-        for r in rows:
-            if producer is None:
-                producer = Producer({**kafka_config, "enable.idempotence": True, "acks": "all"})
-            headers = dlq.headers(
-                pipeline=pipeline,
-                stage="speed",
-                rule=r["_error_rule"],
-                reason=r["_error_reason"],
-                source=f"{r['_topic']}/{r['_partition']}/{r['_offset']}",
-            )
-            producer.produce(
-                topic, key=r["_raw_key"], value=r["_raw_value"], headers=headers, on_delivery=delivered
-            )
-            producer.poll(0)
-        if producer is None:
-            return
-        remaining = producer.flush(120)
-        if failures or remaining:
-            raise RuntimeError(
-                f"dead-letter topic {topic}: {len(failures)} failed, {remaining} unsent ({failures[:1]})"
-            )
-
-    df.select(
-        "_raw_key", "_raw_value", "_error_rule", "_error_reason", "_topic", "_partition", "_offset"
-    ).foreachPartition(send)
+def cassandra_values(table: pa.Table | pa.RecordBatch, columns: list[str]) -> list[list[Any]]:
+    """Column values as the Cassandra driver takes them (timestamps as epoch milliseconds)."""
+    out = []
+    for name in columns:
+        col = table.column(name)
+        if pa.types.is_timestamp(col.type):
+            col = pc.divide(pc.cast(pc.cast(col, pa.timestamp("us")), pa.int64()), 1000)
+        out.append(col.to_pylist())
+    return out
 
 
-TIEBREAK_BITS = 20
+def send_dead_letters(failures: pa.Table, *, kafka_config: dict[str, Any], topic: str, pipeline: str) -> None:
+    """Send failed records to the DLQ with rule, reason and source. At least once: a replay may
+    repeat some. Raises (failing the task, so Spark retries it) if any is not acknowledged."""
+    if failures.num_rows == 0:
+        return
+    from confluent_kafka import Producer
 
+    producer = Producer({**kafka_config, "enable.idempotence": True, "acks": "all"})
+    errors: list[str] = []
 
-def version_write_timestamp(df: DataFrame, version: str) -> Column:
-    """Cassandra write timestamp of a ``latest`` row: the version, then the earlier delivery.
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(err.str())
 
-    ``version * 2^20 + (2^20 - 1 - ingest second mod 2^20)``: the highest version wins whatever the
-    order of writes, and between two deliveries of one version the first wins (as in the batch
-    layer) when they are less than 2^20 s (12 days) apart. Versions must stay below 8.7e12 (epoch
-    milliseconds qualify until the year 2248).
-    """
-    v = F.col(version)
-    v = F.unix_millis(v) if isinstance(df.schema[version].dataType, TimestampType) else v.cast("long")
-    span = 1 << TIEBREAK_BITS
-    tiebreak = F.lit(span - 1) - F.pmod(F.unix_seconds(F.col(INGEST_TS)), F.lit(span))
-    return v * F.lit(span) + tiebreak
-
-
-def upsert_view(
-    df: DataFrame, *, table: TableDef, cassandra: CassandraSettings, write_timestamp: str | None = None
-) -> None:
-    """Upsert ``df``'s rows into ``table`` from the executors.
-
-    Args:
-        df: Rows with at least ``table``'s columns.
-        table: Target table.
-        cassandra: Cluster settings (travel to executors inside the closure).
-        write_timestamp: Column whose value becomes the write timestamp (``latest`` views: the
-            version), so the highest version wins whatever the order of writes.
-    """
-    cols = []
-    for name in table.column_names:
-        col = F.col(name)
-        cols.append(
-            F.unix_millis(col).alias(name) if isinstance(df.schema[name].dataType, TimestampType) else col
+    cols = ["_raw_key", "_raw_value", "_error_rule", "_error_reason", "_topic", "_partition", "_offset"]
+    for key, value, rule, reason, src_topic, partition, offset in zip(
+        *(failures.column(c).to_pylist() for c in cols), strict=True
+    ):
+        headers = dlq.headers(
+            pipeline=pipeline, stage="speed", rule=rule, reason=reason,
+            source=f"{src_topic}/{partition}/{offset}",
+        )  # fmt: skip
+        producer.produce(topic, key=key, value=value, headers=headers, on_delivery=delivered)
+        producer.poll(0)
+    remaining = producer.flush(120)
+    if errors or remaining:
+        raise RuntimeError(
+            f"dead-letter topic {topic}: {len(errors)} failed, {remaining} unsent ({errors[:1]})"
         )
-    if write_timestamp is not None:
-        cols.append(version_write_timestamp(df, write_timestamp).alias("_write_ts"))
-    index = len(table.column_names) if write_timestamp is not None else None
 
-    def write(rows: Iterator[Row]) -> None:
+
+class FileSet(AccumulatorParam):
+    """Accumulates the master-dataset files the tasks of a micro-batch wrote (a set: a task that
+    ran twice reports the same names twice)."""
+
+    def zero(self, value: frozenset[str]) -> frozenset[str]:
+        return frozenset()
+
+    def addInPlace(self, a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
+        return a | b
+
+
+@dataclass(frozen=True)
+class LatestSink:
+    """A ``latest`` view's table, its key, and the column holding each row's write timestamp."""
+
+    table: TableDef
+    key: tuple[str, ...]
+    order: str
+
+
+def order_column(view_name: str) -> str:
+    return f"_order_{view_name}"
+
+
+@dataclass(frozen=True)
+class ArchiveSink:
+    """The ``mapInArrow`` function of the speed job's one pass over each Kafka partition's records.
+
+    Per task (one Kafka partition's range of a micro-batch): failures go to the DLQ; valid events are
+    written as master-dataset files named by their Kafka coordinates (reported through ``files`` for
+    the driver to commit); each ``latest`` view gets the winning row per key (highest write
+    timestamp; among equals the earliest offset), upserted ``USING TIMESTAMP`` so Cassandra keeps
+    the highest version across tasks and batches. Yields the valid events (without error and order
+    columns) when ``passthrough``, for the windowed view downstream.
+
+    Delivery guarantees: DLQ at least once; master files exactly once once committed by the driver
+    (:meth:`lambdalake.master.MasterDataset.commit`); latest rows idempotent.
+    """
+
+    pipeline: str
+    dlq_topic: str
+    kafka_config: dict[str, Any]
+    master_path: str
+    event_time: str
+    file_prefix: str
+    latest: tuple[LatestSink, ...]
+    cassandra: CassandraSettings
+    files: Accumulator
+    passthrough: bool
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from lambdalake.cassandra.writer import upsert
 
-        upsert((tuple(r) for r in rows), table=table, settings=cassandra, write_timestamp_index=index)
+        batches = list(batches)
+        if not batches:
+            return
+        table = pa.Table.from_batches(batches)
+        failed = pc.is_valid(table.column("_error_rule"))
+        send_dead_letters(
+            table.filter(failed), kafka_config=self.kafka_config, topic=self.dlq_topic, pipeline=self.pipeline
+        )
+        drop = [*ERROR_FIELDS, *(s.order for s in self.latest)]
+        valid = table.filter(pc.invert(failed))
+        events = valid.drop_columns(drop)
+        self.files.add(
+            frozenset(
+                write_event_files(
+                    events, path=self.master_path, event_time=self.event_time, name=self._file_name(table)
+                )
+            )
+        )
+        for sink in self.latest:
+            keys = list(zip(*cassandra_values(valid, list(sink.key)), strict=True))
+            order = valid.column(sink.order).to_pylist()
+            best: dict[tuple[Any, ...], int] = {}
+            for i, (k, o) in enumerate(zip(keys, order, strict=True)):
+                if o is not None and (k not in best or o > order[best[k]]):
+                    best[k] = i
+            rows = valid.take(pa.array(sorted(best.values()), type=pa.int64()))
+            values = cassandra_values(rows, [*sink.table.column_names, sink.order])
+            upsert(zip(*values, strict=True), table=sink.table, settings=self.cassandra,
+                   write_timestamp_index=len(sink.table.column_names))  # fmt: skip
+        if self.passthrough:
+            yield from events.to_batches()
 
-    df.select(*cols).foreachPartition(write)
+    def _file_name(self, table: pa.Table) -> str:
+        """Unique to the records: the run, the Kafka partition and the task's offset range."""
+        topics = pc.unique(table.column("_topic")).to_pylist()
+        parts = pc.unique(table.column("_partition")).to_pylist()
+        bounds = pc.min_max(table.column("_offset")).as_py()
+        if len(topics) == 1 and len(parts) == 1:
+            return f"{self.file_prefix}-{topics[0]}-{parts[0]}-{bounds['min']}-{bounds['max']}"
+        coords = table.select(["_topic", "_partition", "_offset"]).to_pydict()
+        return f"{self.file_prefix}-{hashlib.sha1(repr(coords).encode()).hexdigest()}"
+
+
+def upsert_view(df: DataFrame, *, table: TableDef, cassandra: CassandraSettings) -> int:
+    """Upsert ``df``'s rows (absolute values) into ``table`` from the executors; returns rows written."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from lambdalake.cassandra.writer import upsert
+
+        written = 0
+        for batch in batches:
+            rows = zip(*cassandra_values(batch, table.column_names), strict=True)
+            written += upsert(rows, table=table, settings=cassandra)
+        yield pa.RecordBatch.from_pydict({"rows": [written]})
+
+    return sum(r["rows"] for r in df.select(*table.column_names).mapInArrow(write, "rows long").collect())
+
+
+def drain(df: DataFrame) -> None:
+    """Run ``df``'s plan for its side effects (a micro-batch without a windowed view)."""
+
+    def consume(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield pa.RecordBatch.from_pydict({"rows": [sum(b.num_rows for b in batches)]})
+
+    df.mapInArrow(consume, "rows long").collect()

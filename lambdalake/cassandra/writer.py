@@ -13,7 +13,9 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent_with_args
+from cassandra.query import PreparedStatement
 
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import TableDef
@@ -22,6 +24,16 @@ from lambdalake.settings import CassandraSettings
 log = logging.getLogger("lambdalake.cassandra")
 
 CHUNK = 2000
+
+# Preparing is a round trip to the server: once per process, session and statement.
+_prepared: dict[tuple[int, str], PreparedStatement] = {}
+
+
+def _prepare(session: Session, cql: str) -> PreparedStatement:
+    key = (id(session), cql)
+    if key not in _prepared:
+        _prepared[key] = session.prepare(cql)
+    return _prepared[key]
 
 
 def upsert(
@@ -83,7 +95,7 @@ def _write_chunk(
     while True:
         try:
             session = connect(settings)
-            stmt = session.prepare(table.insert_cql(settings.keyspace, with_timestamp=with_timestamp))
+            stmt = _prepare(session, table.insert_cql(settings.keyspace, with_timestamp=with_timestamp))
             results = execute_concurrent_with_args(
                 session, stmt, pending, concurrency=concurrency, raise_on_first_error=False
             )

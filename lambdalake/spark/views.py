@@ -1,14 +1,16 @@
 """Views compiled into Spark transformations that run unchanged on streaming and batch DataFrames.
 
-The speed layer applies them to each micro-batch (``latest``) or to the stream with a watermark
-(``windowed``, grouped by ingest epoch too); the batch layer applies the very same functions to the
-whole master dataset. No view logic exists anywhere else.
+The speed layer applies ``windowed`` to the stream with a watermark (grouped by ingest epoch too) and
+writes ``latest`` rows with :func:`latest_order` as their Cassandra write timestamp, so Cassandra keeps
+the row ``latest`` would pick; the batch layer applies the very same functions to the whole master
+dataset. No view logic exists anywhere else.
 """
 
 from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import TimestampType
 
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.views import EPOCH, WINDOW_START, Component, latest_columns, view_components
@@ -18,12 +20,30 @@ INGEST_TS = "_ingest_ts"
 INGEST_EPOCH = "_epoch"
 
 
+TIEBREAK_BITS = 20
+
+
+def latest_order(df: DataFrame, view: LatestView) -> Column:
+    """How ``latest`` ranks deliveries of a key, as one long: the version, then the earlier delivery.
+
+    ``version * 2^20 + (2^20 - 1 - ingest second mod 2^20)``: the highest version wins, and between
+    two deliveries of one version the first wins when they are less than 2^20 s (12 days) apart. The
+    speed layer uses it as the Cassandra write timestamp, so the highest version wins whatever the
+    order of writes. Versions must stay below 8.7e12 (epoch milliseconds qualify until 2248).
+    """
+    v = F.col(view.version)
+    v = F.unix_millis(v) if isinstance(df.schema[view.version].dataType, TimestampType) else v.cast("long")
+    span = 1 << TIEBREAK_BITS
+    tiebreak = F.lit(span - 1) - F.pmod(F.unix_seconds(F.col(INGEST_TS)), F.lit(span))
+    return v * F.lit(span) + tiebreak
+
+
 def latest(df: DataFrame, pipeline: Pipeline, view: LatestView) -> DataFrame:
-    """One row per key: the event with the highest version; among deliveries of one version, the
-    first (the same rule as deduplication), so the result never depends on arrival order."""
+    """One row per key: the delivery ranked highest by :func:`latest_order` (among equals, the lowest
+    offset), so the result never depends on arrival order."""
     cols = latest_columns(pipeline, view)
     keep = [c for c in cols if c not in view.key] + [INGEST_TS, INGEST_EPOCH]
-    order = F.struct(F.col(view.version), -F.unix_micros(F.col(INGEST_TS)), -F.col("_offset"))
+    order = F.struct(latest_order(df, view), -F.col("_offset"))
     winner = F.max_by(F.struct(*[F.col(c) for c in keep]), order)
     return (
         df.groupBy(*view.key)
