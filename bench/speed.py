@@ -74,7 +74,7 @@ def main() -> None:
         status = Path(settings.storage_root) / "status" / "speed-telemetry.json"
         log_file = Path(settings.storage_root) / "speed.log"
         job = subprocess.Popen(
-            [sys.executable, "-m", "lambdalake", "speed", "run", "telemetry"],
+            [sys.executable, "-m", "lambdalake", "speed", "run", "telemetry", "--log-level", "DEBUG"],
             env={**os.environ, **job_settings.to_env()},
             stdout=log_file.open("wb"),
             stderr=subprocess.STDOUT,

@@ -351,13 +351,15 @@ def speed_run(
     once: Annotated[
         bool, typer.Option("--once", help="Process what the topic holds now, then stop.")
     ] = False,
+    log_level: Annotated[str, typer.Option(help="DEBUG adds each micro-batch's phase timings.")] = "INFO",
 ) -> None:
     """Run the pipeline's streaming queries until SIGTERM/Ctrl-C (checkpoints under the storage root)."""
     import logging
 
     from speed.job import SpeedJob, SpeedOptions
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("lambdalake").setLevel(log_level.upper())
     for noisy in ("py4j", "cassandra"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     settings = get_settings()

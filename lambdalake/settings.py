@@ -91,6 +91,10 @@ class CassandraSettings(BaseModel):
     replication: dict[str, str | int] = Field(
         default_factory=lambda: {"class": "SimpleStrategy", "replication_factor": 1}
     )
+    #: Rows per unlogged batch when writing views (rows of one partition are kept together). A
+    #: request per row cost ~9x more here (4.4k vs 38.7k rows/s, Cassandra 2.1 on 2 cores); 1 sends
+    #: every row alone.
+    batch_rows: int = Field(default=32, ge=1, le=500)
     #: Embedded server only.
     heap: str = "512M"
     storage_port: int = 7000

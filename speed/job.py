@@ -32,7 +32,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
+from pyspark.sql.streaming import StreamingQuery
 
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import deploy_speed_tables, speed_table_def
@@ -80,48 +80,63 @@ class QueryStats:
     last_batch: dict[str, Any] = field(default_factory=dict)
 
 
-class ProgressLog(StreamingQueryListener):
-    """Logs every micro-batch (rows, lag, duration) and keeps a status file per pipeline."""
+class ProgressLog:
+    """Logs every micro-batch (rows, lag, duration) and keeps a status file per pipeline.
+
+    It polls the queries (:meth:`poll`) rather than listening: a Python ``StreamingQueryListener``
+    is called back through py4j on every event, and that cost a quarter of a core here.
+    """
 
     def __init__(self, status_file: Path) -> None:
         self.status_file = status_file
         self.stats: dict[str, QueryStats] = {}
+        self._seen: dict[str, tuple[int, str]] = {}
         self._lock = threading.Lock()
 
-    def onQueryStarted(self, event: Any) -> None:
-        log.info("query %s started (id %s)", event.name, event.id)
+    def poll(self, queries: list[StreamingQuery]) -> None:
+        """Record the progress of every batch the queries finished since the last poll."""
+        with self._lock:
+            changed = False
+            for q in queries:
+                last = q.lastProgress
+                if last is None or self._seen.get(q.name) == (last.batchId, last.timestamp):
+                    continue
+                seen_batch = self._seen.get(q.name, (-1, ""))[0]
+                # Batches finished faster than the polls: read the ones in between too.
+                missed = last.batchId > seen_batch + 1 and q.name in self._seen
+                for p in q.recentProgress if missed else [last]:
+                    if p.batchId > seen_batch or p is last:
+                        self._record(p, new_batch=p.batchId > seen_batch)
+                self._seen[q.name] = (last.batchId, last.timestamp)
+                changed = True
+            if changed:
+                self._write()
 
-    def onQueryProgress(self, event: Any) -> None:
-        p = event.progress
+    def _record(self, p: Any, *, new_batch: bool) -> None:
         lag = 0
         for source in p.sources:
-            end = (
-                json.loads(source.endOffset or "{}")
-                if isinstance(source.endOffset, str)
-                else (source.endOffset or {})
-            )
-            latest_offsets = source.latestOffset
-            latest_offsets = (
-                json.loads(latest_offsets) if isinstance(latest_offsets, str) else (latest_offsets or {})
-            )
-            for topic, parts in (latest_offsets or {}).items():
+            end = json.loads(source.endOffset) if isinstance(source.endOffset, str) else source.endOffset
+            latest = source.latestOffset
+            latest = json.loads(latest) if isinstance(latest, str) else latest
+            for topic, parts in (latest or {}).items():
                 for part, off in parts.items():
-                    lag += max(0, int(off) - int(end.get(topic, {}).get(part, 0)))
-        dropped = sum(op.numRowsDroppedByWatermark for op in p.stateOperators)
-        with self._lock:
-            stats = self.stats.setdefault(p.name, QueryStats())
+                    lag += max(0, int(off) - int((end or {}).get(topic, {}).get(part, 0)))
+        dropped = sum(op.numRowsDroppedByWatermark for op in p.stateOperators) if new_batch else 0
+        stats = self.stats.setdefault(p.name, QueryStats())
+        if new_batch:
             stats.batches += 1
             stats.rows += p.numInputRows
             stats.dropped_behind_watermark += dropped
-            stats.last_batch = {
-                "batch_id": p.batchId,
-                "rows": p.numInputRows,
-                "lag": lag,
-                "duration_ms": p.durationMs.get("triggerExecution"),
-                "at": p.timestamp,
-            }
-            self._write()
-        if p.numInputRows or dropped:
+        stats.last_batch = {
+            "batch_id": p.batchId,
+            "rows": p.numInputRows,
+            "lag": lag,
+            "duration_ms": p.durationMs.get("triggerExecution"),
+            "at": p.timestamp,
+        }
+        if new_batch:
+            log.debug("%s batch %d phases (ms): %s", p.name, p.batchId, p.durationMs)
+        if new_batch and (p.numInputRows or dropped):
             log.info(
                 "%s batch %d: %d rows, lag %d, %d ms%s",
                 p.name,
@@ -131,12 +146,6 @@ class ProgressLog(StreamingQueryListener):
                 p.durationMs.get("triggerExecution", 0),
                 f", {dropped} behind the watermark (left to the batch layer)" if dropped else "",
             )
-
-    def onQueryIdle(self, event: Any) -> None:
-        pass
-
-    def onQueryTerminated(self, event: Any) -> None:
-        log.info("query %s terminated%s", event.id, f": {event.exception}" if event.exception else "")
 
     def _write(self) -> None:
         self.status_file.parent.mkdir(parents=True, exist_ok=True)
@@ -267,7 +276,6 @@ class SpeedJob:
 
     def start(self) -> list[StreamingQuery]:
         self.deploy()
-        self.spark.streams.addListener(self.progress)
         self.run_id = self._run_id()
         trigger = {"processingTime": f"{self.options.trigger_seconds} seconds"}
         name = self.pipeline.name
@@ -292,21 +300,23 @@ class SpeedJob:
                 .foreachBatch(write).trigger(**trigger).start()
             )  # fmt: skip
             self.queries.append(query)
+        for q in self.queries:
+            log.info("query %s started (id %s)", q.name, q.id)
         return self.queries
 
     def catch_up(self) -> None:
         """Process everything available now (tests and backfills)."""
         for q in self.queries:
             q.processAllAvailable()
+        self.progress.poll(self.queries)
 
     def stop(self) -> None:
         for q in self.queries:
             q.stop()
-        self.spark.streams.removeListener(self.progress)
+        self.progress.poll(self.queries)
 
     def close(self) -> None:
-        """Stop the queries, and the Spark session if this job created it (so no progress event is
-        delivered to a Python process that has gone)."""
+        """Stop the queries, and the Spark session if this job created it."""
         self.stop()
         if self._owns_spark:
             self.spark.stop()
@@ -323,7 +333,8 @@ class SpeedJob:
                 for q in self.queries:
                     if not q.isActive:
                         raise RuntimeError(f"query {q.name} stopped: {q.exception()}")
-                time.sleep(0.5)
+                self.progress.poll(self.queries)
+                stop.wait(0.25)
         finally:
             log.info("stopping %s", ", ".join(q.name for q in self.queries))
             self.close()

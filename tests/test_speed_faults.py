@@ -126,7 +126,7 @@ def test_kill_minus_nine_three_times(services: Settings, tmp_path: Path, unique:
     try:
         while kills < 3:
             # Kill at a random point after the queries run (startup alone takes 10-20 s here).
-            wait_for_log(log, "offers-archive started", count=kills + 1, timeout=180)
+            wait_for_log(log, "offers-main started", count=kills + 1, timeout=180)
             time.sleep(rng.uniform(1, 12))
             os.killpg(job.pid, signal.SIGKILL)
             job.wait(30)
@@ -144,7 +144,7 @@ def test_kill_minus_nine_three_times(services: Settings, tmp_path: Path, unique:
             except subprocess.TimeoutExpired:
                 os.killpg(job.pid, signal.SIGKILL)
     assert job.returncode == 0, f"graceful stop failed; log: {log.read_text()[-2000:]}"
-    assert log.read_text().count("offers-archive started") == 4  # one start and three restarts
+    assert log.read_text().count("offers-main started") == 4  # one start and three restarts
 
 
 def test_cassandra_stopped_for_30s(services: Settings, spark, tmp_path: Path, unique: str) -> None:

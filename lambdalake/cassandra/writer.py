@@ -14,8 +14,8 @@ from datetime import datetime
 from typing import Any
 
 from cassandra.cluster import Session
-from cassandra.concurrent import execute_concurrent_with_args
-from cassandra.query import PreparedStatement
+from cassandra.concurrent import execute_concurrent
+from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import TableDef
@@ -23,7 +23,8 @@ from lambdalake.settings import CassandraSettings
 
 log = logging.getLogger("lambdalake.cassandra")
 
-CHUNK = 2000
+#: Batches handed to the driver at once (bounds its memory, not the rows per call).
+CHUNK = 500
 
 # Preparing is a round trip to the server: once per process, session and statement.
 _prepared: dict[tuple[int, str], PreparedStatement] = {}
@@ -42,10 +43,14 @@ def upsert(
     table: TableDef,
     settings: CassandraSettings,
     write_timestamp_index: int | None = None,
-    concurrency: int = 64,
+    concurrency: int = 16,
     give_up_after_s: float = 900.0,
 ) -> int:
     """Write ``rows`` (values in ``table.column_names`` order) and return how many were written.
+
+    Rows go in unlogged batches of ``settings.batch_rows``, sorted by partition key so a batch spans
+    few partitions. Unlogged batches are not atomic, which is harmless here: every write is an
+    idempotent upsert, and a failed batch is sent again whole.
 
     Args:
         rows: Row values; timestamps as datetimes or epoch milliseconds.
@@ -53,24 +58,31 @@ def upsert(
         settings: Cluster settings.
         write_timestamp_index: Position in each row of the value to use as the write timestamp
             (``USING TIMESTAMP``); the value itself is not a column.
-        concurrency: Requests in flight.
+        concurrency: Requests (batches) in flight.
         give_up_after_s: Keep retrying failed writes (e.g. Cassandra restarting) this long, then
             raise so the micro-batch fails and is retried from the checkpoint. Default 15 minutes.
     """
-    written = 0
-    chunk: list[tuple[Any, ...]] = []
-    for row in rows:
-        chunk.append(_params(row, write_timestamp_index))
-        if len(chunk) >= CHUNK:
-            written += _write_chunk(
-                chunk, table, settings, write_timestamp_index is not None, concurrency, give_up_after_s
-            )
-            chunk = []
-    if chunk:
-        written += _write_chunk(
-            chunk, table, settings, write_timestamp_index is not None, concurrency, give_up_after_s
+    params = [_params(row, write_timestamp_index) for row in rows]
+    if not params:
+        return 0
+    key = [table.column_names.index(c) for c in table.partition_key]
+    params.sort(key=lambda p: tuple(_sortable(p[i]) for i in key))
+    size = settings.batch_rows
+    groups = [params[i : i + size] for i in range(0, len(params), size)]
+    for start in range(0, len(groups), CHUNK):
+        _write_groups(
+            groups[start : start + CHUNK],
+            table,
+            settings,
+            write_timestamp_index is not None,
+            concurrency,
+            give_up_after_s,
         )
-    return written
+    return len(params)
+
+
+def _sortable(value: Any) -> tuple[bool, Any]:
+    return (value is None, "" if value is None else value)
 
 
 def _params(row: Sequence[Any], ts_index: int | None) -> tuple[Any, ...]:
@@ -81,37 +93,49 @@ def _params(row: Sequence[Any], ts_index: int | None) -> tuple[Any, ...]:
     return tuple(values)
 
 
-def _write_chunk(
-    params: list[tuple[Any, ...]],
+def _request(stmt: PreparedStatement, group: list[tuple[Any, ...]]) -> tuple[Any, tuple[Any, ...]]:
+    if len(group) == 1:
+        return stmt, group[0]
+    batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+    for values in group:
+        batch.add(stmt, values)
+    return batch, ()
+
+
+def _write_groups(
+    groups: list[list[tuple[Any, ...]]],
     table: TableDef,
     settings: CassandraSettings,
     with_timestamp: bool,
     concurrency: int,
     give_up_after_s: float,
-) -> int:
+) -> None:
     deadline = time.monotonic() + give_up_after_s
-    pending = params
+    pending = groups
     delay = 0.5
     while True:
         try:
             session = connect(settings)
             stmt = _prepare(session, table.insert_cql(settings.keyspace, with_timestamp=with_timestamp))
-            results = execute_concurrent_with_args(
-                session, stmt, pending, concurrency=concurrency, raise_on_first_error=False
+            results = execute_concurrent(
+                session,
+                [_request(stmt, g) for g in pending],
+                concurrency=concurrency,
+                raise_on_first_error=False,
             )
-            failed = [p for p, (ok, _) in zip(pending, results, strict=True) if not ok]
+            failed = [g for g, (ok, _) in zip(pending, results, strict=True) if not ok]
             errors = [res for ok, res in results if not ok]
         except Exception as exc:  # no host available, session failures: retry below
             failed, errors = pending, [exc]
         if not failed:
-            return len(params)
+            return
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"{len(failed)} writes to {table.name} still failing after {give_up_after_s:.0f}s: "
-                f"{errors[0]!r}"
+                f"{sum(map(len, failed))} writes to {table.name} still failing after "
+                f"{give_up_after_s:.0f}s: {errors[0]!r}"
             )
         log.warning(
-            "%d of %d writes to %s failed (%r); retrying in %.1fs",
+            "%d of %d write batches to %s failed (%r); retrying in %.1fs",
             len(failed),
             len(pending),
             table.name,
