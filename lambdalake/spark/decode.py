@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -116,6 +117,10 @@ def _fetcher(registry: dict[str, Any]) -> Callable[[int], str]:
     return _FETCHERS[url]
 
 
+#: What a failed record contributes to the event columns: nulls.
+_EMPTY: dict[str, Any] = {}
+
+
 class UnknownSchemaId(LookupError):
     pass
 
@@ -142,23 +147,20 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
             spec.rules, schema=reader, parsed_schema=parse_schema(reader), check_shape=False
         )
         schema = spec.output_schema
-        fields = [f.name for f in event_schema(reader)]
+        fields = list(event_schema(reader))
         epoch_us = spec.epoch_seconds * 1_000_000
         for batch in batches:
-            keys = batch.column("key").to_pylist()
             values = batch.column("value").to_pylist()
-            topics = batch.column("topic").to_pylist()
-            parts = batch.column("partition").to_pylist()
-            offsets = batch.column("offset").to_pylist()
             stamps = batch.column("timestamp").cast(pa.int64()).to_pylist()  # microseconds
-            cols: dict[str, list[Any]] = {name: [] for name in schema.names}
-            for i, raw in enumerate(values):
-                ts_us = stamps[i]
+            records: list[dict[str, Any]] = []
+            rules: list[str | None] = []
+            reasons: list[str | None] = []
+            schema_ids: list[int | None] = []
+            for raw, ts_us in zip(values, stamps, strict=True):
                 rule = reason = None
                 record: dict[str, Any] | None = None
-                schema_id = None
+                schema_id = int.from_bytes(raw[1:5], "big") if raw and len(raw) >= 5 else None
                 try:
-                    schema_id = int.from_bytes(raw[1:5], "big") if raw and len(raw) >= 5 else None
                     record = wire.decode(raw)
                 except (WireFormatError, UnknownSchemaId) as exc:
                     rule, reason = "wire_format", str(exc)
@@ -168,22 +170,28 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
                     rejection = validator.check(record, now=ts_us / 1e6 if ts_us is not None else None)
                     if rejection is not None:
                         rule, reason = rejection.rule, rejection.reason
-                ok = rule is None
-                for name in fields:
-                    cols[name].append(record.get(name) if ok and record is not None else None)
-                cols["_topic"].append(topics[i])
-                cols["_partition"].append(parts[i])
-                cols["_offset"].append(offsets[i])
-                cols[INGEST_TS].append(ts_us)
-                cols[INGEST_EPOCH].append(ts_us // epoch_us if ts_us is not None else None)
-                cols["_schema_id"].append(schema_id)
-                cols["_error_rule"].append(rule)
-                cols["_error_reason"].append(reason)
-                cols["_raw_key"].append(None if ok else keys[i])
-                cols["_raw_value"].append(None if ok else raw)
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(cols[f.name], type=f.type) for f in schema], schema=schema
-            )
+                records.append(record if rule is None else _EMPTY)  # type: ignore[arg-type]
+                rules.append(rule)
+                reasons.append(reason)
+                schema_ids.append(schema_id)
+            failed = pa.array([r is not None for r in rules], type=pa.bool_())
+            ingest = batch.column("timestamp")
+            meta = {
+                "_topic": batch.column("topic"),
+                "_partition": batch.column("partition"),
+                "_offset": batch.column("offset"),
+                INGEST_TS: ingest,
+                # Kafka timestamps are never negative, so integer division is the floor.
+                INGEST_EPOCH: pc.divide(ingest.cast(pa.int64()), epoch_us),
+                "_schema_id": pa.array(schema_ids, type=pa.int32()),
+                "_error_rule": pa.array(rules, type=pa.string()),
+                "_error_reason": pa.array(reasons, type=pa.string()),
+                "_raw_key": pc.if_else(failed, batch.column("key"), pa.scalar(None, pa.binary())),
+                "_raw_value": pc.if_else(failed, batch.column("value"), pa.scalar(None, pa.binary())),
+            }
+            columns = [pa.array([r.get(f.name) for r in records], type=f.type) for f in fields]
+            columns += [meta[f.name].cast(f.type) for f in META_FIELDS]
+            yield pa.RecordBatch.from_arrays(columns, schema=schema)
 
     return run
 
