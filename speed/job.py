@@ -83,15 +83,40 @@ class QueryStats:
 class ProgressLog:
     """Logs every micro-batch (rows, lag, duration) and keeps a status file per pipeline.
 
-    It polls the queries (:meth:`poll`) rather than listening: a Python ``StreamingQueryListener``
-    is called back through py4j on every event, and that cost a quarter of a core here.
+    A thread polls the queries (:meth:`follow`) rather than a listener being called: a Python
+    ``StreamingQueryListener`` is called back through py4j on every event, which cost a quarter of a
+    core here.
     """
 
-    def __init__(self, status_file: Path) -> None:
+    def __init__(self, status_file: Path, *, interval_s: float = 0.25) -> None:
         self.status_file = status_file
+        self.interval_s = interval_s
         self.stats: dict[str, QueryStats] = {}
         self._seen: dict[str, tuple[int, str]] = {}
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def follow(self, queries: list[StreamingQuery]) -> None:
+        """Poll ``queries`` in the background until :meth:`close`."""
+        self._stop.clear()
+
+        def run() -> None:
+            while not self._stop.wait(self.interval_s):
+                try:
+                    self.poll(queries)
+                except Exception as exc:  # a query being torn down; the next poll or close() catches up
+                    log.debug("progress poll failed: %r", exc)
+
+        self._thread = threading.Thread(target=run, name="lambdalake-progress", daemon=True)
+        self._thread.start()
+
+    def close(self, queries: list[StreamingQuery]) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.poll(queries)
 
     def poll(self, queries: list[StreamingQuery]) -> None:
         """Record the progress of every batch the queries finished since the last poll."""
@@ -102,11 +127,12 @@ class ProgressLog:
                 if last is None or self._seen.get(q.name) == (last.batchId, last.timestamp):
                     continue
                 seen_batch = self._seen.get(q.name, (-1, ""))[0]
-                # Batches finished faster than the polls: read the ones in between too.
-                missed = last.batchId > seen_batch + 1 and q.name in self._seen
-                for p in q.recentProgress if missed else [last]:
-                    if p.batchId > seen_batch or p is last:
+                # More than one batch since the last poll: read the ones in between too.
+                events = q.recentProgress if last.batchId > seen_batch + 1 else [last]
+                for p in events:
+                    if p.batchId > seen_batch or p is events[-1]:
                         self._record(p, new_batch=p.batchId > seen_batch)
+                        seen_batch = max(seen_batch, p.batchId)
                 self._seen[q.name] = (last.batchId, last.timestamp)
                 changed = True
             if changed:
@@ -302,18 +328,19 @@ class SpeedJob:
             self.queries.append(query)
         for q in self.queries:
             log.info("query %s started (id %s)", q.name, q.id)
+        self.progress.follow(self.queries)
         return self.queries
 
     def catch_up(self) -> None:
         """Process everything available now (tests and backfills)."""
         for q in self.queries:
             q.processAllAvailable()
-        self.progress.poll(self.queries)
+        self.progress.poll(self.queries)  # the status is complete when this returns
 
     def stop(self) -> None:
         for q in self.queries:
             q.stop()
-        self.progress.poll(self.queries)
+        self.progress.close(self.queries)
 
     def close(self) -> None:
         """Stop the queries, and the Spark session if this job created it."""
@@ -333,8 +360,7 @@ class SpeedJob:
                 for q in self.queries:
                     if not q.isActive:
                         raise RuntimeError(f"query {q.name} stopped: {q.exception()}")
-                self.progress.poll(self.queries)
-                stop.wait(0.25)
+                stop.wait(0.5)
         finally:
             log.info("stopping %s", ", ".join(q.name for q in self.queries))
             self.close()
