@@ -113,6 +113,20 @@ def test_rate_limit_and_plan() -> None:
     assert [(p.partition, p.start, p.until, p.new) for p in parts] == [(0, 5, 8, False), (1, 0, 3, True)]
 
 
+@pytest.mark.parametrize("max_records", [1, 3, 10, 37, 100])
+def test_plan_cuts_long_ranges_into_contiguous_pieces(max_records: int) -> None:
+    start, end = {"t": {"0": 5, "1": 100}}, {"t": {"0": 105, "1": 120}, "u": {"0": 7}}
+    parts = plan(start, end, max_records=max_records)
+    for topic, partition, begin in (("t", 0, 5), ("t", 1, 100), ("u", 0, 0)):
+        mine = [p for p in parts if (p.topic, p.partition) == (topic, partition)]
+        until = end[topic][str(partition)]
+        assert [p.start for p in mine] == [begin, *(p.until for p in mine[:-1])]  # no gap, no overlap
+        assert mine[-1].until == until
+        sizes = [p.until - p.start for p in mine]
+        assert max(sizes) <= max_records and max(sizes) - min(sizes) <= 1
+    assert len(plan(start, end)) == 3  # without a limit: one per topic partition
+
+
 def test_stream_limits_and_added_partitions(services: Settings, unique: str) -> None:
     topic = f"grow-{unique}"
     make_topic(services, topic, 1)
@@ -152,6 +166,11 @@ def test_gaps_and_control_records(services: Settings, unique: str) -> None:
     offsets = [o for _, o, _ in rows]
     assert offsets != list(range(offsets[0], offsets[0] + 3)), "expected gaps between offsets"
     assert part.until > offsets[-1] + 1  # the last offset is a marker no consumer receives
+    # Cut into pieces (maxRecordsPerPartition), including pieces that hold only markers or aborted
+    # records: every record is read once.
+    for max_records in (1, 2, 3, 4):
+        split = KafkaBatchReader(options(services, topic, maxRecordsPerPartition=str(max_records)))
+        assert read_all(split.opts, split.partitions()) == rows
 
 
 def test_data_loss_fails_or_skips(services: Settings, unique: str) -> None:

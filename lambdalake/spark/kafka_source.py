@@ -13,7 +13,8 @@ Options (as Spark's): ``kafka.<librdkafka property>`` (``kafka.bootstrap.servers
 ``subscribe`` (comma-separated topics) or ``assign`` (JSON ``{"topic": [0, 1]}``),
 ``startingOffsets`` (``earliest``, ``latest`` or JSON ``{"topic": {"0": 23, "1": -2}}``, -2 earliest,
 -1 latest), ``startingTimestamp`` (ms, all partitions), ``endingOffsets`` (batch reads: ``latest`` or
-JSON), ``endingTimestamp`` (batch reads, ms), ``maxOffsetsPerTrigger``, ``failOnDataLoss`` (default
+JSON), ``endingTimestamp`` (batch reads, ms), ``maxOffsetsPerTrigger``, ``maxRecordsPerPartition``,
+``failOnDataLoss`` (default
 true), ``includeHeaders`` (default false), ``kafkaConsumer.pollTimeoutMs`` (default 120000).
 
 Delivery guarantee: the streaming reader's offsets are Kafka's per-partition offsets and live in
@@ -28,6 +29,7 @@ import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import pyarrow as pa
@@ -83,6 +85,7 @@ class SourceOptions:
     ending: str
     ending_timestamp: int | None
     max_offsets_per_trigger: int | None
+    max_records_per_partition: int | None
     fail_on_data_loss: bool
     include_headers: bool
     poll_timeout_s: float
@@ -111,6 +114,7 @@ class SourceOptions:
             ending=lower.get("endingoffsets", "latest"),
             ending_timestamp=as_int("endingtimestamp"),
             max_offsets_per_trigger=as_int("maxoffsetspertrigger"),
+            max_records_per_partition=as_int("maxrecordsperpartition"),
             fail_on_data_loss=lower.get("failondataloss", "true").lower() != "false",
             include_headers=lower.get("includeheaders", "false").lower() == "true",
             poll_timeout_s=int(lower.get("kafkaconsumer.polltimeoutms", "120000")) / 1000,
@@ -219,8 +223,11 @@ class KafkaPartition(InputPartition):
         return f"KafkaPartition({self.topic}-{self.partition} [{self.start}, {self.until}))"
 
 
-def plan(start: Offsets, end: Offsets) -> list[KafkaPartition]:
-    """One input partition per topic partition with records between ``start`` and ``end``.
+def plan(start: Offsets, end: Offsets, *, max_records: int | None = None) -> list[KafkaPartition]:
+    """One input partition per topic partition with records between ``start`` and ``end``, or more
+    when a range holds over ``max_records`` offsets (``maxRecordsPerPartition``): it is cut into
+    equal pieces, so a large micro-batch spreads evenly over the cores even when Kafka partitions
+    are skewed.
 
     A partition in ``end`` but not in ``start`` was added while running: read it from its beginning.
     """
@@ -229,8 +236,11 @@ def plan(start: Offsets, end: Offsets) -> list[KafkaPartition]:
         for p, until in sorted(ps.items(), key=lambda kv: int(kv[0])):
             known = str(p) in start.get(topic, {})
             begin = start[topic][str(p)] if known else 0
-            if until > begin:
-                out.append(KafkaPartition(topic, int(p), begin, until, new=not known))
+            if until <= begin:
+                continue
+            pieces = -(-(until - begin) // max_records) if max_records else 1
+            bounds = [begin + (until - begin) * i // pieces for i in range(pieces)] + [until]
+            out.extend(KafkaPartition(topic, int(p), lo, hi, new=not known) for lo, hi in pairwise(bounds))
     return out
 
 
@@ -368,7 +378,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         return self._latest
 
     def partitions(self, start: dict, end: dict) -> list[KafkaPartition]:
-        return plan(start, end)
+        return plan(start, end, max_records=self.opts.max_records_per_partition)
 
     def read(self, partition: KafkaPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         return read_partition(self.opts, partition)
@@ -420,7 +430,8 @@ class KafkaBatchReader(DataSourceReader):
             oracle.close()
 
     def partitions(self) -> list[KafkaPartition]:
-        return plan(self.start, self.end) or [KafkaPartition("", 0, 0, 0)]
+        parts = plan(self.start, self.end, max_records=self.opts.max_records_per_partition)
+        return parts or [KafkaPartition("", 0, 0, 0)]
 
     def read(self, partition: KafkaPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         if partition.until <= partition.start:
