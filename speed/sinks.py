@@ -36,14 +36,26 @@ def cassandra_values(table: pa.Table | pa.RecordBatch, columns: list[str]) -> li
     return out
 
 
+_producers: dict[str, Any] = {}
+
+
+def _dlq_producer(kafka_config: dict[str, Any]) -> Any:
+    """One idempotent producer per executor process and cluster (creating one per task cost more
+    than sending a task's few failures)."""
+    from confluent_kafka import Producer
+
+    key = repr(sorted(kafka_config.items()))
+    if key not in _producers:
+        _producers[key] = Producer({**kafka_config, "enable.idempotence": True, "acks": "all"})
+    return _producers[key]
+
+
 def send_dead_letters(failures: pa.Table, *, kafka_config: dict[str, Any], topic: str, pipeline: str) -> None:
     """Send failed records to the DLQ with rule, reason and source. At least once: a replay may
     repeat some. Raises (failing the task, so Spark retries it) if any is not acknowledged."""
     if failures.num_rows == 0:
         return
-    from confluent_kafka import Producer
-
-    producer = Producer({**kafka_config, "enable.idempotence": True, "acks": "all"})
+    producer = _dlq_producer(kafka_config)
     errors: list[str] = []
 
     def delivered(err: Any, _msg: Any) -> None:

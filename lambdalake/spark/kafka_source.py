@@ -14,8 +14,8 @@ Options (as Spark's): ``kafka.<librdkafka property>`` (``kafka.bootstrap.servers
 ``startingOffsets`` (``earliest``, ``latest`` or JSON ``{"topic": {"0": 23, "1": -2}}``, -2 earliest,
 -1 latest), ``startingTimestamp`` (ms, all partitions), ``endingOffsets`` (batch reads: ``latest`` or
 JSON), ``endingTimestamp`` (batch reads, ms), ``maxOffsetsPerTrigger``, ``maxRecordsPerPartition``,
-``failOnDataLoss`` (default
-true), ``includeHeaders`` (default false), ``kafkaConsumer.pollTimeoutMs`` (default 120000).
+``failOnDataLoss`` (default true), ``includeHeaders`` (default false), ``kafkaConsumer.pollTimeoutMs``
+(default 120000).
 
 Delivery guarantee: the streaming reader's offsets are Kafka's per-partition offsets and live in
 Spark's checkpoint, not in a consumer group; a restarted query re-reads exactly the planned ranges,
