@@ -47,8 +47,20 @@ class SchemaSpec(Strict):
 class EventSpec(Strict):
     key: str
     time: str
-    #: Fields that identify one event: a second delivery with the same identity counts once.
+    #: Fields that identify one event: a second delivery with the same identity counts once, and the
+    #: first delivery is the first in the partition's log. The key must be one of them, so every copy
+    #: of an event lands in the same partition and both layers agree which copy is first.
     identity: list[str] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _identity_has_key(self) -> EventSpec:
+        if self.key not in self.identity:
+            raise ValueError(
+                f"event.identity {self.identity} must include the key {self.key!r}: copies of an event "
+                "with different keys could land in different partitions, where no order says which "
+                f"came first (add {self.key!r} to identity)"
+            )
+        return self
 
 
 class RequiredRule(Strict):

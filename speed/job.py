@@ -67,7 +67,9 @@ class SpeedOptions:
         max_records_per_partition: Kafka ranges longer than this are read by several tasks
             (``maxRecordsPerPartition``). Default None: one task per Kafka partition. Each task has a
             fixed cost here (about 0.3 s: measured, a warm 198k-record batch ran 7.2 s in 3 tasks
-            and 8.7 s in 9), so cutting pays only with more cores than partitions.
+            and 8.7 s in 9), so cutting pays only with more cores than partitions. Pieces of one
+            partition in one micro-batch reach deduplication in no fixed order, so with it the
+            first of two copies of an event in the same micro-batch is not always the one kept.
     """
 
     trigger_seconds: float = 0.0

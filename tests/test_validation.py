@@ -83,3 +83,13 @@ def test_invalid_readings(change: dict, rule: str) -> None:
 def test_not_an_object() -> None:
     rejection = validator("offers").check([1, 2])  # type: ignore[arg-type]
     assert rejection is not None and rejection.rule == "schema"
+
+
+def test_identity_must_include_the_key() -> None:
+    from pydantic import ValidationError
+
+    from lambdalake.pipeline import EventSpec
+
+    assert EventSpec(key="offer_id", time="updated_at", identity=["offer_id", "version"])
+    with pytest.raises(ValidationError, match="must include the key 'offer_id'"):
+        EventSpec(key="offer_id", time="updated_at", identity=["version"])

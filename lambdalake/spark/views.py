@@ -88,6 +88,9 @@ def windowed(
 
 
 def deduplicate(df: DataFrame, pipeline: Pipeline) -> DataFrame:
-    """Batch form of event identity: keep each identity's first delivery (lowest ingest time)."""
-    first = F.min_by(F.struct(*[F.col(c) for c in df.columns]), F.struct(INGEST_TS, "_partition", "_offset"))
+    """Batch form of event identity: keep each identity's first delivery, the first in its
+    partition's log (the identity includes the key, so all copies share a partition). This is the
+    copy the speed layer keeps, as it reads each partition in offset order; ingest time would not
+    do, because two producers' records can reach the log in another order than their timestamps."""
+    first = F.min_by(F.struct(*[F.col(c) for c in df.columns]), F.struct("_partition", "_offset"))
     return df.groupBy(*pipeline.event.identity).agg(first.alias("_e")).select("_e.*")
