@@ -3,7 +3,8 @@
 Events are read back from Kafka with confluent-kafka's own ``AvroDeserializer`` (not our decoder),
 judged with the hand-written checks in ``tests.helpers`` and aggregated with pandas from the view
 definitions' plain meaning: dedupe by identity keeping the first delivery (first in the partition's
-log), latest = highest version per key, windowed = count/sum/min/max per (key, event-time window, ingest epoch).
+log), latest = highest version per key, windowed = count/sum/min/max per (key, event-time window,
+ingest epoch).
 """
 
 from __future__ import annotations
