@@ -48,6 +48,7 @@ def write_event_files(events: pa.Table, *, path: str, event_time: str, name: str
     filesystem, root = pafs.FileSystem.from_uri(path)
     root = root.rstrip("/")
     dates = pc.cast(pc.cast(events.column(event_time), pa.timestamp("us", tz="UTC")), pa.date32())
+    filesystem.create_dir(f"{root}/_staging", recursive=True)
     written = []
     for date in pc.unique(dates).to_pylist():
         value = NULL_PARTITION if date is None else date.isoformat()
@@ -59,7 +60,6 @@ def write_event_files(events: pa.Table, *, path: str, event_time: str, name: str
         rows = events.filter(pc.is_null(dates) if date is None else pc.equal(dates, pa.scalar(date)))
         filesystem.create_dir(target.rsplit("/", 1)[0], recursive=True)
         staging = f"{root}/_staging/{uuid.uuid4().hex}.parquet"
-        filesystem.create_dir(f"{root}/_staging", recursive=True)
         pq.write_table(rows, staging, filesystem=filesystem, compression="snappy")
         filesystem.move(staging, target)
     return written

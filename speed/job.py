@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyarrow import fs as pafs
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -256,13 +257,17 @@ class SpeedJob:
     def _run_id(self) -> str:
         """This checkpoint's run id: names its master files and Delta app id, so a fresh checkpoint
         (a replay of old offsets) never collides with what an earlier run committed."""
-        path = Path(self.checkpoints) / "main" / "lambdalake-run-id"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(uuid.uuid4().hex[:12])
-            tmp.replace(path)
-        return path.read_text().strip()
+        # Kept beside the checkpoint, on the same filesystem (an object store on clusters): a driver
+        # restarted on another host must find it, or its replay would commit under a new app id.
+        filesystem, root = pafs.FileSystem.from_uri(f"{self.checkpoints}/main")
+        path = f"{root}/lambdalake-run-id"
+        if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+            filesystem.create_dir(root, recursive=True)
+            with filesystem.open_output_stream(f"{path}.tmp") as out:
+                out.write(uuid.uuid4().hex[:12].encode())
+            filesystem.move(f"{path}.tmp", path)
+        with filesystem.open_input_stream(path) as stream:
+            return stream.read().decode().strip()
 
     def main_stream(self) -> DataFrame:
         """The main query's plan: decode, the archive pass, then the first windowed view if any."""
