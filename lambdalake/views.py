@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from lambdalake.pipeline import Aggregate, LatestView, Pipeline, WindowedView
 
@@ -44,6 +44,12 @@ def view_components(view: WindowedView) -> list[Component]:
     return [c for agg in view.aggregates for c in components(agg)]
 
 
+def windowed_inputs(pipeline: Pipeline, view: WindowedView) -> list[str]:
+    """The event columns a windowed view reads: its key, its time column and what it aggregates."""
+    sources = [c.source for c in view_components(view) if c.source]
+    return list(dict.fromkeys([*view.key, view.time or pipeline.event.time, *sources]))
+
+
 def merge(rows: Iterable[Mapping[str, Any]], view: WindowedView) -> dict[str, Any] | None:
     """Combine rows of one (key, window) by each component's merge, then derive averages."""
     out: dict[str, Any] | None = None
@@ -68,6 +74,29 @@ def merge(rows: Iterable[Mapping[str, Any]], view: WindowedView) -> dict[str, An
                 n = out[f"{agg.name}_count"]
                 out[agg.name] = out[f"{agg.name}_sum"] / n if n else None
     return out
+
+
+#: Low bits of a ``latest`` rank that order deliveries of one version (2^20 s: about 12 days).
+TIEBREAK_BITS = 20
+
+Numeric = TypeVar("Numeric")
+
+
+def latest_rank(version: Numeric, ingest_seconds: Numeric) -> Numeric:
+    """How ``latest`` ranks deliveries of a key, as one long: the version, then the earlier delivery.
+
+    ``version * 2^20 + (2^20 - 1 - ingest second mod 2^20)``: the highest version wins, and between
+    two deliveries of one version the first wins when they are less than 2^20 s apart. The speed
+    layer writes it as the Cassandra write timestamp, so the highest version wins whatever the order
+    of writes. Versions must stay below 8.7e12 (epoch milliseconds qualify until 2248).
+
+    Written once with arithmetic operators only, so the very same formula runs on Spark columns (the
+    batch layer's ``latest``) and on numpy arrays (the speed layer's archive pass). Both arguments are
+    integers: a timestamp version as epoch milliseconds, ingest time as non-negative epoch seconds
+    (so ``%`` is the floor modulo in both engines).
+    """
+    span = 1 << TIEBREAK_BITS
+    return version * span + (span - 1 - ingest_seconds % span)  # type: ignore[operator]
 
 
 def speed_table(view: LatestView | WindowedView) -> str:

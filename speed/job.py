@@ -1,8 +1,9 @@
 """The speed job of one pipeline: one main streaming query over the pipeline's topic, decoding once.
 
-``<pipeline>-main``: each record is decoded once, then each Kafka partition's range goes through one
-task (:class:`speed.sinks.ArchiveSink`) that dead-letters the failures, writes the valid events as
-master-dataset files and upserts the ``latest`` views with a write timestamp taken from the version.
+``<pipeline>-main``: each Kafka partition's range goes through one task
+(:class:`speed.sinks.ArchiveSink`) that decodes each record once, dead-letters the failures, writes
+the valid events as master-dataset files and upserts the ``latest`` views with a write timestamp
+taken from the version.
 The valid events flow on into the first windowed view: deduplicated by identity within the
 watermark, aggregated per (key, event-time window, ingest epoch) with Spark state and upserted as
 absolute values. After the windowed rows are written, the driver commits the batch's master files
@@ -33,6 +34,7 @@ from typing import Any
 from pyarrow import fs as pafs
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
 from lambdalake.cassandra.session import connect
@@ -42,15 +44,9 @@ from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decode
 from lambdalake.spark.session import spark_session
-from lambdalake.spark.views import INGEST_TS, latest_order, windowed
-from speed.sinks import (
-    ArchiveSink,
-    FileSet,
-    LatestSink,
-    drain,
-    order_column,
-    upsert_view,
-)
+from lambdalake.spark.views import INGEST_TS, windowed
+from lambdalake.views import windowed_inputs
+from speed.sinks import ArchiveSink, FileSet, LatestSink, drain, upsert_view
 
 log = logging.getLogger("lambdalake.speed")
 
@@ -230,24 +226,33 @@ class SpeedJob:
         session = connect(self.settings.cassandra)
         deploy_speed_tables(session, self.settings.cassandra, self.pipeline)
 
-    def events(self) -> DataFrame:
-        """The topic as a stream of decoded events (with failures, see ``_error_rule``)."""
+    def records(self) -> DataFrame:
+        """The pipeline's topic as a stream of Kafka records (the Kafka source's columns)."""
         reader = self.spark.readStream.format("lambdalake_kafka")
         for key, value in self.settings.kafka.client_config().items():
             reader = reader.option(f"kafka.{key}", str(value))
-        raw = (
+        return (
             reader.option("subscribe", self.pipeline.topic.name)
             .option("startingOffsets", self.options.starting_offsets)
             .option("maxOffsetsPerTrigger", str(self.options.max_offsets_per_trigger))
             .option("maxRecordsPerPartition", str(self.options.max_records_per_partition or ""))
             .load()
         )
-        return decode(raw, self.spec)
+
+    def events(self) -> DataFrame:
+        """The topic as a stream of decoded events (with failures, see ``_error_rule``)."""
+        return decode(self.records(), self.spec)
 
     def valid_events(self) -> DataFrame:
         return self.events().filter(F.col("_error_rule").isNull()).drop(*ERROR_FIELDS)
 
+    def _windowed_inputs(self, view: WindowedView) -> list[str]:
+        """What the windowed path reads of an event: identity, ingest time and the view's inputs."""
+        needed = [*self.pipeline.event.identity, INGEST_TS, *windowed_inputs(self.pipeline, view)]
+        return list(dict.fromkeys(needed))
+
     def _windowed(self, valid: DataFrame, view: WindowedView) -> DataFrame:
+        valid = valid.select(*self._windowed_inputs(view))
         deduped = valid.withWatermark(INGEST_TS, self.options.watermark_delay).dropDuplicatesWithinWatermark(
             list(self.pipeline.event.identity)
         )
@@ -270,31 +275,25 @@ class SpeedJob:
             return stream.read().decode().strip()
 
     def main_stream(self) -> DataFrame:
-        """The main query's plan: decode, the archive pass, then the first windowed view if any."""
-        events = self.events()
-        latest_sinks = []
-        for view in self.pipeline.views:
-            if isinstance(view, LatestView):
-                order = order_column(view.name)
-                events = events.withColumn(order, latest_order(events, view))
-                latest_sinks.append(
-                    LatestSink(table=speed_table_def(self.pipeline, view), key=tuple(view.key), order=order)
-                )
-        passthrough = self.primary is not None
+        """The main query's plan: the archive pass (decoding included), then the first windowed view."""
+        latest_sinks = tuple(
+            LatestSink(table=speed_table_def(self.pipeline, view), key=tuple(view.key), version=view.version)
+            for view in self.pipeline.views
+            if isinstance(view, LatestView)
+        )
         sink = ArchiveSink(
-            pipeline=self.pipeline.name,
+            decode=self.spec,
             dlq_topic=self.pipeline.topic.dlq,
             kafka_config=self.settings.kafka.client_config(),
             master_path=self.master.path,
             event_time=self.pipeline.event.time,
             file_prefix=self.run_id,
-            latest=tuple(latest_sinks),
+            latest=latest_sinks,
             cassandra=self.settings.cassandra,
             files=self.files,
-            passthrough=passthrough,
+            passthrough=tuple(self._windowed_inputs(self.primary)) if self.primary is not None else (),
         )
-        valid_schema = events.drop(*ERROR_FIELDS, *(s.order for s in latest_sinks)).schema
-        archived = events.mapInArrow(sink, valid_schema)
+        archived = self.records().mapInArrow(sink, from_arrow_schema(sink.output_schema))
         return self._windowed(archived, self.primary) if self.primary is not None else archived
 
     def _main_batch(self, df: DataFrame, batch_id: int) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import Accumulator
@@ -22,7 +23,9 @@ from lambdalake.cassandra.tables import TableDef
 from lambdalake.kafka import dlq
 from lambdalake.master import write_event_files
 from lambdalake.settings import CassandraSettings
-from lambdalake.spark.decode import ERROR_FIELDS
+from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decoder
+from lambdalake.spark.views import INGEST_TS
+from lambdalake.views import latest_rank
 
 
 def cassandra_values(table: pa.Table | pa.RecordBatch, columns: list[str]) -> list[list[Any]]:
@@ -92,33 +95,65 @@ class FileSet(AccumulatorParam):
 
 @dataclass(frozen=True)
 class LatestSink:
-    """A ``latest`` view's table, its key, and the column holding each row's write timestamp."""
+    """A ``latest`` view's table, its key and its version column."""
 
     table: TableDef
     key: tuple[str, ...]
-    order: str
+    version: str
 
 
-def order_column(view_name: str) -> str:
-    return f"_order_{view_name}"
+def _int64s(col: pa.ChunkedArray, *, per: int = 1) -> np.ndarray:
+    """Integers (timestamps as microseconds) floor-divided by ``per``, nulls as 0."""
+    if pa.types.is_timestamp(col.type):
+        col = pc.cast(col, pa.timestamp("us")).cast(pa.int64())
+    ints = pc.fill_null(pc.cast(col, pa.int64(), safe=False), 0).to_numpy()
+    return np.floor_divide(ints, per) if per != 1 else ints
+
+
+def latest_order(table: pa.Table, version: str) -> np.ma.MaskedArray:
+    """:func:`lambdalake.views.latest_rank` of each row (masked where version or ingest time is
+    null), computed as :func:`lambdalake.spark.views.latest_order` computes it in Spark."""
+    v, ingest = table.column(version), table.column(INGEST_TS)
+    millis = _int64s(v, per=1000) if pa.types.is_timestamp(v.type) else _int64s(v)
+    rank = latest_rank(millis, _int64s(ingest, per=1_000_000))
+    mask = pc.or_(pc.is_null(v), pc.is_null(ingest)).to_numpy(zero_copy_only=False)
+    return np.ma.masked_array(rank, mask=mask)
+
+
+def winners(keys: list[tuple[Any, ...]], order: np.ma.MaskedArray) -> list[int]:
+    """Row index of each key's highest order (among equals the first); rows without order lose."""
+    ranks = order.filled(np.iinfo(np.int64).min).tolist()
+    mask = np.ma.getmaskarray(order).tolist()
+    best: dict[tuple[Any, ...], int] = {}
+    for i, k in enumerate(keys):
+        if mask[i]:
+            continue
+        j = best.get(k)
+        if j is None or ranks[i] > ranks[j]:
+            best[k] = i
+    return sorted(best.values())
 
 
 @dataclass(frozen=True)
 class ArchiveSink:
     """The ``mapInArrow`` function of the speed job's one pass over each Kafka partition's records.
 
-    Per task (one Kafka partition's range of a micro-batch): failures go to the DLQ; valid events are
-    written as master-dataset files named by their Kafka coordinates (reported through ``files`` for
-    the driver to commit); each ``latest`` view gets the winning row per key (highest write
-    timestamp; among equals the earliest offset), upserted ``USING TIMESTAMP`` so Cassandra keeps
-    the highest version across tasks and batches. Yields the valid events (without error and order
-    columns) when ``passthrough``, for the windowed view downstream.
+    Per task (one Kafka partition's range of a micro-batch): records are decoded
+    (:func:`lambdalake.spark.decode.decoder`); failures go to the DLQ; valid events are written as
+    master-dataset files named by their Kafka coordinates (reported through ``files`` for the driver
+    to commit); each ``latest`` view gets the winning row per key (highest
+    :func:`lambdalake.views.latest_rank`; among equals the earliest offset), upserted with the rank
+    as write timestamp so Cassandra keeps the highest version across tasks and batches. Yields the
+    valid events' ``passthrough`` columns (those the windowed view downstream reads; none without
+    one). Decoding here rather than in a step of its own saves a Python worker per task and a
+    round trip of every decoded row through the JVM, and passing on only the columns needed
+    shrinks what the JVM converts, shuffles and keeps.
 
     Delivery guarantees: DLQ at least once; master files exactly once once committed by the driver
     (:meth:`lambdalake.master.MasterDataset.commit`); latest rows idempotent.
     """
 
-    pipeline: str
+    decode: DecodeSpec
     dlq_topic: str
     kafka_config: dict[str, Any]
     master_path: str
@@ -127,22 +162,27 @@ class ArchiveSink:
     latest: tuple[LatestSink, ...]
     cassandra: CassandraSettings
     files: Accumulator
-    passthrough: bool
+    passthrough: tuple[str, ...]
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        """What the sink yields: the ``passthrough`` columns of valid events."""
+        schema = self.decode.output_schema
+        return pa.schema([schema.field(name) for name in self.passthrough])
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from lambdalake.cassandra.writer import upsert
 
-        batches = list(batches)
-        if not batches:
+        decoded = list(decoder(self.decode)(batches))
+        if not decoded:
             return
-        table = pa.Table.from_batches(batches)
+        table = pa.Table.from_batches(decoded)
         failed = pc.is_valid(table.column("_error_rule"))
         send_dead_letters(
-            table.filter(failed), kafka_config=self.kafka_config, topic=self.dlq_topic, pipeline=self.pipeline
-        )
-        drop = [*ERROR_FIELDS, *(s.order for s in self.latest)]
-        valid = table.filter(pc.invert(failed))
-        events = valid.drop_columns(drop)
+            table.filter(failed), kafka_config=self.kafka_config, topic=self.dlq_topic,
+            pipeline=self.decode.pipeline,
+        )  # fmt: skip
+        events = table.filter(pc.invert(failed)).drop_columns(list(ERROR_FIELDS))
         self.files.add(
             frozenset(
                 write_event_files(
@@ -151,18 +191,16 @@ class ArchiveSink:
             )
         )
         for sink in self.latest:
-            keys = list(zip(*cassandra_values(valid, list(sink.key)), strict=True))
-            order = valid.column(sink.order).to_pylist()
-            best: dict[tuple[Any, ...], int] = {}
-            for i, (k, o) in enumerate(zip(keys, order, strict=True)):
-                if o is not None and (k not in best or o > order[best[k]]):
-                    best[k] = i
-            rows = valid.take(pa.array(sorted(best.values()), type=pa.int64()))
-            values = cassandra_values(rows, [*sink.table.column_names, sink.order])
+            order = latest_order(events, sink.version)
+            keys = list(zip(*cassandra_values(events, list(sink.key)), strict=True))
+            best = winners(keys, order)
+            rows = events.take(pa.array(best, type=pa.int64()))
+            values = cassandra_values(rows, sink.table.column_names)
+            values.append(order.data[best].tolist())
             upsert(zip(*values, strict=True), table=sink.table, settings=self.cassandra,
                    write_timestamp_index=len(sink.table.column_names))  # fmt: skip
         if self.passthrough:
-            yield from events.to_batches()
+            yield from events.select(list(self.passthrough)).to_batches()
 
     def _file_name(self, table: pa.Table) -> str:
         """Unique to the records: the run, the Kafka partition and the task's offset range."""

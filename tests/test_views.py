@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pytest
+
 from lambdalake.pipeline import WindowedView
 from lambdalake.views import merge, view_components
 
@@ -41,3 +44,27 @@ def test_merge_of_nothing_and_of_missing_values() -> None:
         [row([2.0]), {"n": 1, "s": None, "lo": None, "hi": None, "avg_sum": None, "avg_count": 0}], VIEW
     )
     assert merged["n"] == 2 and merged["lo"] == 2.0 and merged["avg"] == 2.0
+
+
+@pytest.mark.parametrize("version_type", [pa.timestamp("us", tz="UTC"), pa.int64()])
+def test_latest_order_is_the_same_in_spark_and_in_the_archive_pass(spark, version_type) -> None:
+    """The speed layer ranks ``latest`` deliveries over Arrow, the batch layer in Spark: one
+    formula (``latest_rank``), so both must give every row the same rank."""
+    from lambdalake.pipeline import LatestView
+    from lambdalake.spark.views import INGEST_TS, latest_order
+    from speed.sinks import latest_order as arrow_latest_order
+
+    ingest = [1_700_000_000_123_456, 1_700_000_000_999_999, 1_800_000_001_000_000, 5, None, 1_700_000_000]
+    version = [1_700_000_000_500_000, 1_700_000_000_500_999, 42_000, None, 7_000, 8_600_000_000_000_000]
+    if version_type == pa.int64():
+        version = [None if v is None else v // 1000 for v in version]
+    table = pa.table({
+        "v": pa.array(version, type=version_type),
+        INGEST_TS: pa.array(ingest, type=pa.timestamp("us", tz="UTC")),
+    })  # fmt: skip
+    view = LatestView.model_validate({"name": "l", "kind": "latest", "key": ["v"], "version": "v"})
+    df = spark.createDataFrame(table)
+    in_spark = [r[0] for r in df.select(latest_order(df, view)).collect()]
+    arrow = arrow_latest_order(table, "v")
+    assert arrow.tolist() == in_spark
+    assert [r is None for r in in_spark] == [False, False, False, True, True, False]

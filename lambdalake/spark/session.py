@@ -27,6 +27,9 @@ SPARK_DEFAULTS = {
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
     ),
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # Counting the store's rows costs a RocksDB read before every write (measured: 1.5-2.5 s of CPU
+    # per 200k-event micro-batch); its only use is the numRowsTotal metric, which nothing here reads.
+    "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
     "spark.ui.enabled": "false",

@@ -1,9 +1,9 @@
 """Views compiled into Spark transformations that run unchanged on streaming and batch DataFrames.
 
 The speed layer applies ``windowed`` to the stream with a watermark (grouped by ingest epoch too) and
-writes ``latest`` rows with :func:`latest_order` as their Cassandra write timestamp, so Cassandra keeps
-the row ``latest`` would pick; the batch layer applies the very same functions to the whole master
-dataset. No view logic exists anywhere else.
+writes ``latest`` rows with their :func:`lambdalake.views.latest_rank` as the Cassandra write
+timestamp, so Cassandra keeps the row ``latest`` would pick; the batch layer applies the very same
+functions to the whole master dataset. No view logic exists anywhere else.
 """
 
 from __future__ import annotations
@@ -13,29 +13,18 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
-from lambdalake.views import EPOCH, WINDOW_START, Component, latest_columns, view_components
+from lambdalake.views import EPOCH, WINDOW_START, Component, latest_columns, latest_rank, view_components
 
 #: Columns the decoder adds to every event (its Kafka coordinates and ingest time).
 INGEST_TS = "_ingest_ts"
 INGEST_EPOCH = "_epoch"
 
 
-TIEBREAK_BITS = 20
-
-
 def latest_order(df: DataFrame, view: LatestView) -> Column:
-    """How ``latest`` ranks deliveries of a key, as one long: the version, then the earlier delivery.
-
-    ``version * 2^20 + (2^20 - 1 - ingest second mod 2^20)``: the highest version wins, and between
-    two deliveries of one version the first wins when they are less than 2^20 s (12 days) apart. The
-    speed layer uses it as the Cassandra write timestamp, so the highest version wins whatever the
-    order of writes. Versions must stay below 8.7e12 (epoch milliseconds qualify until 2248).
-    """
+    """:func:`lambdalake.views.latest_rank` of each delivery, as a Spark column."""
     v = F.col(view.version)
     v = F.unix_millis(v) if isinstance(df.schema[view.version].dataType, TimestampType) else v.cast("long")
-    span = 1 << TIEBREAK_BITS
-    tiebreak = F.lit(span - 1) - F.pmod(F.unix_seconds(F.col(INGEST_TS)), F.lit(span))
-    return v * F.lit(span) + tiebreak
+    return latest_rank(v, F.unix_seconds(F.col(INGEST_TS)))
 
 
 def latest(df: DataFrame, pipeline: Pipeline, view: LatestView) -> DataFrame:
