@@ -5,6 +5,8 @@ and the probes do not share its Python interpreter.
 
 Throughput: with the job running and warm, N events are produced as fast as the producer goes; the
 rate is N over the time from the first produce until every query has reported all of them.
+The job's own rate is also given: rows over the summed duration of its micro-batches (from its log).
+Backlog: the job stopped, N more events are produced, then the restarted job drains them alone.
 Freshness: events produced at a steady rate; a probe event every ``1/probe_rate`` s is looked up in
 Cassandra (``speed_vehicle_latest`` and ``speed_vehicle_minute``) until visible; p50/p99 of
 visible-time minus produce-time.
@@ -36,11 +38,19 @@ from lambdalake.pipeline import load_pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT
+from speed.job import status_file
 
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def batches(log_file: Path, *, after: int) -> list[tuple[int, int]]:
+    """(rows, ms) of the main query's micro-batches numbered above ``after``, from the job's log."""
+    pattern = r"telemetry-main batch (\d+): (\d+) rows, lag \d+, (\d+) ms"
+    found = re.finditer(pattern, log_file.read_text())
+    return [(int(m[2]), int(m[3])) for m in found if int(m[1]) > after]
 
 
 def main() -> None:
@@ -72,16 +82,21 @@ def main() -> None:
             text.replace('[topic]\nname = "telemetry"', f'[topic]\nname = "{p.topic.name}"')
         )
         job_settings = settings.model_copy(update={"pipelines_dir": pipelines})
-        status = Path(settings.storage_root) / "status" / "speed-telemetry.json"
+        status = Path(status_file(settings.storage_root, "telemetry"))
+
+        def start_job(log_file: Path, *options: str) -> subprocess.Popen[bytes]:
+            command = ["speed", "run", "telemetry", "--log-level", "DEBUG", *options]
+            return subprocess.Popen(
+                [sys.executable, "-m", "lambdalake", *command],
+                env={**os.environ, **job_settings.to_env()},
+                stdout=log_file.open("wb"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=PROJECT_ROOT,
+            )
+
         log_file = Path(settings.storage_root) / "speed.log"
-        job = subprocess.Popen(
-            [sys.executable, "-m", "lambdalake", "speed", "run", "telemetry", "--log-level", "DEBUG"],
-            env={**os.environ, **job_settings.to_env()},
-            stdout=log_file.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=PROJECT_ROOT,
-        )
+        job = start_job(log_file)
 
         def processed() -> dict[str, int]:
             try:
@@ -116,13 +131,7 @@ def main() -> None:
         throughput = args.events / drain_s
         # The job's own rate: rows over the time its micro-batches ran (the log's per-batch lines),
         # i.e. without the wait for the first records and the idle time between triggers.
-        busy = [
-            (int(m[2]), int(m[3]))
-            for m in re.finditer(
-                r"telemetry-main batch (\d+): (\d+) rows, lag \d+, (\d+) ms", log_file.read_text()
-            )
-            if int(m[1]) > warm_batch
-        ]
+        busy = batches(log_file, after=warm_batch)
         busy_rate = sum(r for r, _ in busy) / (sum(ms for _, ms in busy) / 1000)
         print(
             f"throughput: {args.events:,} events in {drain_s:.1f}s = {throughput:,.0f} events/s "
@@ -192,6 +201,32 @@ def main() -> None:
         watcher.join(180)
         job.send_signal(signal.SIGTERM)
         job.wait(120)
+
+        # --- the job alone on a backlog ---------------------------------------------------
+        # The job stopped, N events wait on the topic, the job restarts and drains them in three
+        # micro-batches with the cores to itself. The first batch after a restart also starts
+        # Python workers, compiles and loads state, so the sustained rate is the later batches'.
+        status.unlink()
+        sent_before = producer.stats.sent
+        for r in generate("telemetry", args.events, seed=4, mix=Mix()):
+            producer.send(r)
+        assert producer.flush().unacknowledged == 0
+        backlog = producer.stats.sent - sent_before
+        log_file = Path(settings.storage_root) / "speed-backlog.log"
+        job = start_job(log_file, "--max-offsets-per-trigger", str(-(-backlog // 3)))
+        deadline = time.monotonic() + 600
+        while processed().get("telemetry-main", 0) < backlog:
+            assert time.monotonic() < deadline and job.poll() is None, log_file.read_text()[-3000:]
+            time.sleep(0.2)
+        job.send_signal(signal.SIGTERM)
+        job.wait(120)
+        drained = batches(log_file, after=-1)
+        warm = drained[1:]
+        backlog_rate = sum(r for r, _ in warm) / (sum(ms for _, ms in warm) / 1000)
+        print(
+            f"backlog: {backlog:,} records; the restarted job alone sustained {backlog_rate:,.0f} rows/s "
+            f"after its first batch (batches as (rows, ms): {drained})"
+        )
     fresh = {
         k: {
             "p50_s": percentile(v, 0.5),
@@ -212,6 +247,8 @@ def main() -> None:
             "drain_seconds": drain_s,
             "busy_rows_per_s": busy_rate,
             "busy_batches": [{"rows": r, "ms": ms} for r, ms in busy],
+            "backlog_rows_per_s": backlog_rate,
+            "backlog_batches": [{"rows": r, "ms": ms} for r, ms in drained],
             "freshness_rate_events_per_s": args.rate,
             "freshness": fresh,
             "targets": {"events_per_s": 30_000, "freshness_p50_s": 2, "freshness_p99_s": 5},

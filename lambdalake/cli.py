@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +20,16 @@ from rich.table import Table
 from lambdalake.errors import LambdalakeError
 from lambdalake.pipeline import Pipeline, list_pipelines, load_pipeline
 from lambdalake.settings import Settings, get_settings
+
+
+class LogLevel(StrEnum):
+    """How much `speed run` logs."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
 
 app = typer.Typer(
     name="lambdalake",
@@ -351,7 +362,9 @@ def speed_run(
     once: Annotated[
         bool, typer.Option("--once", help="Process what the topic holds now, then stop.")
     ] = False,
-    log_level: Annotated[str, typer.Option(help="DEBUG adds each micro-batch's phase timings.")] = "INFO",
+    log_level: Annotated[
+        LogLevel, typer.Option(case_sensitive=False, help="DEBUG adds each micro-batch's phase timings.")
+    ] = LogLevel.INFO,
 ) -> None:
     """Run the pipeline's streaming queries until SIGTERM/Ctrl-C (checkpoints under the storage root)."""
     import logging
@@ -359,7 +372,7 @@ def speed_run(
     from speed.job import SpeedJob, SpeedOptions
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("lambdalake").setLevel(log_level.upper())
+    logging.getLogger("lambdalake").setLevel(log_level.value)
     for noisy in ("py4j", "cassandra"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     settings = get_settings()
@@ -395,9 +408,11 @@ def speed_status(
 ) -> None:
     """Progress of every speed job under the storage root: rows, last batch, lag, events behind the
     watermark (left to the batch layer)."""
+    from lambdalake.storage import list_files, read_text
+
     settings = get_settings()
-    files = sorted((Path(settings.storage_root) / "status").glob("speed-*.json"))
-    queries = {name: stats for f in files for name, stats in json.loads(f.read_text()).items()}
+    files = list_files(f"{settings.storage_root.rstrip('/')}/status", prefix="speed-", suffix=".json")
+    queries = {name: stats for f in files for name, stats in json.loads(read_text(f) or "{}").items()}
     if as_json:
         out.print_json(json.dumps(queries))
         return

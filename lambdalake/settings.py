@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -129,6 +129,13 @@ class Settings(BaseSettings):
     schemas_dir: Path = PROJECT_ROOT / "schemas"
     #: Length of an ingest epoch: the unit the batch layer covers and serving merges on.
     epoch_seconds: int = 3600
+
+    @field_validator("storage_root")
+    @classmethod
+    def _absolute_storage_root(cls, value: str) -> str:
+        # Executors and pyarrow's filesystems resolve paths on their own: a relative local root would
+        # point elsewhere for each of them, so it is made absolute once, here.
+        return value if "://" in value else str(Path(value).expanduser().absolute())
 
     def safe_dump(self) -> dict[str, Any]:
         """The settings as a dict with every secret masked, for ``status`` and logs."""

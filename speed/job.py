@@ -28,10 +28,8 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from pyarrow import fs as pafs
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -45,6 +43,7 @@ from lambdalake.settings import Settings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decode
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.views import INGEST_TS, windowed
+from lambdalake.storage import read_text, write_text
 from lambdalake.views import windowed_inputs
 from speed.sinks import ArchiveSink, FileSet, LatestSink, drain, upsert_view
 
@@ -76,6 +75,11 @@ class SpeedOptions:
     max_records_per_partition: int | None = None
 
 
+def status_file(storage_root: str, pipeline: str) -> str:
+    """Where a pipeline's speed job keeps its status (read by ``lambdalake speed status``)."""
+    return f"{storage_root.rstrip('/')}/status/speed-{pipeline}.json"
+
+
 @dataclass
 class QueryStats:
     batches: int = 0
@@ -92,7 +96,7 @@ class ProgressLog:
     core here.
     """
 
-    def __init__(self, status_file: Path, *, interval_s: float = 0.25) -> None:
+    def __init__(self, status_file: str, *, interval_s: float = 0.25) -> None:
         self.status_file = status_file
         self.interval_s = interval_s
         self.stats: dict[str, QueryStats] = {}
@@ -178,10 +182,7 @@ class ProgressLog:
             )
 
     def _write(self) -> None:
-        self.status_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.status_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({name: vars(s) for name, s in self.stats.items()}, indent=2))
-        tmp.replace(self.status_file)
+        write_text(self.status_file, json.dumps({name: vars(s) for name, s in self.stats.items()}, indent=2))
 
 
 class SpeedJob:
@@ -212,7 +213,7 @@ class SpeedJob:
             table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
         )
         self.checkpoints = f"{settings.storage_root.rstrip('/')}/checkpoints/{pipeline.name}"
-        self.progress = ProgressLog(Path(settings.storage_root) / "status" / f"speed-{pipeline.name}.json")
+        self.progress = ProgressLog(status_file(settings.storage_root, pipeline.name))
         self.queries: list[StreamingQuery] = []
         self.windowed_views = [v for v in pipeline.views if isinstance(v, WindowedView)]
         self.primary = self.windowed_views[0] if self.windowed_views else None
@@ -264,15 +265,10 @@ class SpeedJob:
         (a replay of old offsets) never collides with what an earlier run committed."""
         # Kept beside the checkpoint, on the same filesystem (an object store on clusters): a driver
         # restarted on another host must find it, or its replay would commit under a new app id.
-        filesystem, root = pafs.FileSystem.from_uri(f"{self.checkpoints}/main")
-        path = f"{root}/lambdalake-run-id"
-        if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
-            filesystem.create_dir(root, recursive=True)
-            with filesystem.open_output_stream(f"{path}.tmp") as out:
-                out.write(uuid.uuid4().hex[:12].encode())
-            filesystem.move(f"{path}.tmp", path)
-        with filesystem.open_input_stream(path) as stream:
-            return stream.read().decode().strip()
+        uri = f"{self.checkpoints}/main/lambdalake-run-id"
+        if read_text(uri) is None:
+            write_text(uri, uuid.uuid4().hex[:12])
+        return (read_text(uri) or "").strip()
 
     def main_stream(self) -> DataFrame:
         """The main query's plan: the archive pass (decoding included), then the first windowed view."""

@@ -38,6 +38,12 @@ def test_either_file_or_generate() -> None:
     assert result.returncode == 2 and "exactly one of --file or --generate" in result.stderr.decode()
 
 
+def test_speed_run_names_the_log_levels_it_takes() -> None:
+    result = run_cli(Settings(), "speed", "run", "telemetry", "--log-level", "LOUD")
+    err = result.stderr.decode()
+    assert result.returncode == 2 and "'LOUD' is not one of" in err and "debug" in err
+
+
 def test_unknown_pipeline() -> None:
     result = run_cli(Settings(), "topics", "nope")
     assert result.returncode == 2 and "offers" in result.stderr.decode()

@@ -1,0 +1,40 @@
+"""Small files under the storage root (status, run ids), on whatever filesystem the root names.
+
+The storage root is a local folder on one machine and an object store (``s3://``, ``gs://``, ...) on a
+cluster; these helpers go through pyarrow's filesystems so the same code works on both.
+"""
+
+from __future__ import annotations
+
+from pyarrow import fs as pafs
+
+
+def write_text(uri: str, text: str) -> None:
+    """Write ``text`` to ``uri`` whole: written aside, then moved over the old file, so a reader
+    sees the old or the new text, never a part."""
+    filesystem, path = pafs.FileSystem.from_uri(uri)
+    filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with filesystem.open_output_stream(f"{path}.tmp") as out:
+        out.write(text.encode())
+    filesystem.move(f"{path}.tmp", path)
+
+
+def read_text(uri: str) -> str | None:
+    """The text at ``uri``, or None if there is no such file."""
+    filesystem, path = pafs.FileSystem.from_uri(uri)
+    if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+        return None
+    with filesystem.open_input_stream(path) as stream:
+        return stream.read().decode()
+
+
+def list_files(folder_uri: str, *, prefix: str = "", suffix: str = "") -> list[str]:
+    """URIs of the files directly in ``folder_uri`` whose names match, sorted (none if no folder)."""
+    filesystem, path = pafs.FileSystem.from_uri(folder_uri)
+    infos = filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    base = folder_uri.rstrip("/")
+    names = sorted(
+        i.base_name for i in infos
+        if i.type == pafs.FileType.File and i.base_name.startswith(prefix) and i.base_name.endswith(suffix)
+    )  # fmt: skip
+    return [f"{base}/{name}" for name in names]
