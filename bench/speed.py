@@ -69,26 +69,22 @@ def main() -> None:
         update={
             "storage_root": f"{base.storage_root}/{run}",
             "cassandra": base.cassandra.model_copy(update={"keyspace": f"bench_{run}"}),
+            "topic_prefix": f"bench-{run}-",
         }
     )
     with running(settings):
-        p = load_pipeline("telemetry", pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir)
-        p = p.model_copy(update={"topic": p.topic.model_copy(update={"name": f"bench-telemetry-{run}"})})
+        p = load_pipeline(
+            "telemetry", pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir,
+            topic_prefix=settings.topic_prefix,
+        )  # fmt: skip
         producer = EventProducer(settings=settings, pipeline=p)
-        pipelines = Path(settings.storage_root) / "pipelines"
-        pipelines.mkdir(parents=True, exist_ok=True)
-        text = (settings.pipelines_dir / "telemetry.toml").read_text()
-        (pipelines / "telemetry.toml").write_text(
-            text.replace('[topic]\nname = "telemetry"', f'[topic]\nname = "{p.topic.name}"')
-        )
-        job_settings = settings.model_copy(update={"pipelines_dir": pipelines})
         status = Path(status_file(settings.storage_root, "telemetry"))
 
         def start_job(log_file: Path, *options: str) -> subprocess.Popen[bytes]:
             command = ["speed", "run", "telemetry", "--log-level", "DEBUG", *options]
             return subprocess.Popen(
                 [sys.executable, "-m", "lambdalake", *command],
-                env={**os.environ, **job_settings.to_env()},
+                env={**os.environ, **settings.to_env()},
                 stdout=log_file.open("wb"),
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

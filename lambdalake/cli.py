@@ -57,7 +57,10 @@ OnlyOpt = Annotated[
 
 
 def _pipeline(name: str, settings: Settings) -> Pipeline:
-    return load_pipeline(name, pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir)
+    return load_pipeline(
+        name, pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir,
+        topic_prefix=settings.topic_prefix,
+    )  # fmt: skip
 
 
 # --- services ----------------------------------------------------------------------------------

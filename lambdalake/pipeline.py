@@ -211,14 +211,19 @@ def load(path: Path, *, schemas_dir: Path) -> Pipeline:
         ) from exc
 
 
-def load_pipeline(name: str, *, pipelines_dir: Path, schemas_dir: Path) -> Pipeline:
+def load_pipeline(name: str, *, pipelines_dir: Path, schemas_dir: Path, topic_prefix: str = "") -> Pipeline:
+    """The pipeline ``name`` from ``pipelines_dir``, its topic named ``topic_prefix`` + the file's."""
     path = pipelines_dir / f"{name}.toml"
     if not path.exists():
         available = sorted(p.stem for p in pipelines_dir.glob("*.toml"))
         raise ConfigurationError(
             f"no pipeline named {name!r} in {pipelines_dir}", fix=f"use one of {available} or add {path}"
         )
-    return load(path, schemas_dir=schemas_dir)
+    pipeline = load(path, schemas_dir=schemas_dir)
+    if topic_prefix:
+        topic = pipeline.topic.model_copy(update={"name": f"{topic_prefix}{pipeline.topic.name}"})
+        pipeline = pipeline.model_copy(update={"topic": topic})
+    return pipeline
 
 
 def list_pipelines(pipelines_dir: Path) -> list[str]:

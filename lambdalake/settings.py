@@ -129,6 +129,9 @@ class Settings(BaseSettings):
     schemas_dir: Path = PROJECT_ROOT / "schemas"
     #: Length of an ingest epoch: the unit the batch layer covers and serving merges on.
     epoch_seconds: int = 3600
+    #: Put before every pipeline's topic name (and so its dead-letter topic), e.g. ``staging.``, so
+    #: several environments or runs can share one Kafka cluster. Schema subjects are not prefixed.
+    topic_prefix: str = ""
 
     @field_validator("storage_root")
     @classmethod

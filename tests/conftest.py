@@ -74,7 +74,10 @@ def unique() -> str:
 
 def pipeline_named(settings: Settings, name: str, *, topic: str | None = None) -> Pipeline:
     """A pipeline definition, optionally on its own topic so tests do not share records."""
-    p = load_pipeline(name, pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir)
+    p = load_pipeline(
+        name, pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir,
+        topic_prefix=settings.topic_prefix,
+    )  # fmt: skip
     if topic is not None:
         p = p.model_copy(update={"topic": p.topic.model_copy(update={"name": topic})})
     return p

@@ -21,7 +21,7 @@ from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from tests.conftest import isolated, pipeline_named
-from tests.test_speed_faults import pipelines_dir_with_topic, start_job, wait_equal
+from tests.test_speed_faults import start_job, wait_equal
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -98,11 +98,10 @@ def standalone(tmp_path: Path) -> Iterator[str]:
 def test_speed_job_on_standalone_cluster(
     services: Settings, standalone: str, tmp_path: Path, unique: str
 ) -> None:
-    topic = f"telemetry-{unique}"
     settings = isolated(services, tmp_path, unique)
     settings = settings.model_copy(
         update={
-            "pipelines_dir": pipelines_dir_with_topic(tmp_path, "telemetry", topic),
+            "topic_prefix": f"{unique}-",
             "spark": settings.spark.model_copy(update={"master": standalone}),
         }
     )

@@ -1,4 +1,4 @@
-"""Small files under the storage root, on a local path or a filesystem URI, and the root itself."""
+"""Small files under the storage root, on a local path or a filesystem URI."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from lambdalake.settings import Settings
 from lambdalake.storage import list_files, read_text, write_text
 
 
@@ -21,9 +20,3 @@ def test_write_read_and_list(tmp_path: Path, as_uri: bool) -> None:
     assert read_text(f"{root}/status/speed-a.json") == "two"
     assert list_files(f"{root}/status", prefix="speed-", suffix=".json") == [f"{root}/status/speed-a.json"]
     assert sorted(p.name for p in (tmp_path / "status").iterdir()) == ["other.json", "speed-a.json"]
-
-
-def test_relative_storage_root_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    assert Settings(storage_root="data/lake").storage_root == str(tmp_path / "data" / "lake")
-    assert Settings(storage_root="s3://bucket/lake").storage_root == "s3://bucket/lake"
