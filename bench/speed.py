@@ -91,6 +91,7 @@ def main() -> None:
                 cwd=PROJECT_ROOT,
             )
 
+        Path(settings.storage_root).mkdir(parents=True, exist_ok=True)
         log_file = Path(settings.storage_root) / "speed.log"
         job = start_job(log_file)
 

@@ -59,7 +59,9 @@ def write_event_files(events: pa.Table, *, path: str, event_time: str, name: str
             continue
         rows = events.filter(pc.is_null(dates) if date is None else pc.equal(dates, pa.scalar(date)))
         filesystem.create_dir(target.rsplit("/", 1)[0], recursive=True)
-        staging = f"{root}/_staging/{uuid.uuid4().hex}.parquet"
+        # Named after the file (so the run id leads) to let the run's next start clear what a killed
+        # attempt left half-written: see MasterDataset.clear_staging.
+        staging = f"{root}/_staging/{name}.{value}.{uuid.uuid4().hex}.parquet"
         pq.write_table(rows, staging, filesystem=filesystem, compression="snappy")
         filesystem.move(staging, target)
     return written
@@ -138,6 +140,19 @@ class MasterDataset:
                 stats=json.dumps({"numRecords": metadata.num_rows}),
             ))  # fmt: skip
         return actions, schema, total  # type: ignore[return-value]
+
+    def clear_staging(self, prefix: str) -> int:
+        """Delete the staging files whose names start with ``prefix`` (a run id: files of attempts
+        killed mid-write; a live attempt moves its file out at once). Call it before the run's
+        tasks start. Returns how many were deleted."""
+        filesystem, root = pafs.FileSystem.from_uri(self.path)
+        selector = pafs.FileSelector(f"{root.rstrip('/')}/_staging", allow_not_found=True)
+        left = [i.path for i in filesystem.get_file_info(selector) if i.base_name.startswith(prefix)]
+        for path in left:
+            filesystem.delete_file(path)
+        if left:
+            log.info("deleted %d half-written master files of earlier attempts", len(left))
+        return len(left)
 
     def read(self) -> pa.Table:
         """The whole table as Arrow (tests and small tables; Spark reads :meth:`file_uris`)."""

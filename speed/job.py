@@ -311,6 +311,7 @@ class SpeedJob:
     def start(self) -> list[StreamingQuery]:
         self.deploy()
         self.run_id = self._run_id()
+        self.master.clear_staging(f"{self.run_id}-")
         trigger = {"processingTime": f"{self.options.trigger_seconds} seconds"}
         name = self.pipeline.name
         main = self.main_stream().writeStream.queryName(f"{name}-main")
