@@ -130,6 +130,9 @@ def test_kill_minus_nine_three_times(services: Settings, tmp_path: Path, unique:
                 os.killpg(job.pid, signal.SIGKILL)
     assert job.returncode == 0, f"graceful stop failed; log: {log.read_text()[-2000:]}"
     assert log.read_text().count("offers-main started") == 4  # one start and three restarts
+    # A kill mid-write leaves a half-written file in _staging/; the next start clears it.
+    staging = Path(table_path(settings.storage_root, pipeline.name)) / "_staging"
+    assert not staging.exists() or sorted(staging.iterdir()) == []
 
 
 def test_cassandra_stopped_for_30s(services: Settings, spark, tmp_path: Path, unique: str) -> None:
