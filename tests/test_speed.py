@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 from lambdalake.avro import HEADER, MAGIC, WireEncoder, parse_schema
 from lambdalake.kafka import dlq
 from lambdalake.master import MasterDataset, table_path
-from lambdalake.pipeline import Pipeline
+from lambdalake.pipeline import Pipeline, WindowedView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
@@ -175,3 +175,33 @@ def test_speed_status_reports_every_query(speed_run: dict) -> None:
     for name, stats in queries.items():
         assert stats["rows"] >= EVENTS * 0.9, (name, stats)
         assert stats["last_batch"]["lag"] == 0 and stats["dropped_behind_watermark"] == 0
+
+
+def test_a_second_windowed_view_gets_a_query_of_its_own(services: Settings, spark, tmp_path: Path) -> None:
+    """The shipped pipelines have one windowed view each; a pipeline with two runs the second in a
+    query of its own (decoding again) and both equal the reference."""
+    unique = os.urandom(4).hex()
+    settings = isolated(services, tmp_path, unique)
+    base = pipeline_named(settings, "telemetry", topic=f"telemetry2-{unique}")
+    hourly = WindowedView.model_validate({
+        "name": f"vehicle_hourly_{unique}", "kind": "windowed", "key": ["vehicle_id"], "window": "1 hour",
+        "aggregates": [{"name": "readings", "fn": "count"},
+                       {"name": "top", "fn": "max", "column": "speed_kmh"},
+                       {"name": "odo", "fn": "avg", "column": "odometer_km"}],
+    })  # fmt: skip
+    pipeline = base.model_copy(update={"views": [*base.views, hourly]})
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    for r in generate("telemetry", 20_000, seed=11, mix=Mix(duplicates=0.03, invalid=0.01, late=0.03)):
+        producer.send(r)
+    assert producer.flush().unacknowledged == 0
+    job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
+    job.start()
+    try:
+        job.catch_up()
+        assert [q.name for q in job.queries] == ["telemetry-main", f"telemetry-{hourly.name}"]
+        events, _ = topic_events(settings, pipeline)
+        problems = differences(settings, pipeline, events)
+        assert problems == [], problems[:10]
+        assert len(cassandra_rows(settings, f"speed_{hourly.name}")) > 0
+    finally:
+        job.stop()
