@@ -30,6 +30,7 @@ def topic_events(settings: Settings, pipeline: Pipeline) -> tuple[pd.DataFrame, 
     """(valid events with Kafka coordinates, number of records that are not valid events)."""
     deserializer = AvroDeserializer(SchemaRegistryClient(settings.registry.client_config()))
     rows, invalid = [], 0
+    is_valid = REFERENCE_VALID[pipeline.generator.kind if pipeline.generator else pipeline.name]
     for msg in consume_all(settings, pipeline.topic.name):
         try:
             value = deserializer(msg.value(), SerializationContext(msg.topic(), MessageField.VALUE))
@@ -37,7 +38,7 @@ def topic_events(settings: Settings, pipeline: Pipeline) -> tuple[pd.DataFrame, 
             invalid += 1
             continue
         value = {k: (int(v.timestamp() * 1000) if hasattr(v, "timestamp") else v) for k, v in value.items()}
-        if not REFERENCE_VALID[pipeline.name](value, msg.timestamp()[1]):
+        if not is_valid(value, msg.timestamp()[1]):
             invalid += 1
             continue
         value.update(_ts=msg.timestamp()[1], _partition=msg.partition(), _offset=msg.offset())

@@ -189,7 +189,8 @@ def test_a_second_windowed_view_gets_a_query_of_its_own(services: Settings, spar
                        {"name": "top", "fn": "max", "column": "speed_kmh"},
                        {"name": "odo", "fn": "avg", "column": "odometer_km"}],
     })  # fmt: skip
-    pipeline = base.model_copy(update={"views": [*base.views, hourly]})
+    # Its own name too: query names are unique per Spark session, and the module's jobs still run.
+    pipeline = base.model_copy(update={"name": "telemetry_two", "views": [*base.views, hourly]})
     producer = EventProducer(settings=settings, pipeline=pipeline)
     for r in generate("telemetry", 20_000, seed=11, mix=Mix(duplicates=0.03, invalid=0.01, late=0.03)):
         producer.send(r)
@@ -198,7 +199,7 @@ def test_a_second_windowed_view_gets_a_query_of_its_own(services: Settings, spar
     job.start()
     try:
         job.catch_up()
-        assert [q.name for q in job.queries] == ["telemetry-main", f"telemetry-{hourly.name}"]
+        assert [q.name for q in job.queries] == ["telemetry_two-main", f"telemetry_two-{hourly.name}"]
         events, _ = topic_events(settings, pipeline)
         problems = differences(settings, pipeline, events)
         assert problems == [], problems[:10]
