@@ -34,7 +34,7 @@ from typing import Any
 from bench.common import bench_settings, write_result
 from infra.services import running
 from lambdalake.cassandra.session import connect
-from lambdalake.pipeline import load_pipeline
+from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT
@@ -51,6 +51,11 @@ def batches(log_file: Path, *, after: int) -> list[tuple[int, int]]:
     pattern = r"telemetry-main batch (\d+): (\d+) rows, lag \d+, (\d+) ms"
     found = re.finditer(pattern, log_file.read_text())
     return [(int(m[2]), int(m[3])) for m in found if int(m[1]) > after]
+
+
+def rate(batches: list[tuple[int, int]]) -> float:
+    """Rows per second over the summed duration of ``batches`` (rows, ms)."""
+    return sum(r for r, _ in batches) / (sum(ms for _, ms in batches) / 1000)
 
 
 def main() -> None:
@@ -73,10 +78,7 @@ def main() -> None:
         }
     )
     with running(settings):
-        p = load_pipeline(
-            "telemetry", pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir,
-            topic_prefix=settings.topic_prefix,
-        )  # fmt: skip
+        p = configured_pipeline("telemetry", settings)
         producer = EventProducer(settings=settings, pipeline=p)
         status = Path(status_file(settings.storage_root, "telemetry"))
 
@@ -101,14 +103,20 @@ def main() -> None:
             except (OSError, ValueError):
                 return {}
 
+        def wait_processed(
+            rows: int, job: subprocess.Popen[bytes], log_file: Path, *, timeout: float
+        ) -> None:
+            """Until the job's main query has reported ``rows`` records (failing if the job dies)."""
+            deadline = time.monotonic() + timeout
+            while processed().get("telemetry-main", 0) < rows:
+                assert time.monotonic() < deadline and job.poll() is None, log_file.read_text()[-3000:]
+                time.sleep(0.2)
+
         # Warm: one small batch through both queries starts Python workers and compiles plans.
         for r in generate("telemetry", 100, seed=3, mix=Mix(invalid=0)):
             producer.send(r)
         producer.flush()
-        deadline = time.monotonic() + 300
-        while processed().get("telemetry-main", 0) < 100:
-            assert time.monotonic() < deadline and job.poll() is None, log_file.read_text()[-3000:]
-            time.sleep(0.5)
+        wait_processed(100, job, log_file, timeout=300)
         base = processed()
         warm_batch = json.loads(status.read_text())["telemetry-main"]["last_batch"]["batch_id"]
 
@@ -129,7 +137,7 @@ def main() -> None:
         # The job's own rate: rows over the time its micro-batches ran (the log's per-batch lines),
         # i.e. without the wait for the first records and the idle time between triggers.
         busy = batches(log_file, after=warm_batch)
-        busy_rate = sum(r for r, _ in busy) / (sum(ms for _, ms in busy) / 1000)
+        busy_rate = rate(busy)
         print(
             f"throughput: {args.events:,} events in {drain_s:.1f}s = {throughput:,.0f} events/s "
             f"(producing took {produced_s:.1f}s); while its batches ran: {busy_rate:,.0f} rows/s "
@@ -211,15 +219,11 @@ def main() -> None:
         backlog = producer.stats.sent - sent_before
         log_file = Path(settings.storage_root) / "speed-backlog.log"
         job = start_job(log_file, "--max-offsets-per-trigger", str(-(-backlog // 3)))
-        deadline = time.monotonic() + 600
-        while processed().get("telemetry-main", 0) < backlog:
-            assert time.monotonic() < deadline and job.poll() is None, log_file.read_text()[-3000:]
-            time.sleep(0.2)
+        wait_processed(backlog, job, log_file, timeout=600)
         job.send_signal(signal.SIGTERM)
         job.wait(120)
         drained = batches(log_file, after=-1)
-        warm = drained[1:]
-        backlog_rate = sum(r for r, _ in warm) / (sum(ms for _, ms in warm) / 1000)
+        backlog_rate = rate(drained[1:])
         print(
             f"backlog: {backlog:,} records; the restarted job alone sustained {backlog_rate:,.0f} rows/s "
             f"after its first batch (batches as (rows, ms): {drained})"

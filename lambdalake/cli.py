@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from lambdalake.errors import LambdalakeError
-from lambdalake.pipeline import Pipeline, list_pipelines, load_pipeline
+from lambdalake.pipeline import Pipeline, configured_pipeline, list_pipelines
 from lambdalake.settings import Settings, get_settings
 
 
@@ -57,10 +57,7 @@ OnlyOpt = Annotated[
 
 
 def _pipeline(name: str, settings: Settings) -> Pipeline:
-    return load_pipeline(
-        name, pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir,
-        topic_prefix=settings.topic_prefix,
-    )  # fmt: skip
+    return configured_pipeline(name, settings)
 
 
 # --- services ----------------------------------------------------------------------------------

@@ -24,6 +24,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction
 from pyarrow import fs as pafs
 
+from lambdalake.storage import delete_file, list_files
+
 PARTITION = "event_date"
 #: Hive's name for the partition of a null value.
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -145,11 +147,9 @@ class MasterDataset:
         """Delete the staging files whose names start with ``prefix`` (a run id: files of attempts
         killed mid-write; a live attempt moves its file out at once). Call it before the run's
         tasks start. Returns how many were deleted."""
-        filesystem, root = pafs.FileSystem.from_uri(self.path)
-        selector = pafs.FileSelector(f"{root.rstrip('/')}/_staging", allow_not_found=True)
-        left = [i.path for i in filesystem.get_file_info(selector) if i.base_name.startswith(prefix)]
-        for path in left:
-            filesystem.delete_file(path)
+        left = list_files(f"{self.path.rstrip('/')}/_staging", prefix=prefix)
+        for uri in left:
+            delete_file(uri)
         if left:
             log.info("deleted %d half-written master files of earlier attempts", len(left))
         return len(left)

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lambdalake.errors import ConfigurationError
+from lambdalake.settings import Settings
 
 
 class Strict(BaseModel):
@@ -224,6 +225,15 @@ def load_pipeline(name: str, *, pipelines_dir: Path, schemas_dir: Path, topic_pr
         topic = pipeline.topic.model_copy(update={"name": f"{topic_prefix}{pipeline.topic.name}"})
         pipeline = pipeline.model_copy(update={"topic": topic})
     return pipeline
+
+
+def configured_pipeline(name: str, settings: Settings) -> Pipeline:
+    """The pipeline ``name`` as ``settings`` place it: their pipelines and schemas folders, and their
+    topic prefix."""
+    return load_pipeline(
+        name, pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir,
+        topic_prefix=settings.topic_prefix,
+    )  # fmt: skip
 
 
 def list_pipelines(pipelines_dir: Path) -> list[str]:

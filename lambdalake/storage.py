@@ -28,6 +28,12 @@ def read_text(uri: str) -> str | None:
         return stream.read().decode()
 
 
+def delete_file(uri: str) -> None:
+    """Delete the file at ``uri``."""
+    filesystem, path = pafs.FileSystem.from_uri(uri)
+    filesystem.delete_file(path)
+
+
 def list_files(folder_uri: str, *, prefix: str = "", suffix: str = "") -> list[str]:
     """URIs of the files directly in ``folder_uri`` whose names match, sorted (none if no folder)."""
     filesystem, path = pafs.FileSystem.from_uri(folder_uri)

@@ -266,9 +266,12 @@ class SpeedJob:
         # Kept beside the checkpoint, on the same filesystem (an object store on clusters): a driver
         # restarted on another host must find it, or its replay would commit under a new app id.
         uri = f"{self.checkpoints}/main/lambdalake-run-id"
-        if read_text(uri) is None:
-            write_text(uri, uuid.uuid4().hex[:12])
-        return (read_text(uri) or "").strip()
+        existing = read_text(uri)
+        if existing is not None:
+            return existing.strip()
+        run_id = uuid.uuid4().hex[:12]
+        write_text(uri, run_id)
+        return run_id
 
     def main_stream(self) -> DataFrame:
         """The main query's plan: the archive pass (decoding included), then the first windowed view."""

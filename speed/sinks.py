@@ -122,7 +122,7 @@ def latest_order(table: pa.Table, version: str) -> np.ma.MaskedArray:
 
 def winners(keys: list[tuple[Any, ...]], order: np.ma.MaskedArray) -> list[int]:
     """Row index of each key's highest order (among equals the first); rows without order lose."""
-    ranks = order.filled(np.iinfo(np.int64).min).tolist()
+    ranks = order.data.tolist()  # masked rows are skipped below, whatever their data
     mask = np.ma.getmaskarray(order).tolist()
     best: dict[tuple[Any, ...], int] = {}
     for i, k in enumerate(keys):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from infra.services import running
-from lambdalake.pipeline import Pipeline, load_pipeline
+from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.settings import PROJECT_ROOT, Settings
 
 TEST_PORTS = {"broker": 19092, "registry": 18081, "cassandra": 19042, "storage": 17000}
@@ -74,10 +74,7 @@ def unique() -> str:
 
 def pipeline_named(settings: Settings, name: str, *, topic: str | None = None) -> Pipeline:
     """A pipeline definition, optionally on its own topic so tests do not share records."""
-    p = load_pipeline(
-        name, pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir,
-        topic_prefix=settings.topic_prefix,
-    )  # fmt: skip
+    p = configured_pipeline(name, settings)
     if topic is not None:
         p = p.model_copy(update={"topic": p.topic.model_copy(update={"name": topic})})
     return p

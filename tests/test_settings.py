@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lambdalake.pipeline import load_pipeline
+from lambdalake.pipeline import configured_pipeline
 from lambdalake.settings import Settings
 
 
@@ -18,10 +18,6 @@ def test_relative_storage_root_is_made_absolute(tmp_path: Path, monkeypatch: pyt
 
 def test_topic_prefix_names_every_pipeline_topic_and_its_dlq(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LAMBDALAKE_TOPIC_PREFIX", "staging.")
-    settings = Settings()
-    pipeline = load_pipeline(
-        "offers", pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir,
-        topic_prefix=settings.topic_prefix,
-    )  # fmt: skip
+    pipeline = configured_pipeline("offers", Settings())
     assert (pipeline.topic.name, pipeline.topic.dlq) == ("staging.offers", "staging.offers.dlq")
     assert pipeline.schema_.subject == "offers-value"  # subjects are not prefixed
