@@ -18,6 +18,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from lambdalake.errors import ConfigurationError
 from lambdalake.settings import Settings
 
+_UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+def interval_seconds(text: str) -> int:
+    """Seconds in an interval written as Spark writes one: ``"<n> <second|minute|hour|day>[s]"``."""
+    try:
+        amount, unit = text.split()
+        return int(amount) * _UNIT_SECONDS[unit.rstrip("s")]
+    except (ValueError, KeyError):
+        raise ConfigurationError(
+            f"interval {text!r} is not '<number> <unit>'",
+            fix="write it as '<number> <second|minute|hour|day>[s]', e.g. '10 minutes'",
+        ) from None
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -130,8 +144,7 @@ class WindowedView(Strict):
 
     @property
     def window_seconds(self) -> int:
-        amount, unit = self.window.split()
-        return int(amount) * {"second": 1, "minute": 60, "hour": 3600, "day": 86400}[unit.rstrip("s")]
+        return interval_seconds(self.window)
 
 
 View = Annotated[LatestView | WindowedView, Field(discriminator="kind")]

@@ -6,26 +6,40 @@ cluster; these helpers go through pyarrow's filesystems so the same code works o
 
 from __future__ import annotations
 
+import uuid
+
 from pyarrow import fs as pafs
 
 
-def write_text(uri: str, text: str) -> None:
-    """Write ``text`` to ``uri`` whole: written aside, then moved over the old file, so a reader
-    sees the old or the new text, never a part."""
+def write_bytes(uri: str, data: bytes) -> None:
+    """Write ``data`` to ``uri`` whole: written aside, then moved over the old file, so a reader
+    sees the old or the new content, never a part."""
     filesystem, path = pafs.FileSystem.from_uri(uri)
     filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    with filesystem.open_output_stream(f"{path}.tmp") as out:
-        out.write(text.encode())
-    filesystem.move(f"{path}.tmp", path)
+    aside = f"{path}.{uuid.uuid4().hex[:8]}.tmp"  # two writers of one file never share a temp file
+    with filesystem.open_output_stream(aside) as out:
+        out.write(data)
+    filesystem.move(aside, path)
 
 
-def read_text(uri: str) -> str | None:
-    """The text at ``uri``, or None if there is no such file."""
+def read_bytes(uri: str) -> bytes | None:
+    """The content of ``uri``, or None if there is no such file."""
     filesystem, path = pafs.FileSystem.from_uri(uri)
     if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
         return None
     with filesystem.open_input_stream(path) as stream:
-        return stream.read().decode()
+        return stream.read()
+
+
+def write_text(uri: str, text: str) -> None:
+    """:func:`write_bytes` for text."""
+    write_bytes(uri, text.encode())
+
+
+def read_text(uri: str) -> str | None:
+    """:func:`read_bytes` for text."""
+    data = read_bytes(uri)
+    return None if data is None else data.decode()
 
 
 def delete_file(uri: str) -> None:

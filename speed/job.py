@@ -38,13 +38,14 @@ from pyspark.sql.streaming import StreamingQuery
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import deploy_speed_tables, speed_table_def
 from lambdalake.master import MasterDataset, table_path
-from lambdalake.pipeline import LatestView, Pipeline, WindowedView
+from lambdalake.pipeline import LatestView, Pipeline, WindowedView, interval_seconds
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decode
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.views import INGEST_TS, windowed
 from lambdalake.storage import read_text, write_text
 from lambdalake.views import windowed_inputs
+from speed.dedup import DedupLog
 from speed.sinks import ArchiveSink, FileSet, LatestSink, drain, upsert_view
 
 log = logging.getLogger("lambdalake.speed")
@@ -57,22 +58,21 @@ class SpeedOptions:
     Args:
         trigger_seconds: Micro-batch interval; 0 starts the next batch as soon as one ends. Default 0.
         max_offsets_per_trigger: Records per micro-batch at most (bounds catch-up batches). Default 200k.
-        watermark_delay: How far behind the newest ingest time state is kept (and duplicates are
-            recognised). Default 10 minutes.
+        watermark_delay: How far behind the newest ingest time windowed state is kept, and how far
+            apart two copies of an event are still recognised as one (:mod:`speed.dedup`).
+            Default 10 minutes.
         starting_offsets: Where a query without a checkpoint starts. Default ``earliest``.
-        max_records_per_partition: Kafka ranges longer than this are read by several tasks
-            (``maxRecordsPerPartition``). Default None: one task per Kafka partition. Each task has a
-            fixed cost here (about 0.3 s: measured, a warm 198k-record batch ran 7.2 s in 3 tasks
-            and 8.7 s in 9), so cutting pays only with more cores than partitions. Pieces of one
-            partition in one micro-batch reach deduplication in no fixed order, so with it the
-            first of two copies of an event in the same micro-batch is not always the one kept.
+
+    Each Kafka partition's share of a micro-batch is read by one task (the source's
+    ``maxRecordsPerPartition`` is not set): deduplication needs a partition's records in one task,
+    and each task has a fixed cost here (about 0.3 s: a warm 198k-record batch ran 7.2 s in 3
+    tasks and 8.7 s in 9). Raise the topic's partitions to use more cores.
     """
 
     trigger_seconds: float = 0.0
     max_offsets_per_trigger: int = 200_000
     watermark_delay: str = "10 minutes"
     starting_offsets: str = "earliest"
-    max_records_per_partition: int | None = None
 
 
 def status_file(storage_root: str, pipeline: str) -> str:
@@ -236,7 +236,6 @@ class SpeedJob:
             reader.option("subscribe", self.pipeline.topic.name)
             .option("startingOffsets", self.options.starting_offsets)
             .option("maxOffsetsPerTrigger", str(self.options.max_offsets_per_trigger))
-            .option("maxRecordsPerPartition", str(self.options.max_records_per_partition or ""))
             .load()
         )
 
@@ -252,13 +251,19 @@ class SpeedJob:
         needed = [*self.pipeline.event.identity, INGEST_TS, *windowed_inputs(self.pipeline, view)]
         return list(dict.fromkeys(needed))
 
-    def _windowed(self, valid: DataFrame, view: WindowedView) -> DataFrame:
-        valid = valid.select(*self._windowed_inputs(view))
-        deduped = valid.withWatermark(INGEST_TS, self.options.watermark_delay).dropDuplicatesWithinWatermark(
-            list(self.pipeline.event.identity)
+    def _dedup(self, query: str) -> DedupLog:
+        """How a query tells first deliveries from repeats (segment files beside its checkpoint)."""
+        return DedupLog(
+            root=f"{self.checkpoints}/{query}/lambdalake-dedup",
+            identity=tuple(self.pipeline.event.identity),
+            window_us=interval_seconds(self.options.watermark_delay) * 1_000_000,
         )
+
+    def _windowed(self, first_deliveries: DataFrame, view: WindowedView) -> DataFrame:
+        events = first_deliveries.select(*self._windowed_inputs(view))
+        events = events.withWatermark(INGEST_TS, self.options.watermark_delay)
         epoch = F.window(F.col(INGEST_TS), f"{self.settings.epoch_seconds} seconds")
-        return windowed(deduped, self.pipeline, view, epoch=epoch)
+        return windowed(events, self.pipeline, view, epoch=epoch)
 
     def _run_id(self) -> str:
         """This checkpoint's run id: names its master files and Delta app id, so a fresh checkpoint
@@ -291,6 +296,7 @@ class SpeedJob:
             cassandra=self.settings.cassandra,
             files=self.files,
             passthrough=tuple(self._windowed_inputs(self.primary)) if self.primary is not None else (),
+            dedup=self._dedup("main") if self.primary is not None else None,
         )
         archived = self.records().mapInArrow(sink, from_arrow_schema(sink.output_schema))
         return self._windowed(archived, self.primary) if self.primary is not None else archived
@@ -331,8 +337,10 @@ class SpeedJob:
             def write(df: DataFrame, _batch_id: int, table: Any = table, cassandra: Any = cassandra) -> None:
                 upsert_view(df, table=table, cassandra=cassandra)
 
+            valid = self.valid_events()
+            first_deliveries = valid.mapInArrow(self._dedup(view.name), valid.schema)
             query = (
-                self._windowed(self.valid_events(), view).writeStream.queryName(f"{name}-{view.name}")
+                self._windowed(first_deliveries, view).writeStream.queryName(f"{name}-{view.name}")
                 .outputMode("update")
                 .option("checkpointLocation", f"{self.checkpoints}/{view.name}")
                 .foreachBatch(write).trigger(**trigger).start()

@@ -26,6 +26,7 @@ from lambdalake.settings import CassandraSettings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decoder
 from lambdalake.spark.views import INGEST_TS
 from lambdalake.views import latest_rank
+from speed.dedup import DedupLog
 
 
 def cassandra_values(table: pa.Table | pa.RecordBatch, columns: list[str]) -> list[list[Any]]:
@@ -144,10 +145,12 @@ class ArchiveSink:
     to commit); each ``latest`` view gets the winning row per key (highest
     :func:`lambdalake.views.latest_rank`; among equals the earliest offset), upserted with the rank
     as write timestamp so Cassandra keeps the highest version across tasks and batches. Yields the
-    valid events' ``passthrough`` columns (those the windowed view downstream reads; none without
-    one). Decoding here rather than in a step of its own saves a Python worker per task and a
-    round trip of every decoded row through the JVM, and passing on only the columns needed
-    shrinks what the JVM converts, shuffles and keeps.
+    ``passthrough`` columns (those the windowed view downstream reads; none without one) of the
+    valid events that are first deliveries (``dedup``: :class:`speed.dedup.DedupLog`).
+
+    Decoding here rather than in a step of its own saves a Python worker per task and a round trip
+    of every decoded row through the JVM; deduplicating here saves a shuffle and Spark's state
+    store; passing on only the columns needed shrinks what the JVM converts, shuffles and keeps.
 
     Delivery guarantees: DLQ at least once; master files exactly once once committed by the driver
     (:meth:`lambdalake.master.MasterDataset.commit`); latest rows idempotent.
@@ -163,6 +166,7 @@ class ArchiveSink:
     cassandra: CassandraSettings
     files: Accumulator
     passthrough: tuple[str, ...]
+    dedup: DedupLog | None = None
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -200,6 +204,8 @@ class ArchiveSink:
             upsert(zip(*values, strict=True), table=sink.table, settings=self.cassandra,
                    write_timestamp_index=len(sink.table.column_names))  # fmt: skip
         if self.passthrough:
+            if self.dedup is not None:
+                events = events.filter(pa.array(self.dedup.fresh(events)))
             yield from events.select(list(self.passthrough)).to_batches()
 
     def _file_name(self, table: pa.Table) -> str:
