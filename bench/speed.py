@@ -6,12 +6,13 @@ and the probes do not share its Python interpreter.
 Throughput: with the job running and warm, N events are produced as fast as the producer goes; the
 rate is N over the time from the first produce until every query has reported all of them.
 The job's own rate is also given: rows over the summed duration of its micro-batches (from its log).
-Backlog: the job stopped, N more events are produced, then the restarted job drains them alone.
+Backlog: the job stopped, ``--backlog`` events are produced, then the restarted job drains them
+alone in micro-batches of its default size.
 Freshness: events produced at a steady rate; a probe event every ``1/probe_rate`` s is looked up in
 Cassandra (``speed_vehicle_latest`` and ``speed_vehicle_minute``) until visible; p50/p99 of
 visible-time minus produce-time.
 
-    python -m bench.speed [--events 300000] [--rate 1000] [--seconds 60]
+    python -m bench.speed [--events 300000] [--backlog 600000] [--rate 1000] [--seconds 60]
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--events", type=int, default=300_000)
+    parser.add_argument("--backlog", type=int, default=600_000, help="events the restarted job drains alone")
     parser.add_argument("--rate", type=float, default=1000, help="events/s during the freshness run")
     parser.add_argument("--seconds", type=float, default=60, help="length of the freshness run")
     parser.add_argument("--probe-rate", type=float, default=5, help="probes/s during the freshness run")
@@ -208,17 +210,18 @@ def main() -> None:
         job.wait(120)
 
         # --- the job alone on a backlog ---------------------------------------------------
-        # The job stopped, N events wait on the topic, the job restarts and drains them in three
-        # micro-batches with the cores to itself. The first batch after a restart also starts
-        # Python workers, compiles and loads state, so the sustained rate is the later batches'.
+        # The job stopped, N events wait on the topic, the job restarts and drains them with the
+        # cores to itself, in micro-batches of its default size (200k records at most). The first
+        # batch after a restart also starts Python workers, compiles and loads state, so the
+        # sustained rate is the later batches'.
         status.unlink()
         sent_before = producer.stats.sent
-        for r in generate("telemetry", args.events, seed=4, mix=Mix()):
+        for r in generate("telemetry", args.backlog, seed=4, mix=Mix()):
             producer.send(r)
         assert producer.flush().unacknowledged == 0
         backlog = producer.stats.sent - sent_before
         log_file = Path(settings.storage_root) / "speed-backlog.log"
-        job = start_job(log_file, "--max-offsets-per-trigger", str(-(-backlog // 3)))
+        job = start_job(log_file)
         wait_processed(backlog, job, log_file, timeout=600)
         job.send_signal(signal.SIGTERM)
         job.wait(120)
