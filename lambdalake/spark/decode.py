@@ -117,8 +117,9 @@ def _fetcher(registry: dict[str, Any]) -> Callable[[int], str]:
     return _FETCHERS[url]
 
 
-#: What a failed record contributes to the event columns: nulls.
-_EMPTY: dict[str, Any] = {}
+def _schema_id(raw: bytes | None) -> int | None:
+    """The registry id in a record's header (None if it is too short to have one)."""
+    return int.from_bytes(raw[1:5], "big") if raw and len(raw) >= 5 else None
 
 
 class UnknownSchemaId(LookupError):
@@ -147,34 +148,34 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
             spec.rules, schema=reader, parsed_schema=parse_schema(reader), check_shape=False
         )
         schema = spec.output_schema
-        fields = list(event_schema(reader))
+        events = pa.struct(list(event_schema(reader)))
+        check = validator.check
         epoch_us = spec.epoch_seconds * 1_000_000
         for batch in batches:
             values = batch.column("value").to_pylist()
             stamps = batch.column("timestamp").cast(pa.int64()).to_pylist()  # microseconds
-            records: list[dict[str, Any]] = []
-            rules: list[str | None] = []
-            reasons: list[str | None] = []
-            schema_ids: list[int | None] = []
-            for raw, ts_us in zip(values, stamps, strict=True):
-                rule = reason = None
-                record: dict[str, Any] | None = None
-                schema_id = int.from_bytes(raw[1:5], "big") if raw and len(raw) >= 5 else None
+            records: list[dict[str, Any] | None] = []
+            failures: dict[int, tuple[str, str]] = {}  # row -> (rule, reason)
+            for row, (raw, ts_us) in enumerate(zip(values, stamps, strict=True)):
                 try:
                     record = wire.decode(raw)
                 except (WireFormatError, UnknownSchemaId) as exc:
-                    rule, reason = "wire_format", str(exc)
+                    failures[row] = ("wire_format", str(exc))
+                    records.append(None)
+                    continue
                 except Exception as exc:  # fastavro raises EOFError, ValueError, ... on corrupt bodies
-                    rule, reason = "avro", f"cannot decode with schema id {schema_id}: {exc!r}"
-                if record is not None:
-                    rejection = validator.check(record, now=ts_us / 1e6 if ts_us is not None else None)
-                    if rejection is not None:
-                        rule, reason = rejection.rule, rejection.reason
-                records.append(record if rule is None else _EMPTY)  # type: ignore[arg-type]
-                rules.append(rule)
-                reasons.append(reason)
-                schema_ids.append(schema_id)
-            failed = pa.array([r is not None for r in rules], type=pa.bool_())
+                    failures[row] = ("avro", f"cannot decode with schema id {_schema_id(raw)}: {exc!r}")
+                    records.append(None)
+                    continue
+                rejection = check(record, now=ts_us / 1e6 if ts_us is not None else None)
+                if rejection is not None:
+                    failures[row] = (rejection.rule, rejection.reason)
+                    record = None
+                records.append(record)
+            rows = range(len(values))
+            rules = [failures[row][0] if row in failures else None for row in rows]
+            reasons = [failures[row][1] if row in failures else None for row in rows]
+            failed = pa.array([row in failures for row in rows], type=pa.bool_())
             ingest = batch.column("timestamp")
             meta = {
                 "_topic": batch.column("topic"),
@@ -183,13 +184,14 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
                 INGEST_TS: ingest,
                 # Kafka timestamps are never negative, so integer division is the floor.
                 INGEST_EPOCH: pc.divide(ingest.cast(pa.int64()), epoch_us),
-                "_schema_id": pa.array(schema_ids, type=pa.int32()),
+                "_schema_id": pa.array([_schema_id(raw) for raw in values], type=pa.int32()),
                 "_error_rule": pa.array(rules, type=pa.string()),
                 "_error_reason": pa.array(reasons, type=pa.string()),
                 "_raw_key": pc.if_else(failed, batch.column("key"), pa.scalar(None, pa.binary())),
                 "_raw_value": pc.if_else(failed, batch.column("value"), pa.scalar(None, pa.binary())),
             }
-            columns = [pa.array([r.get(f.name) for r in records], type=f.type) for f in fields]
+            # One conversion of the records as structs (failed rows null), split into columns.
+            columns = pa.array(records, type=events).flatten()
             columns += [meta[f.name].cast(f.type) for f in META_FIELDS]
             yield pa.RecordBatch.from_arrays(columns, schema=schema)
 
