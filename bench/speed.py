@@ -3,14 +3,16 @@
 The job runs as in production, in its own process (``lambdalake speed run``), so the load generator
 and the probes do not share its Python interpreter.
 
-Throughput: with the job running and warm, N events are produced as fast as the producer goes; the
-rate is N over the time from the first produce until every query has reported all of them.
-The job's own rate is also given: rows over the summed duration of its micro-batches (from its log).
-Backlog: the job stopped, ``--backlog`` events are produced, then the restarted job drains them
-alone in micro-batches of its default size.
+Phases, in this order, on one job:
 Freshness: events produced at a steady rate; a probe event every ``1/probe_rate`` s is looked up in
 Cassandra (``speed_vehicle_latest`` and ``speed_vehicle_minute``) until visible; p50/p99 of
-visible-time minus produce-time.
+visible-time minus produce-time. This minute also warms every JVM (Spark's and Cassandra's JIT)
+and worker, so the next phase measures a steady job, not its warm-up.
+Throughput: N events are produced as fast as the producer goes, on the same cores; the rate is N
+over the time from the first produce until every query has reported all of them. The job's own
+rate is also given: rows over the summed duration of its micro-batches (from its log).
+Backlog: the job stopped, ``--backlog`` events are produced, then the restarted job drains them
+alone in micro-batches of its default size.
 
     python -m bench.speed [--events 300000] [--backlog 600000] [--rate 1000] [--seconds 60]
 """
@@ -119,32 +121,6 @@ def main() -> None:
             producer.send(r)
         producer.flush()
         wait_processed(100, job, log_file, timeout=300)
-        base = processed()
-        warm_batch = json.loads(status.read_text())["telemetry-main"]["last_batch"]["batch_id"]
-
-        # --- throughput -------------------------------------------------------------------
-        records = list(generate("telemetry", args.events, seed=1, mix=Mix()))
-        sent_before = producer.stats.sent
-        t0 = time.perf_counter()
-        for r in records:
-            producer.send(r)
-        assert producer.flush().unacknowledged == 0
-        produced_s = time.perf_counter() - t0
-        on_topic = producer.stats.sent - sent_before  # invalid events went to the DLQ, not the topic
-        while min(processed()[q] - base[q] for q in base) < on_topic:
-            assert job.poll() is None, log_file.read_text()[-3000:]
-            time.sleep(0.1)
-        drain_s = time.perf_counter() - t0
-        throughput = args.events / drain_s
-        # The job's own rate: rows over the time its micro-batches ran (the log's per-batch lines),
-        # i.e. without the wait for the first records and the idle time between triggers.
-        busy = batches(log_file, after=warm_batch)
-        busy_rate = rate(busy)
-        print(
-            f"throughput: {args.events:,} events in {drain_s:.1f}s = {throughput:,.0f} events/s "
-            f"(producing took {produced_s:.1f}s); while its batches ran: {busy_rate:,.0f} rows/s "
-            f"({len(busy)} batches: {[r for r, _ in busy]})"
-        )
 
         # --- freshness --------------------------------------------------------------------
         session = connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
@@ -206,6 +182,36 @@ def main() -> None:
         producer.flush()
         stop.set()
         watcher.join(180)
+
+        # The freshness run warmed every JVM (Spark's, Cassandra's) and worker: now the throughput.
+        wait_processed(producer.stats.sent, job, log_file, timeout=300)
+        base = processed()
+        warm_batch = json.loads(status.read_text())["telemetry-main"]["last_batch"]["batch_id"]
+
+        # --- throughput -------------------------------------------------------------------
+        records = list(generate("telemetry", args.events, seed=1, mix=Mix()))
+        sent_before = producer.stats.sent
+        t0 = time.perf_counter()
+        for r in records:
+            producer.send(r)
+        assert producer.flush().unacknowledged == 0
+        produced_s = time.perf_counter() - t0
+        on_topic = producer.stats.sent - sent_before  # invalid events went to the DLQ, not the topic
+        while min(processed()[q] - base[q] for q in base) < on_topic:
+            assert job.poll() is None, log_file.read_text()[-3000:]
+            time.sleep(0.1)
+        drain_s = time.perf_counter() - t0
+        throughput = args.events / drain_s
+        # The job's own rate: rows over the time its micro-batches ran (the log's per-batch lines),
+        # i.e. without the wait for the first records and the idle time between triggers.
+        busy = batches(log_file, after=warm_batch)
+        busy_rate = rate(busy)
+        print(
+            f"throughput: {args.events:,} events in {drain_s:.1f}s = {throughput:,.0f} events/s "
+            f"(producing took {produced_s:.1f}s); while its batches ran: {busy_rate:,.0f} rows/s "
+            f"({len(busy)} batches: {[r for r, _ in busy]})"
+        )
+
         job.send_signal(signal.SIGTERM)
         job.wait(120)
 
