@@ -206,7 +206,10 @@ class DedupLog:
         offsets = events.column("_offset").to_numpy()
         order = np.argsort(offsets, kind="stable")
         events, offsets = events.take(pa.array(order)), offsets[order]
-        ts = pc.cast(pc.cast(events.column(INGEST_TS), pa.timestamp("us", tz="UTC")), pa.int64()).to_numpy()
+        ingest = pc.cast(pc.cast(events.column(INGEST_TS), pa.timestamp("us", tz="UTC")), pa.int64())
+        # A record without a timestamp (old message formats) counts as the oldest: the windowed view
+        # drops it behind the watermark anyway, and the batch layer counts it.
+        ts = pc.fill_null(ingest, 0).to_numpy()
         h1, h2 = identity_hashes(events, list(self.identity))
 
         state = self._state(topic, partition, before=int(offsets[0]))

@@ -156,3 +156,11 @@ def test_index_lookup_and_in_batch_repeats_agree_with_brute_force() -> None:
     assert rep.tolist() == [
         any(h1[j] == h1[i] and h2[j] == h2[i] and ts[j] >= ts[i] - 100 for j in range(i)) for i in range(400)
     ]
+
+
+def test_records_without_a_timestamp_are_judged_like_the_oldest(tmp_path: Path) -> None:
+    table = log_table([(0, "a", 1, 5_000_000), (1, "a", 1, 6_000_000), (2, "b", 1, 7_000_000)])
+    table = table.set_column(3, "_ingest_ts", pa.array([None, None, 7_000_000], pa.timestamp("us", tz="UTC")))
+    dedup._states.clear()
+    log = DedupLog(root=str(tmp_path / "dedup"), identity=("key", "n"), window_us=WINDOW)
+    assert log.fresh(table).tolist() == [True, False, True]
