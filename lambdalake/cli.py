@@ -390,8 +390,10 @@ def speed_run(
     t0 = time.monotonic()
     with console.status("processing what the topic holds..."):
         job.start()
-        job.catch_up()
-        job.close()
+        try:
+            job.catch_up()
+        finally:
+            job.close()
     for name, stats in job.progress.stats.items():
         behind = (
             f", {stats.dropped_behind_watermark} behind the watermark"

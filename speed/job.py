@@ -30,6 +30,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -37,6 +38,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import deploy_speed_tables, speed_table_def
+from lambdalake.errors import ConfigurationError
 from lambdalake.master import MasterDataset, table_path
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView, interval_seconds
 from lambdalake.settings import Settings
@@ -49,6 +51,9 @@ from speed.dedup import DedupLog
 from speed.sinks import ArchiveSink, FileSet, LatestSink, drain, upsert_view
 
 log = logging.getLogger("lambdalake.speed")
+
+#: Spark's error class for a checkpoint whose stateful operators differ from the query's.
+_PLAN_CHANGED = "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA"
 
 
 @dataclass(frozen=True)
@@ -354,8 +359,27 @@ class SpeedJob:
     def catch_up(self) -> None:
         """Process everything available now (tests and backfills)."""
         for q in self.queries:
-            q.processAllAvailable()
+            try:
+                q.processAllAvailable()
+            except StreamingQueryException as exc:
+                raise self._failure(q, exc) from exc
         self.progress.poll(self.queries)  # the status is complete when this returns
+
+    def _failure(self, query: StreamingQuery, exc: BaseException | None) -> Exception:
+        """The error to show for a failed query, naming the fix where there is a known one."""
+        if _PLAN_CHANGED in str(exc):
+            return ConfigurationError(
+                f"query {query.name} cannot resume its checkpoint under {self.checkpoints}: it was written "
+                "by a speed job with other stateful steps (a lambdalake before deduplication left "
+                "Spark state, or a pipeline whose windowed views changed)",
+                fix=(
+                    f"rebuild the pipeline's speed layer from the topic: stop the job, delete that "
+                    f"checkpoint folder and the master table {self.master.path}, then start it again "
+                    "(it replays the topic from the earliest offset; speed rows are rewritten with "
+                    "the same absolute values); for the embedded demo, `make clean`"
+                ),
+            )
+        return RuntimeError(f"query {query.name} stopped: {exc}")
 
     def stop(self) -> None:
         for q in self.queries:
@@ -379,7 +403,7 @@ class SpeedJob:
             while not stop.is_set():
                 for q in self.queries:
                     if not q.isActive:
-                        raise RuntimeError(f"query {q.name} stopped: {q.exception()}")
+                        raise self._failure(q, q.exception())
                 stop.wait(0.5)
         finally:
             log.info("stopping %s", ", ".join(q.name for q in self.queries))
