@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from pyspark.sql import functions as F
 
 from lambdalake.avro import HEADER, MAGIC, WireEncoder, parse_schema
+from lambdalake.errors import ConfigurationError
 from lambdalake.kafka import dlq
 from lambdalake.master import MasterDataset, table_path
 from lambdalake.pipeline import Pipeline, WindowedView
@@ -204,5 +206,43 @@ def test_a_second_windowed_view_gets_a_query_of_its_own(services: Settings, spar
         problems = differences(settings, pipeline, events)
         assert problems == [], problems[:10]
         assert len(cassandra_rows(settings, f"speed_{hourly.name}")) > 0
+    finally:
+        job.stop()
+
+
+def test_a_checkpoint_with_other_stateful_steps_fails_naming_the_rebuild(
+    services: Settings, spark, tmp_path: Path
+) -> None:
+    """A checkpoint written by a plan with other stateful operators (e.g. before deduplication left
+    Spark state) cannot be resumed by Spark: the job says so and names the fix."""
+    unique = os.urandom(4).hex()
+    settings = isolated(services, tmp_path, unique)
+    pipeline = pipeline_named(settings, "telemetry", topic=f"telemetry-old-{unique}").model_copy(
+        update={"name": "telemetry_old"}
+    )
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    for r in generate("telemetry", 200, seed=5, mix=Mix(invalid=0)):
+        producer.send(r)
+    assert producer.flush().unacknowledged == 0
+    job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
+    earlier = (
+        job.records().withWatermark("timestamp", "10 minutes").dropDuplicatesWithinWatermark(["key"])
+        .groupBy(F.window("timestamp", "1 hour")).count()
+    )  # fmt: skip
+    query = (
+        earlier.writeStream.queryName("telemetry_old-earlier").outputMode("update")
+        .option("checkpointLocation", f"{job.checkpoints}/main")
+        .foreachBatch(lambda df, _i: df.collect()).start()
+    )  # fmt: skip
+    query.processAllAvailable()
+    query.stop()
+    for r in generate("telemetry", 100, seed=6, mix=Mix(invalid=0)):  # something for a new batch
+        producer.send(r)
+    assert producer.flush().unacknowledged == 0
+    job.start()
+    try:
+        with pytest.raises(ConfigurationError, match="cannot resume its checkpoint") as failure:
+            job.catch_up()
+        assert job.master.path in (failure.value.fix or "") and "delete that checkpoint" in failure.value.fix
     finally:
         job.stop()
