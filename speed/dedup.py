@@ -183,8 +183,9 @@ class DedupLog:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """As a ``mapInArrow`` function: the first deliveries among a task's valid events."""
-        table = pa.Table.from_batches(list(batches))
-        if table.num_rows:
+        received = list(batches)
+        table = pa.Table.from_batches(received) if received else None
+        if table is not None and table.num_rows:
             yield from table.filter(pa.array(self.fresh(table))).to_batches()
 
     def fresh(self, events: pa.Table) -> np.ndarray:

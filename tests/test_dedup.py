@@ -164,3 +164,12 @@ def test_records_without_a_timestamp_are_judged_like_the_oldest(tmp_path: Path) 
     dedup._states.clear()
     log = DedupLog(root=str(tmp_path / "dedup"), identity=("key", "n"), window_us=WINDOW)
     assert log.fresh(table).tolist() == [True, False, True]
+
+
+def test_as_a_map_in_arrow_function_it_passes_first_deliveries_and_takes_empty_tasks(tmp_path: Path) -> None:
+    log = DedupLog(root=str(tmp_path / "dedup"), identity=("key", "n"), window_us=WINDOW)
+    dedup._states.clear()
+    assert list(log(iter([]))) == []
+    table = log_table([(0, "a", 1, 5_000_000), (1, "a", 1, 6_000_000), (2, "b", 1, 7_000_000)])
+    out = pa.Table.from_batches(list(log(iter(table.to_batches(max_chunksize=2)))))
+    assert out.column("_offset").to_pylist() == [0, 2]
