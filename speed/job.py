@@ -2,18 +2,19 @@
 
 ``<pipeline>-main``: each Kafka partition's range goes through one task
 (:class:`speed.sinks.ArchiveSink`) that decodes each record once, dead-letters the failures, writes
-the valid events as master-dataset files and upserts the ``latest`` views with a write timestamp
-taken from the version.
-The valid events flow on into the first windowed view: deduplicated by identity within the
-watermark, aggregated per (key, event-time window, ingest epoch) with Spark state and upserted as
-absolute values. After the windowed rows are written, the driver commits the batch's master files
-to Delta in one app transaction. The watermark is on ingest time (the Kafka record timestamp), so an
-event days late in event time still counts at once in the current epoch's row. An event whose
+the valid events as master-dataset files, upserts the ``latest`` views with a write timestamp
+taken from the version and marks repeats of an identity within the watermark delay
+(:mod:`speed.dedup`, decided from the log alone, so no Spark state and no shuffle).
+The first deliveries flow on into the first windowed view: aggregated per (key, event-time
+window, ingest epoch) with Spark state and upserted as absolute values. After the windowed rows are
+written, the driver commits the batch's master files to Delta in one app transaction. The watermark
+is on ingest time (the Kafka record timestamp), so an event days late in event time still counts at
+once in the current epoch's row. An event whose
 *ingest* time is behind the watermark is archived, but dropped from the windowed view, counted
 (``dropped_behind_watermark`` in the status file) and left to the batch layer.
 
-``<pipeline>-<view>``: every further windowed view has a query of its own (reading and decoding the
-topic again; the pipelines shipped here have one windowed view each).
+``<pipeline>-<view>``: every further windowed view has a query of its own (reading, decoding and
+deduplicating the topic again; the pipelines shipped here have one windowed view each).
 
 Progress lives in each query's checkpoint; results are durable before Spark commits an offset, and
 every write is idempotent, so a batch replayed after a crash leaves the same views and bronze.
