@@ -9,9 +9,9 @@ The first deliveries flow on into the first windowed view: aggregated per (key, 
 window, ingest epoch) with Spark state and upserted as absolute values. After the windowed rows are
 written, the driver commits the batch's master files to Delta in one app transaction. The watermark
 is on ingest time (the Kafka record timestamp), so an event days late in event time still counts at
-once in the current epoch's row. An event whose
-*ingest* time is behind the watermark is archived, but dropped from the windowed view, counted
-(``dropped_behind_watermark`` in the status file) and left to the batch layer.
+once in the current epoch's row. An event whose *ingest* time is behind the watermark is archived,
+but dropped from the windowed view, counted (``dropped_behind_watermark`` in the status file) and
+left to the batch layer.
 
 ``<pipeline>-<view>``: every further windowed view has a query of its own (reading, decoding and
 deduplicating the topic again; the pipelines shipped here have one windowed view each).
