@@ -92,7 +92,6 @@ class WireDecoder:
         return schemas
 
     def decode(self, data: bytes) -> dict[str, Any]:
-        if data is None or len(data) < HEADER.size or data[0] != MAGIC:
-            unframe(data)  # raises, naming what is wrong
-        writer, reader = self.writer(int.from_bytes(data[1:5], "big"))
-        return fastavro.schemaless_reader(io.BytesIO(data[5:]), writer, reader)
+        schema_id, body = unframe(data)
+        writer, reader = self.writer(schema_id)
+        return fastavro.schemaless_reader(io.BytesIO(body), writer, reader)
