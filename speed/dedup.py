@@ -220,12 +220,16 @@ class DedupLog:
         segment = _Segment(int(offsets[0]), int(offsets[-1]), newest_fresh, int(ts.max()), "")
         identities = pa.table({"h1": h1, "h2": h2, "ts": ts})
         write_bytes(f"{self._folder(topic, partition)}/{segment.name()}", _ipc(identities))
-        state.index.add(h1, h2, ts, evict_before=state.newest - 2 * self.window_us)
+        state.index.add(h1, h2, ts, evict_before=self._evict_before(state))
         state.last_offset, state.newest = segment.last, max(state.newest, segment.newest_fresh)
 
         out = np.empty(len(order), dtype=bool)
         out[order] = fresh
         return out
+
+    def _evict_before(self, state: _PartitionState) -> int:
+        """Ingest times older than this can match no row the windowed view counts (module doc)."""
+        return state.newest - 2 * self.window_us
 
     def _folder(self, topic: str, partition: int) -> str:
         return f"{self.root.rstrip('/')}/{topic}/{partition}"
@@ -241,7 +245,7 @@ class DedupLog:
         found = (_Segment.parse(uri) for uri in list_files(self._folder(topic, partition), suffix=".arrow"))
         segments = sorted((s for s in found if s is not None and s.last < before), key=lambda s: s.first)
         state.newest = max([state.newest, *(s.newest_fresh for s in segments)])
-        evict_before = state.newest - 2 * self.window_us
+        evict_before = self._evict_before(state)
         for segment in segments:
             if segment.newest < evict_before:
                 delete_file(segment.uri)
