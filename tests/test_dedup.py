@@ -173,3 +173,15 @@ def test_as_a_map_in_arrow_function_it_passes_first_deliveries_and_takes_empty_t
     table = log_table([(0, "a", 1, 5_000_000), (1, "a", 1, 6_000_000), (2, "b", 1, 7_000_000)])
     out = pa.Table.from_batches(list(log(iter(table.to_batches(max_chunksize=2)))))
     assert out.column("_offset").to_pylist() == [0, 2]
+
+
+def test_a_table_of_two_partitions_is_judged_per_partition(tmp_path: Path) -> None:
+    """Copies in different partitions are different deliveries' logs: each partition is judged on
+    its own, as if it came in a task of its own."""
+    rows = [(0, "a", 1, 5_000_000), (1, "a", 1, 6_000_000), (2, "b", 1, 7_000_000)]
+    both = pa.concat_tables([log_table(rows, partition=0), log_table(rows, partition=1)])
+    mixed = both.take(pa.array([3, 0, 4, 1, 5, 2]))
+    dedup._states.clear()
+    log = DedupLog(root=str(tmp_path / "dedup"), identity=("key", "n"), window_us=WINDOW)
+    assert log.fresh(mixed).tolist() == [True, True, False, False, True, True]
+    assert sorted(p.name for p in (tmp_path / "dedup" / "t").iterdir()) == ["0", "1"]
