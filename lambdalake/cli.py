@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -14,6 +15,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -139,12 +141,25 @@ def pipelines() -> None:
     """List the pipeline definitions and their views."""
     settings = get_settings()
     table = Table("pipeline", "topic", "subject", "views")
+    broken: list[tuple[str, LambdalakeError]] = []
     for name in list_pipelines(settings.pipelines_dir):
-        p = _pipeline(name, settings)
+        try:
+            p = _pipeline(name, settings)
+        except LambdalakeError as exc:
+            # One broken file must not hide the others: list it, then say what is wrong with it.
+            broken.append((name, exc))
+            table.add_row(name, "[red]broken[/]", "-", "-")
+            continue
         table.add_row(
             p.name, p.topic.name, p.schema_.subject, ", ".join(f"{v.name} ({v.kind})" for v in p.views)
         )
     out.print(table)
+    for name, exc in broken:
+        console.print(f"[red]✘ {name}:[/] {escape(exc.message)}")
+        if exc.fix:
+            console.print(f"  [yellow]fix:[/] {escape(exc.fix)}")
+    if broken:
+        raise typer.Exit(2)
 
 
 @app.command()
@@ -469,7 +484,15 @@ def main() -> None:
     try:
         app()
     except LambdalakeError as exc:
-        console.print(f"[red]error:[/] {exc.message}")
+        # User text (file contents, record values) may hold rich markup: print it escaped.
+        console.print(f"[red]error:[/] {escape(exc.message)}")
         if exc.fix:
-            console.print(f"[yellow]fix:[/] {exc.fix}")
+            console.print(f"[yellow]fix:[/] {escape(exc.fix)}")
         sys.exit(2)
+    except Exception as exc:
+        # A failure nobody foresaw: say what it was and how to see more, not a bare traceback.
+        if os.environ.get("LAMBDALAKE_DEBUG"):
+            raise
+        console.print(f"[red]error:[/] unexpected {type(exc).__name__}: {escape(str(exc))}")
+        console.print("[yellow]fix:[/] rerun with LAMBDALAKE_DEBUG=1 for the full trace, and report it")
+        sys.exit(1)

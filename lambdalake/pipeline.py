@@ -8,17 +8,38 @@ the same declaration. Later layers add sections; unknown keys are refused so a t
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import fastavro
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lambdalake.errors import ConfigurationError
 from lambdalake.settings import Settings
 
 _UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+#: Longest window a view may have: beyond a month a "window" is a table scan, not a view.
+MAX_WINDOW_SECONDS = 31 * 86400
+_NUMERIC = {"int", "long", "float", "double"}
+
+#: Topic-level configs Apache Kafka (3.x) accepts; anything else is a typo caught before Kafka is asked.
+KAFKA_TOPIC_CONFIGS = frozenset(
+    {
+        "cleanup.policy", "compression.type", "compression.gzip.level", "compression.lz4.level",
+        "compression.zstd.level", "delete.retention.ms", "file.delete.delay.ms", "flush.messages",
+        "flush.ms", "follower.replication.throttled.replicas", "index.interval.bytes",
+        "leader.replication.throttled.replicas", "local.retention.bytes", "local.retention.ms",
+        "max.compaction.lag.ms", "max.message.bytes", "message.downconversion.enable",
+        "message.format.version", "message.timestamp.after.max.ms", "message.timestamp.before.max.ms",
+        "message.timestamp.difference.max.ms", "message.timestamp.type", "min.cleanable.dirty.ratio",
+        "min.compaction.lag.ms", "min.insync.replicas", "preallocate", "remote.storage.enable",
+        "retention.bytes", "retention.ms", "segment.bytes", "segment.index.bytes", "segment.jitter.ms",
+        "segment.ms", "unclean.leader.election.enable",
+    }
+)  # fmt: skip
 
 
 def interval_seconds(text: str) -> int:
@@ -37,8 +58,18 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _check_topic_config(config: dict[str, str], where: str) -> dict[str, str]:
+    unknown = sorted(set(config) - KAFKA_TOPIC_CONFIGS)
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown Kafka topic config(s) {unknown}; known ones include "
+            "cleanup.policy, retention.ms, min.compaction.lag.ms, max.message.bytes (fix the spelling)"
+        )
+    return config
+
+
 class TopicSpec(Strict):
-    name: str
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,200}$")
     partitions: int = Field(3, ge=1)
     replication_factor: int = Field(1, ge=1)
     #: Topic configs. ``min.compaction.lag.ms`` must outlast the archiving of every event into the
@@ -47,6 +78,16 @@ class TopicSpec(Strict):
     dlq_config: dict[str, str] = Field(
         default_factory=lambda: {"cleanup.policy": "delete", "retention.ms": str(30 * 24 * 3600 * 1000)}
     )
+
+    @field_validator("config")
+    @classmethod
+    def _config(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_topic_config(value, "topic.config")
+
+    @field_validator("dlq_config")
+    @classmethod
+    def _dlq_config(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_topic_config(value, "topic.dlq_config")
 
     @property
     def dlq(self) -> str:
@@ -66,6 +107,10 @@ class EventSpec(Strict):
     #: first delivery is the first in the partition's log. The key must be one of them, so every copy
     #: of an event lands in the same partition and both layers agree which copy is first.
     identity: list[str] = Field(min_length=1)
+    #: What the producer does with a field the writer schema does not have: ``reject`` sends the
+    #: record to the DLQ (rule ``unknown_field``, naming it: usually a misspelt optional field), ``drop``
+    #: removes the field and produces the rest. Default ``reject``.
+    unknown_fields: Literal["reject", "drop"] = "reject"
 
     @model_validator(mode="after")
     def _identity_has_key(self) -> EventSpec:
@@ -90,6 +135,19 @@ class RangeRule(Strict):
     max: float | None = None
     #: Whether ``max`` itself is allowed (e.g. a heading of 360 degrees is not).
     max_inclusive: bool = True
+
+    @model_validator(mode="after")
+    def _bounds(self) -> RangeRule:
+        if self.min is None and self.max is None:
+            raise ValueError(f"range rule on {self.field!r} has neither min nor max (give at least one)")
+        for bound in (self.min, self.max):
+            if bound is not None and not math.isfinite(bound):
+                raise ValueError(f"range rule on {self.field!r}: bounds must be finite, not {bound}")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(
+                f"range rule on {self.field!r}: min {self.min:g} exceeds max {self.max:g} (swap them)"
+            )
+        return self
 
 
 class AllowedRule(Strict):
@@ -142,6 +200,17 @@ class WindowedView(Strict):
     time: str | None = None
     aggregates: list[Aggregate] = Field(min_length=1)
 
+    @field_validator("window")
+    @classmethod
+    def _window_length(cls, value: str) -> str:
+        seconds = interval_seconds(value)
+        if not 1 <= seconds <= MAX_WINDOW_SECONDS:
+            raise ValueError(
+                f"window {value!r} must be between 1 second and {MAX_WINDOW_SECONDS // 86400} days "
+                "(e.g. '1 hour')"
+            )
+        return value
+
     @property
     def window_seconds(self) -> int:
         return interval_seconds(self.window)
@@ -167,22 +236,61 @@ class Pipeline(Strict):
     schemas_dir: Path = Field(default=Path("schemas"), exclude=True)
 
     @model_validator(mode="after")
+    def _check_schemas(self) -> Pipeline:
+        for i, file in enumerate(self.schema_.versions, start=1):
+            path = self.schemas_dir / file
+            try:
+                text = path.read_text()
+            except OSError as exc:
+                raise ValueError(
+                    f"schema.versions[{i - 1}]: cannot read {path}: {exc.strerror} "
+                    "(fix the path: it is relative to the schemas folder)"
+                ) from None
+            try:
+                schema = json.loads(text)
+            except ValueError as exc:
+                raise ValueError(
+                    f"{path} is not JSON: {exc} (an .avsc holds one Avro schema as JSON)"
+                ) from None
+            try:
+                fastavro.parse_schema(schema)
+            except Exception as exc:  # fastavro raises several error types for bad schemas
+                raise ValueError(
+                    f"{path} is not a valid Avro schema: {exc} (see the Avro specification)"
+                ) from None
+            if not isinstance(schema, dict) or schema.get("type") != "record":
+                raise ValueError(f"{path}: an event schema must be an Avro record, not {schema!r:.60}")
+        return self
+
+    @model_validator(mode="after")
     def _check_fields(self) -> Pipeline:
-        fields = set(self.reader_fields)
-        named = {self.event.key, self.event.time, *self.event.identity}
-        named |= {r.field for r in self.rules}
+        types = {f["name"]: f["type"] for f in self.reader_schema["fields"]}
+        reader = self.schema_.versions[-1]
+        uses = [("event.key", self.event.key), ("event.time", self.event.time)]
+        uses += [("event.identity", f) for f in self.event.identity]
+        uses += [(f"rules ({r.kind})", r.field) for r in self.rules]
         for view in self.views:
-            named |= set(view.key)
+            uses += [(f"view {view.name!r} key", k) for k in view.key]
             if isinstance(view, LatestView):
-                named |= {view.version, *(view.columns or [])}
+                uses += [(f"view {view.name!r} version", view.version)]
+                uses += [(f"view {view.name!r} columns", c) for c in view.columns or []]
             else:
-                named |= {a.column for a in view.aggregates if a.column} | (
-                    {view.time} if view.time else set()
-                )
-        unknown = named - fields
-        if unknown:
+                uses += [(f"view {view.name!r} time", view.time)] if view.time else []
+                for a in view.aggregates:
+                    if a.column is None:
+                        continue
+                    where = f"view {view.name!r} aggregate {a.name!r}"
+                    uses.append((where, a.column))
+                    if a.column in types and a.fn != "count" and not _is_numeric(types[a.column]):
+                        raise ValueError(
+                            f"{where}: {a.fn} over {a.column!r}, which is not numeric in {reader} "
+                            "(aggregate a number, or use count)"
+                        )
+        missing = [f"{where}: {name!r}" for where, name in uses if name not in types]
+        if missing:
             raise ValueError(
-                f"fields not in the reader schema {self.schema_.versions[-1]}: {sorted(unknown)}"
+                f"fields not in the reader schema {reader}: {'; '.join(missing)} "
+                f"(fields there: {sorted(types)})"
             )
         if len({v.name for v in self.views}) != len(self.views):
             raise ValueError("view names must be unique")
@@ -210,19 +318,39 @@ class Pipeline(Strict):
         )
 
 
+def _is_numeric(avro_type: Any) -> bool:
+    if isinstance(avro_type, list):
+        branches = [t for t in avro_type if t != "null"]
+        return bool(branches) and all(_is_numeric(t) for t in branches)
+    if isinstance(avro_type, dict):
+        return avro_type.get("type") in _NUMERIC and "logicalType" not in avro_type
+    return avro_type in _NUMERIC
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(file)"
+        lines.append(f"  {where}: {err['msg'].removeprefix('Value error, ')}")
+    return "\n".join(lines)
+
+
 def load(path: Path, *, schemas_dir: Path) -> Pipeline:
     try:
         raw = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read pipeline file {path}: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigurationError(
-            f"cannot read pipeline file {path}: {exc}", fix="fix the TOML syntax"
-        ) from exc
+            f"pipeline file {path} is not valid TOML: {exc}", fix="fix the TOML syntax at the place named"
+        ) from None
     try:
         return Pipeline.model_validate({**raw, "schemas_dir": schemas_dir})
-    except (ValidationError, OSError) as exc:
+    except ValidationError as exc:
         raise ConfigurationError(
-            f"invalid pipeline file {path}:\n{exc}", fix="correct the fields named above"
-        ) from exc
+            f"invalid pipeline file {path}:\n{_describe(exc)}",
+            fix=f"correct the fields named above in {path}",
+        ) from None
 
 
 def load_pipeline(name: str, *, pipelines_dir: Path, schemas_dir: Path, topic_prefix: str = "") -> Pipeline:

@@ -14,20 +14,52 @@ The same code talks to the embedded services or to real clusters by configuratio
 from __future__ import annotations
 
 import json
+import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
+
+from lambdalake.errors import ConfigurationError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+MASK = "**********"
+#: Words that mark a free-form setting (``LAMBDALAKE_KAFKA__EXTRA``) as a secret.
+SECRET_WORDS = ("password", "secret", "token", "key", "credential")
+_HOST = r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+)"
+_HOSTPORT = re.compile(rf"^{_HOST}:(\d{{1,5}})$")
+_SPARK_MASTER = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|yarn|(spark|k8s|mesos)://.+)$")
+
+
+def mask_url(url: str) -> str:
+    """``url`` with any user info (``user:password@``) masked, for logs and error messages."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=f"{MASK}@{parts.netloc.rpartition('@')[2]}"))
+
+
+def is_secret_name(name: str) -> bool:
+    return any(word in name.lower() for word in SECRET_WORDS)
+
+
+def _port(value: str) -> bool:
+    return value.isdigit() and 1 <= int(value) <= 65535
 
 
 class KafkaSettings(BaseModel):
     """Connection to the Kafka cluster (librdkafka names in ``client_config``)."""
 
-    bootstrap_servers: str = "127.0.0.1:9092"
+    bootstrap_servers: str = Field(
+        "127.0.0.1:9092",
+        description="comma-separated host:port pairs",
+        examples=["broker-1:9092,broker-2:9092"],
+    )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: str | None = None
     sasl_username: str | None = None
@@ -39,7 +71,16 @@ class KafkaSettings(BaseModel):
     #: Any further librdkafka properties, passed through unchanged (e.g. ``{"client.rack": "a"}``).
     extra: dict[str, str] = Field(default_factory=dict)
     #: Seconds to wait for the cluster before a command gives up with an error naming the fix.
-    connect_timeout_s: float = 5.0
+    connect_timeout_s: float = Field(5.0, gt=0, description="seconds, above 0", examples=["10"])
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _bootstrap(cls, value: str) -> str:
+        addresses = [a.strip() for a in value.split(",") if a.strip()]
+        bad = [a for a in addresses if not (m := _HOSTPORT.match(a)) or not _port(m.group(2))]
+        if not addresses or bad:
+            raise ValueError(f"{bad or value!r} is not a list of host:port with ports 1-65535")
+        return ",".join(addresses)
 
     def client_config(self) -> dict[str, Any]:
         """librdkafka configuration shared by every producer, consumer and admin client."""
@@ -64,11 +105,27 @@ class KafkaSettings(BaseModel):
 class RegistrySettings(BaseModel):
     """Confluent-compatible schema registry."""
 
-    url: str = "http://127.0.0.1:8081"
+    url: str = Field(
+        "http://127.0.0.1:8081", description="an http(s) URL", examples=["https://registry.example.com:8081"]
+    )
     basic_auth_user_info: SecretStr | None = None
     #: Compacted topic where the embedded registry keeps its state (as Confluent's does).
     schemas_topic: str = "_schemas"
-    default_compatibility: str = "BACKWARD"
+    default_compatibility: Literal[
+        "NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE"
+    ] = "BACKWARD"
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        try:
+            port_ok = parts.port is None or 1 <= parts.port <= 65535
+        except ValueError:
+            port_ok = False
+        if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+            raise ValueError(f"{mask_url(value)!r} is not an http(s) URL with a host and a valid port")
+        return value.rstrip("/")
 
     def client_config(self) -> dict[str, Any]:
         conf: dict[str, Any] = {"url": self.url}
@@ -80,11 +137,16 @@ class RegistrySettings(BaseModel):
 class CassandraSettings(BaseModel):
     """Cassandra cluster holding speed and batch views."""
 
-    contact_points: list[str] = Field(default_factory=lambda: ["127.0.0.1"])
-    port: int = 9042
+    contact_points: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1"],
+        min_length=1,
+        description="a JSON list of host names",
+        examples=['["cass-1","cass-2"]'],
+    )
+    port: int = Field(9042, ge=1, le=65535, description="a port number 1-65535", examples=["9042"])
     keyspace: str = "lambdalake"
     #: v3 is the newest protocol Cassandra 2.1 speaks, and 4.x/5.x still accept it.
-    protocol_version: int = 3
+    protocol_version: int = Field(3, ge=3, le=6, description="a CQL protocol version 3-6", examples=["4"])
     username: str | None = None
     password: SecretStr | None = None
     #: CQL replication map used when the deploy step creates the keyspace.
@@ -97,15 +159,26 @@ class CassandraSettings(BaseModel):
     batch_rows: int = Field(default=32, ge=1, le=500)
     #: Embedded server only.
     heap: str = "512M"
-    storage_port: int = 7000
+    storage_port: int = Field(7000, ge=1, le=65535, description="a port number 1-65535", examples=["7000"])
 
 
 class SparkSettings(BaseModel):
     #: ``local[2,4]``: two cores, and a failed task (a broker or registry hiccup) is retried up to
     #: 4 times instead of failing the query at once, as on a cluster.
-    master: str = "local[2,4]"
+    master: str = Field(
+        "local[2,4]",
+        description="local[N], local[N,F], spark://host:port, k8s://https://host:port or yarn",
+        examples=["spark://spark-master:7077"],
+    )
     #: Extra Spark conf, e.g. ``{"spark.executor.memory": "4g"}``.
     conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("master")
+    @classmethod
+    def _master(cls, value: str) -> str:
+        if not _SPARK_MASTER.match(value):
+            raise ValueError(f"{value!r} is not a Spark master URL")
+        return value
 
 
 class Settings(BaseSettings):
@@ -128,7 +201,7 @@ class Settings(BaseSettings):
     pipelines_dir: Path = PROJECT_ROOT / "pipelines"
     schemas_dir: Path = PROJECT_ROOT / "schemas"
     #: Length of an ingest epoch: the unit the batch layer covers and serving merges on.
-    epoch_seconds: int = 3600
+    epoch_seconds: int = Field(3600, gt=0, description="a whole number of seconds above 0", examples=["3600"])
     #: Put before every pipeline's topic name (and so its dead-letter topic), e.g. ``staging.``, so
     #: several environments or runs can share one Kafka cluster. Schema subjects are not prefixed.
     topic_prefix: str = ""
@@ -141,8 +214,17 @@ class Settings(BaseSettings):
         return value if "://" in value else str(Path(value).expanduser().absolute())
 
     def safe_dump(self) -> dict[str, Any]:
-        """The settings as a dict with every secret masked, for ``status`` and logs."""
-        return self.model_dump(mode="json")
+        """The settings as a dict with every secret masked, for ``status`` and logs: ``SecretStr``
+        fields, free-form values whose names mark them as secrets, and user info inside URLs."""
+        dump = self.model_dump(mode="json")
+        for group in ("kafka", "spark"):
+            free = dump[group]["extra" if group == "kafka" else "conf"]
+            for name in free:
+                if is_secret_name(name):
+                    free[name] = MASK
+        dump["registry"]["url"] = mask_url(dump["registry"]["url"])
+        dump["storage_root"] = mask_url(dump["storage_root"])
+        return dump
 
     def to_env(self) -> dict[str, str]:
         """Environment variables that rebuild these settings in a child process (secrets included:
@@ -166,6 +248,61 @@ class Settings(BaseSettings):
         return env
 
 
+def _field_info(loc: tuple[Any, ...]) -> Any:
+    model: Any = Settings
+    info = None
+    for part in loc:
+        fields = getattr(model, "model_fields", {})
+        if part not in fields:
+            break
+        info = fields[part]
+        model = info.annotation
+    return info
+
+
+def _json(value: str) -> bool:
+    try:
+        json.loads(value)
+    except ValueError:
+        return False
+    return True
+
+
+def settings_error(exc: ValidationError | SettingsError) -> ConfigurationError:
+    """A settings error as the user should see it: each variable, the expected form and an example."""
+    if isinstance(exc, SettingsError):
+        # pydantic-settings fails this way on a value that must be JSON (lists, dicts) and is not.
+        match = re.search(r'field "([^"]+)"', str(exc))
+        prefix = f"LAMBDALAKE_{(match.group(1) if match else '').upper()}"
+        bad = sorted(n for n, value in os.environ.items() if n.startswith(prefix) and not _json(value))
+        variable = " / ".join(bad) or prefix
+        return ConfigurationError(
+            f"setting {variable} must be JSON (a list or an object) and is not",
+            fix='e.g. LAMBDALAKE_KAFKA__EXTRA=\'{"client.rack": "a"}\', '
+            'LAMBDALAKE_CASSANDRA__CONTACT_POINTS=\'["cass-1", "cass-2"]\'',
+        )
+    lines, fixes = [], []
+    for err in exc.errors():
+        loc = tuple(str(part) for part in err["loc"] if not isinstance(part, int))
+        variable = "LAMBDALAKE_" + "__".join(loc).upper()
+        info = _field_info(loc)
+        expected = (info.description if info is not None else None) or err["msg"]
+        example = (info.examples or [None])[0] if info is not None and info.examples else None
+        given = err.get("input")
+        if isinstance(given, str):
+            given = mask_url(given)
+        shown = MASK if is_secret_name(variable) else repr(given)
+        message = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{variable}={shown[:80]}: {message} (expected {expected})")
+        fixes.append(f"{variable}={example}" if example is not None else f"{variable} as {expected}")
+    return ConfigurationError("invalid settings:\n  " + "\n  ".join(lines), fix="set " + "; ".join(fixes))
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    return Settings()
+    """The settings from the environment; a bad value raises :class:`ConfigurationError` naming the
+    variable, the form it expects and an example."""
+    try:
+        return Settings()
+    except (ValidationError, SettingsError) as exc:
+        raise settings_error(exc) from None
