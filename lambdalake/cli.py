@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -22,6 +22,9 @@ from rich.table import Table
 from lambdalake.errors import LambdalakeError
 from lambdalake.pipeline import Pipeline, configured_pipeline, list_pipelines
 from lambdalake.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from lambdalake.produce.producer import ProduceStats
 
 
 class LogLevel(StrEnum):
@@ -270,7 +273,7 @@ def produce(
     """
     from lambdalake.produce.generator import Mix
     from lambdalake.produce.generator import generate as generate_records
-    from lambdalake.produce.producer import EventProducer
+    from lambdalake.produce.producer import EventProducer, ProducerFailed
 
     if (file is None) == (generate is None):
         raise LambdalakeError(
@@ -292,6 +295,11 @@ def produce(
         lines = None
         total: int | None = generate
     else:
+        if str(file) != "-" and not Path(file).is_file():
+            raise LambdalakeError(
+                f"input file {file} does not exist or is not a file",
+                fix="check the path given to --file (or use '-' to read standard input)",
+            )
         stream = sys.stdin.buffer if str(file) == "-" else open(file, "rb")  # noqa: SIM115
         lines = (line for line in stream if line.strip())
         records = None
@@ -305,43 +313,68 @@ def produce(
         TextColumn("{task.fields[rate]:>9,.0f} ev/s"), TimeElapsedColumn(),
         console=console, transient=True, disable=not console.is_terminal,
     )  # fmt: skip
+    failure: str | None = None
     with _interruptible() as stop, progress:
         task = progress.add_task("produce", total=total, rate=0.0)
         source = records if records is not None else lines
         assert source is not None
-        for item in source:
-            if stop[0]:
-                console.print("[yellow]interrupted: flushing what is in flight...[/]")
-                break
-            if records is not None:
-                if saved:
-                    saved.write(json.dumps(item) + "\n")
-                producer.send(item)
-            else:
-                producer.send_json_line(item)
-            count += 1
-            if rate:
-                ahead = count / rate - (time.monotonic() - t0)
-                if ahead > 0:
-                    producer.poll(ahead)
-            if count % 5000 == 0:
-                progress.update(task, completed=count, rate=count / max(time.monotonic() - t0, 1e-9))
+        try:
+            for item in source:
+                if stop[0]:
+                    console.print("[yellow]interrupted: flushing what is in flight...[/]")
+                    break
+                if records is not None:
+                    if saved:
+                        saved.write(json.dumps(item) + "\n")
+                    producer.send(item)
+                else:
+                    producer.send_json_line(item)
+                count += 1
+                if rate:
+                    ahead = count / rate - (time.monotonic() - t0)
+                    if ahead > 0:
+                        producer.poll(ahead)
+                if count % 5000 == 0:
+                    progress.update(task, completed=count, rate=count / max(time.monotonic() - t0, 1e-9))
+        except ProducerFailed as exc:
+            failure = f"the Kafka producer failed fatally: {exc}"
+        except OSError as exc:
+            failure = f"reading the input failed: {exc}"
         stats = producer.flush()
     if saved:
         saved.close()
     elapsed = time.monotonic() - t0
+    _produce_summary(stats, count, elapsed)
+    if stats.fatal and failure is None:
+        failure = f"the Kafka producer failed fatally: {stats.fatal}"
+    if failure:
+        console.print(f"[red]✘ {escape(failure)}[/]")
+        console.print(
+            "[yellow]fix:[/] check the broker (`lambdalake status`), then produce the records not "
+            "acknowledged again: the topic's readers deduplicate by identity"
+        )
+    if stats.unacknowledged or failure:
+        if stats.unacknowledged:
+            console.print(f"[red]✘ {stats.unacknowledged} record(s) were not acknowledged by the broker[/]")
+        raise typer.Exit(1)
+
+
+def _produce_summary(stats: ProduceStats, count: int, elapsed: float) -> None:
     summary = Table.grid(padding=(0, 2))
     summary.add_row("sent", f"{stats.sent:,}", "acknowledged", f"{stats.acked:,}")
     summary.add_row("rejected (DLQ)", f"{stats.rejected:,}", "DLQ acknowledged", f"{stats.dlq_acked:,}")
+    summary.add_row("not acknowledged", f"{stats.unacknowledged:,}", "lines read", f"{count:,}")
     summary.add_row("rate", f"{count / max(elapsed, 1e-9):,.0f} records/s", "elapsed", f"{elapsed:.1f}s")
     console.print(summary)
     for rule, n in stats.rejected_by_rule.most_common():
-        console.print(f"  [dim]rejected by {rule}: {n}[/]")
-    if stats.unacknowledged:
-        for err, n in stats.errors.most_common(5):
-            console.print(f"  [red]{n} x {err}[/]")
-        console.print(f"[red]✘ {stats.unacknowledged} record(s) were not acknowledged by the broker[/]")
-        raise typer.Exit(1)
+        console.print(f"  [dim]rejected by {escape(rule)}: {n}[/]")
+    if stats.rejects_written:
+        console.print(
+            f"[yellow]{stats.rejects_written} refused record(s) were too large for the DLQ; kept with "
+            f"their reasons in {stats.rejects_file}[/]"
+        )
+    for err, n in stats.errors.most_common(5):
+        console.print(f"  [red]{n} x {escape(err)}[/]")
 
 
 @app.command()

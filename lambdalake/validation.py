@@ -96,8 +96,17 @@ def compile_schema_check(schema: dict[str, Any], parsed_schema: Any) -> Check:
     for f in schema["fields"]:
         fields.append((f["name"], "default" in f, _type_test(f["type"], named), _describe(f["type"])))
     needs_fastavro = any(test is None for _, _, test, _ in fields)
+    known = frozenset(f["name"] for f in schema["fields"])
 
     def check(record: Mapping[str, Any], _now: float) -> Rejection | None:
+        if not known.issuperset(record):
+            unknown = sorted(str(k) for k in record if k not in known)
+            if unknown:
+                return Rejection(
+                    "unknown_field",
+                    f"field(s) {unknown} are not in the schema (known: {sorted(known)}); a misspelt "
+                    "optional field would otherwise be stored as null",
+                )
         for name, has_default, test, expected in fields:
             if name not in record:
                 if has_default:

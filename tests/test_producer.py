@@ -75,7 +75,8 @@ def test_older_schema_version_is_registered_and_used(services: Settings, unique:
     v2 = EventProducer(settings=services, pipeline=pipeline, prepare=False)
     assert v1.schema_id != v2.schema_id
     record = next(generate("telemetry", 1, seed=1, mix=Mix(duplicates=0, invalid=0, late=0)))
-    assert v1.send(dict(record)) is None and v1.flush().acked == 1
+    v1_fields = {f["name"] for f in json.loads(pipeline.schema_text(1))["fields"]}
+    assert v1.send({k: v for k, v in record.items() if k in v1_fields}) is None and v1.flush().acked == 1
     msg = consume_all(services, pipeline.topic.name)[0]
     assert int.from_bytes(msg.value()[1:5], "big") == v1.schema_id
 

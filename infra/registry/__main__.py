@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 
 from infra.registry.server import make_server
@@ -26,23 +25,15 @@ def main() -> int:
     )
     server = make_server(store, args.host, args.port)
     logging.info(
-        "schema registry on http://%s:%d (state in topic %s, %d schemas replayed)",
+        "schema registry on http://%s:%d (state in topic %s, %d schemas read)",
         args.host,
         args.port,
         store.topic,
         len(store.state.schemas),
     )
-
-    def shutdown(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, shutdown)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        server.run()  # uvicorn stops on SIGTERM/SIGINT
     finally:
-        server.server_close()
         store.close()
     return 0
 

@@ -1,240 +1,292 @@
-"""HTTP front of the registry: the Confluent Schema Registry REST routes confluent-kafka's client uses."""
+"""HTTP front of the registry: the Confluent Schema Registry REST routes confluent-kafka's client uses,
+on FastAPI/Starlette (served by uvicorn), answering every error in Confluent's form
+``{"error_code": ..., "message": ...}``.
+
+Request parsing, size limits and content types are checked before any route runs, so a wrong-shaped
+request gets a 4xx answer and never reaches Kafka.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-import re
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-from urllib.parse import parse_qs, unquote, urlparse
+import unicodedata
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infra.registry.store import KafkaBackedStore, RegistryError
 
 log = logging.getLogger("lambdalake.registry")
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
-Handler = Callable[["Request"], Any]
-ROUTES: list[tuple[str, re.Pattern[str], str]] = []
+#: Content types Confluent's registry accepts for request bodies.
+ACCEPTED_TYPES = (
+    "application/vnd.schemaregistry.v1+json",
+    "application/vnd.schemaregistry+json",
+    "application/json",
+    "application/octet-stream",
+)
+#: Largest schema accepted, in bytes of its JSON text. The broker refuses records near 1 MB, and a
+#: schema that large is a generated mistake rather than an event definition.
+MAX_SCHEMA_BYTES = 256 * 1024
+#: Request bodies carry one schema and a little JSON around it.
+MAX_BODY_BYTES = MAX_SCHEMA_BYTES + 64 * 1024
+MAX_SUBJECT_CHARS = 255
 
 
-def route(method: str, pattern: str) -> Callable[[Handler], Handler]:
-    def register(fn: Handler) -> Handler:
-        ROUTES.append((method, re.compile(f"^{pattern}$"), fn.__name__))
-        return fn
-
-    return register
+class RegistryResponse(JSONResponse):
+    media_type = CONTENT_TYPE
 
 
-class Request:
-    def __init__(
-        self, store: KafkaBackedStore, params: dict[str, str], query: dict[str, list[str]], body: Any
-    ):
-        self.store, self.params, self.query, self.body = store, params, query, body
-
-    def flag(self, name: str) -> bool:
-        return self.query.get(name, ["false"])[0].lower() == "true"
-
-    @property
-    def subject(self) -> str:
-        return unquote(self.params["subject"])
-
-    def schema_str(self) -> str:
-        body = self.body or {}
-        if body.get("schemaType", "AVRO") != "AVRO":
-            raise RegistryError(422, 42201, "only AVRO schemas are supported by the embedded registry")
-        if body.get("references"):
-            raise RegistryError(422, 42201, "schema references are not supported by the embedded registry")
-        if "schema" not in body:
-            raise RegistryError(422, 42201, "request body has no 'schema'")
-        return body["schema"]
+def _error(status: int, code: int, message: str) -> RegistryResponse:
+    return RegistryResponse({"error_code": code, "message": message}, status_code=status)
 
 
 def registered(subject: str, version: int, sid: int, schema: str) -> dict[str, Any]:
     return {"subject": subject, "version": version, "id": sid, "schema": schema}
 
 
-class Routes:
-    @staticmethod
-    @route("GET", "/")
-    def root(req: Request) -> Any:
+def check_subject(subject: str) -> str:
+    if not subject or len(subject) > MAX_SUBJECT_CHARS:
+        raise RegistryError(422, 42208, f"Invalid subject: length must be 1-{MAX_SUBJECT_CHARS} characters")
+    bad = [c for c in subject if unicodedata.category(c)[0] == "C"]
+    if bad:
+        raise RegistryError(
+            422, 42208, f"Invalid subject {subject!r}: control characters {sorted(set(map(repr, bad)))}"
+        )
+    return subject
+
+
+async def json_body(request: Request) -> Any:
+    """The request's JSON body, refused with a 4xx before any route logic when it cannot be one."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind and kind not in ACCEPTED_TYPES:
+        raise RegistryError(415, 415, f"HTTP 415 Unsupported Media Type {kind!r}; use {CONTENT_TYPE}")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise RegistryError(
+            413, 413, f"request body of {declared} bytes is above the limit of {MAX_BODY_BYTES} bytes"
+        )
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise RegistryError(413, 413, f"request body is above the limit of {MAX_BODY_BYTES} bytes")
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise RegistryError(400, 400, f"request body is not JSON: {exc}") from None
+
+
+Body = Annotated[Any, Depends(json_body)]
+
+
+def _object(body: Any) -> dict[str, Any]:
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise RegistryError(422, 422, f"request body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+def schema_str(body: Any) -> str:
+    body = _object(body)
+    if body.get("schemaType", "AVRO") != "AVRO":
+        raise RegistryError(422, 42201, "only AVRO schemas are supported by the embedded registry")
+    if body.get("references"):
+        raise RegistryError(422, 42201, "schema references are not supported by the embedded registry")
+    if "schema" not in body:
+        raise RegistryError(422, 42201, "request body has no 'schema'")
+    schema = body["schema"]
+    if not isinstance(schema, str):
+        raise RegistryError(422, 42201, f"'schema' must be a string of JSON, not {type(schema).__name__}")
+    size = len(schema.encode("utf-8", "surrogatepass"))
+    if size > MAX_SCHEMA_BYTES:
+        raise RegistryError(
+            422, 42209, f"Schema of {size} bytes is above the limit of {MAX_SCHEMA_BYTES} bytes"
+        )
+    return schema
+
+
+def level_of(body: Any) -> str:
+    level = _object(body).get("compatibility")
+    if not isinstance(level, str):
+        raise RegistryError(
+            422, 42203, f"Invalid compatibility level {level!r}: give 'compatibility' as a string"
+        )
+    return level
+
+
+def make_app(store: KafkaBackedStore) -> FastAPI:
+    """The registry's ASGI app over ``store``."""
+    app = FastAPI(title="lambdalake schema registry", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(RegistryError)
+    async def registry_error(_request: Request, exc: RegistryError) -> RegistryResponse:
+        return _error(exc.status, exc.code, exc.message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> RegistryResponse:
+        return _error(
+            exc.status_code, exc.status_code, f"HTTP {exc.status_code} {exc.detail}: {request.url.path}"
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> RegistryResponse:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        return _error(422, 422, f"invalid request: {problems}")
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> RegistryResponse:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return _error(500, 50001, f"internal error: {type(exc).__name__}")
+
+    ok = {"response_class": RegistryResponse}
+
+    @app.get("/", **ok)
+    def root() -> Any:
         return {}
 
-    @staticmethod
-    @route("GET", "/schemas/types")
-    def schema_types(req: Request) -> Any:
+    @app.get("/schemas/types", **ok)
+    def schema_types() -> Any:
         return ["AVRO"]
 
-    @staticmethod
-    @route("GET", r"/schemas/ids/(?P<id>\d+)")
-    def schema_by_id(req: Request) -> Any:
-        return {"schema": req.store.schema(int(req.params["id"]))}
+    @app.get("/schemas/ids/{sid}", **ok)
+    def schema_by_id(sid: int) -> Any:
+        return {"schema": store.schema(sid)}
 
-    @staticmethod
-    @route("GET", r"/schemas/ids/(?P<id>\d+)/schema")
-    def raw_schema_by_id(req: Request) -> Any:
-        return json.loads(req.store.schema(int(req.params["id"])))
+    @app.get("/schemas/ids/{sid}/schema", **ok)
+    def raw_schema_by_id(sid: int) -> Any:
+        return json.loads(store.schema(sid))
 
-    @staticmethod
-    @route("GET", r"/schemas/ids/(?P<id>\d+)/(?P<what>subjects|versions)")
-    def usages_of_id(req: Request) -> Any:
-        sid = int(req.params["id"])
-        req.store.schema(sid)
-        uses = [
+    def usages(sid: int, deleted: bool) -> list[tuple[str, int]]:
+        store.schema(sid)
+        return [
             (subject, v)
-            for subject, versions in sorted(req.store.state.subjects.items())
+            for subject, versions in sorted(store.state.subjects.items())
             for v, ver in sorted(versions.items())
-            if ver.id == sid and (req.flag("deleted") or not ver.deleted)
+            if ver.id == sid and (deleted or not ver.deleted)
         ]
-        if req.params["what"] == "subjects":
-            return sorted({s for s, _ in uses})
-        return [{"subject": s, "version": v} for s, v in uses]
 
-    @staticmethod
-    @route("GET", "/subjects")
-    def subjects(req: Request) -> Any:
-        return req.store.subjects(include_deleted=req.flag("deleted"))
+    @app.get("/schemas/ids/{sid}/subjects", **ok)
+    def subjects_of_id(sid: int, deleted: bool = False) -> Any:
+        return sorted({s for s, _ in usages(sid, deleted)})
 
-    @staticmethod
-    @route("GET", r"/subjects/(?P<subject>[^/]+)/versions")
-    def versions(req: Request) -> Any:
-        return list(req.store.live_versions(req.subject, include_deleted=req.flag("deleted")))
+    @app.get("/schemas/ids/{sid}/versions", **ok)
+    def versions_of_id(sid: int, deleted: bool = False) -> Any:
+        return [{"subject": s, "version": v} for s, v in usages(sid, deleted)]
 
-    @staticmethod
-    @route("GET", r"/subjects/(?P<subject>[^/]+)/versions/(?P<version>[^/]+)")
-    def get_version(req: Request) -> Any:
-        v, ver = req.store.version(req.subject, req.params["version"], include_deleted=req.flag("deleted"))
-        return registered(req.subject, v, ver.id, ver.schema)
+    @app.get("/subjects", **ok)
+    def subjects(deleted: bool = False) -> Any:
+        return store.subjects(include_deleted=deleted)
 
-    @staticmethod
-    @route("GET", r"/subjects/(?P<subject>[^/]+)/versions/(?P<version>[^/]+)/schema")
-    def get_version_schema(req: Request) -> Any:
-        return json.loads(req.store.version(req.subject, req.params["version"])[1].schema)
+    @app.get("/subjects/{subject}/versions", **ok)
+    def versions(subject: str, deleted: bool = False) -> Any:
+        return list(store.live_versions(check_subject(subject), include_deleted=deleted))
 
-    @staticmethod
-    @route("POST", r"/subjects/(?P<subject>[^/]+)/versions")
-    def register(req: Request) -> Any:
-        schema = req.schema_str()
-        sid, version = req.store.register(req.subject, schema)
-        log.info("registered %s version %d as id %d", req.subject, version, sid)
-        return registered(req.subject, version, sid, schema)
+    @app.get("/subjects/{subject}/versions/{version}", **ok)
+    def get_version(subject: str, version: str, deleted: bool = False) -> Any:
+        v, ver = store.version(check_subject(subject), version, include_deleted=deleted)
+        return registered(subject, v, ver.id, ver.schema)
 
-    @staticmethod
-    @route("POST", r"/subjects/(?P<subject>[^/]+)")
-    def lookup(req: Request) -> Any:
-        v, ver = req.store.lookup(req.subject, req.schema_str())
-        return registered(req.subject, v, ver.id, ver.schema)
+    @app.get("/subjects/{subject}/versions/{version}/schema", **ok)
+    def get_version_schema(subject: str, version: str) -> Any:
+        return json.loads(store.version(check_subject(subject), version)[1].schema)
 
-    @staticmethod
-    @route("DELETE", r"/subjects/(?P<subject>[^/]+)")
-    def delete_subject(req: Request) -> Any:
-        return req.store.delete_subject(req.subject, permanent=req.flag("permanent"))
+    @app.post("/subjects/{subject}/versions", **ok)
+    def register(subject: str, body: Body) -> Any:
+        schema = schema_str(body)
+        sid, version = store.register(check_subject(subject), schema)
+        log.info("registered %s version %d as id %d", subject, version, sid)
+        return registered(subject, version, sid, schema)
 
-    @staticmethod
-    @route("DELETE", r"/subjects/(?P<subject>[^/]+)/versions/(?P<version>[^/]+)")
-    def delete_version(req: Request) -> Any:
-        return req.store.delete_version(req.subject, req.params["version"], permanent=req.flag("permanent"))
+    @app.post("/subjects/{subject}", **ok)
+    def lookup(subject: str, body: Body) -> Any:
+        schema = schema_str(body)
+        v, ver = store.lookup(check_subject(subject), schema)
+        return registered(subject, v, ver.id, ver.schema)
 
-    @staticmethod
-    @route("POST", r"/compatibility/subjects/(?P<subject>[^/]+)/versions(?:/(?P<version>[^/]+))?")
-    def test_compatibility(req: Request) -> Any:
-        version = req.params.get("version")
+    @app.delete("/subjects/{subject}", **ok)
+    def delete_subject(subject: str, permanent: bool = False) -> Any:
+        return store.delete_subject(check_subject(subject), permanent=permanent)
+
+    @app.delete("/subjects/{subject}/versions/{version}", **ok)
+    def delete_version(subject: str, version: str, permanent: bool = False) -> Any:
+        return store.delete_version(check_subject(subject), version, permanent=permanent)
+
+    def compatibility(subject: str, version: str | None, body: Any, verbose: bool) -> Any:
+        schema = schema_str(body)
+        check_subject(subject)
         if version is not None:
-            req.store.version(req.subject, version)  # 404s like Confluent's for a missing subject/version
-        reasons = req.store.compatibility_errors(req.subject, req.schema_str(), version)
+            store.version(subject, version)  # 404s like Confluent's for a missing subject/version
+        reasons = store.compatibility_errors(subject, schema, version)
         answer: dict[str, Any] = {"is_compatible": not reasons}
-        if req.flag("verbose"):
+        if verbose:
             answer["messages"] = reasons
         return answer
 
-    @staticmethod
-    @route("GET", "/config")
-    def get_global_config(req: Request) -> Any:
-        return {"compatibilityLevel": req.store.level(None)}
+    @app.post("/compatibility/subjects/{subject}/versions", **ok)
+    def test_compatibility_all(subject: str, body: Body, verbose: bool = False) -> Any:
+        return compatibility(subject, None, body, verbose)
 
-    @staticmethod
-    @route("PUT", "/config")
-    def put_global_config(req: Request) -> Any:
-        level = (req.body or {}).get("compatibility", "")
-        req.store.set_level(None, level)
+    @app.post("/compatibility/subjects/{subject}/versions/{version}", **ok)
+    def test_compatibility(subject: str, version: str, body: Body, verbose: bool = False) -> Any:
+        return compatibility(subject, version, body, verbose)
+
+    @app.get("/config", **ok)
+    def get_global_config() -> Any:
+        return {"compatibilityLevel": store.level(None)}
+
+    @app.put("/config", **ok)
+    def put_global_config(body: Body) -> Any:
+        level = level_of(body)
+        store.set_level(None, level)
         return {"compatibility": level.upper()}
 
-    @staticmethod
-    @route("GET", r"/config/(?P<subject>[^/]+)")
-    def get_subject_config(req: Request) -> Any:
-        if req.subject not in req.store.state.configs and not req.flag("defaultToGlobal"):
+    @app.get("/config/{subject}", **ok)
+    def get_subject_config(subject: str, defaultToGlobal: bool = False) -> Any:
+        if check_subject(subject) not in store.state.configs and not defaultToGlobal:
             raise RegistryError(
-                404, 40408, f"Subject '{req.subject}' does not have subject-level compatibility configured"
+                404, 40408, f"Subject '{subject}' does not have subject-level compatibility configured"
             )
-        return {"compatibilityLevel": req.store.level(req.subject)}
+        return {"compatibilityLevel": store.level(subject)}
 
-    @staticmethod
-    @route("PUT", r"/config/(?P<subject>[^/]+)")
-    def put_subject_config(req: Request) -> Any:
-        level = (req.body or {}).get("compatibility", "")
-        req.store.set_level(req.subject, level)
+    @app.put("/config/{subject}", **ok)
+    def put_subject_config(subject: str, body: Body) -> Any:
+        level = level_of(body)
+        store.set_level(check_subject(subject), level)
         return {"compatibility": level.upper()}
 
-    @staticmethod
-    @route("DELETE", r"/config/(?P<subject>[^/]+)")
-    def delete_subject_config(req: Request) -> Any:
-        return {"compatibilityLevel": req.store.delete_level(req.subject)}
+    @app.delete("/config/{subject}", **ok)
+    def delete_subject_config(subject: str) -> Any:
+        return {"compatibilityLevel": store.delete_level(check_subject(subject))}
 
-    @staticmethod
-    @route("GET", "/mode")
-    def get_mode(req: Request) -> Any:
+    @app.get("/mode", **ok)
+    def get_mode() -> Any:
         return {"mode": "READWRITE"}
 
+    return app
 
-def make_server(store: KafkaBackedStore, host: str, port: int) -> ThreadingHTTPServer:
-    class RegistryHandler(BaseHTTPRequestHandler):
-        server_version = "lambdalake-registry/0.1"
 
-        def _dispatch(self, method: str) -> None:
-            url = urlparse(self.path)
-            path = url.path.rstrip("/") or "/"
-            status, payload = 404, {"error_code": 404, "message": f"HTTP 404 Not Found: {method} {path}"}
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
-                body = json.loads(raw) if raw else None
-                for m, pattern, name in ROUTES:
-                    match = pattern.match(path)
-                    if m == method and match:
-                        params = {k: v for k, v in match.groupdict().items() if v is not None}
-                        req = Request(store, params, parse_qs(url.query), body)
-                        status, payload = 200, getattr(Routes, name)(req)
-                        break
-            except RegistryError as exc:
-                status, payload = exc.status, {"error_code": exc.code, "message": exc.message}
-            except json.JSONDecodeError as exc:
-                status, payload = 400, {"error_code": 400, "message": f"request body is not JSON: {exc}"}
-            except Exception as exc:
-                log.exception("internal error on %s %s", method, path)
-                status, payload = 500, {"error_code": 50001, "message": f"internal error: {exc}"}
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", CONTENT_TYPE)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+def make_server(store: KafkaBackedStore, host: str, port: int) -> Any:
+    """A uvicorn server for the registry app (``.run()`` serves until SIGTERM/SIGINT)."""
+    import uvicorn
 
-        def do_GET(self) -> None:
-            self._dispatch("GET")
-
-        def do_POST(self) -> None:
-            self._dispatch("POST")
-
-        def do_PUT(self) -> None:
-            self._dispatch("PUT")
-
-        def do_DELETE(self) -> None:
-            self._dispatch("DELETE")
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("%s - %s", self.address_string(), format % args)
-
-    server = ThreadingHTTPServer((host, port), RegistryHandler)
-    server.daemon_threads = True
-    return server
+    config = uvicorn.Config(
+        make_app(store),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        # Header-size and malformed-request limits are h11's: a garbage or negative Content-Length
+        # gets a 400 from the server before any route runs.
+        http="h11",
+        timeout_keep_alive=30,
+    )
+    return uvicorn.Server(config)

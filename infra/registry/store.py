@@ -9,14 +9,17 @@ Record layout follows Confluent Schema Registry's ``_schemas`` topic: JSON keys
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from infra.registry import compatibility
+
+log = logging.getLogger("lambdalake.registry")
 
 
 class RegistryError(Exception):
@@ -62,7 +65,16 @@ class State:
                 self.subjects.get(subject, {}).pop(version, None)
                 return
             sid, schema = value["id"], value["schema"]
-            self.schemas.setdefault(sid, schema)
+            taken = self.schemas.get(sid)
+            if taken is not None and canonical(taken) != canonical(schema):
+                # An id already names another schema earlier in the log (a write that raced or was
+                # retried past a timeout): the first record wins, in every replay, so an id always
+                # resolves to one schema. The writer of this one sees it lost and retries.
+                return
+            existing = self.subjects.get(subject, {}).get(version)
+            if existing is not None and existing.id != sid:
+                return  # the same rule for a version number taken by another schema
+            self.schemas[sid] = schema
             self.ids_by_canonical.setdefault(canonical(schema), sid)
             self.subjects.setdefault(subject, {})[version] = Version(sid, schema, bool(value.get("deleted")))
         elif key["keytype"] == "CONFIG":
@@ -73,26 +85,73 @@ class State:
 
 
 class KafkaBackedStore:
-    """The registry's state with every change written to ``topic`` before it is applied.
+    """The registry's state, changed only by what the compacted ``topic`` holds.
 
-    Delivery guarantee: a change is acknowledged to the HTTP client only after the broker acked
-    the record (``acks=all``, idempotent producer), so an acknowledged schema id survives restarts.
+    A background reader tails the topic and applies each record (:meth:`State.apply`). A write first
+    waits until the reader has consumed the topic to its end (so ids and versions are assigned from
+    everything the log holds, including a write that timed out earlier but reached the broker), then
+    produces its record and waits until the reader has applied it. The answer comes from the state
+    the log built, as with Confluent's registry: a write is complete only when the registry's own
+    reader has consumed it.
+
+    Delivery guarantee: an id or version is answered only after its record is acknowledged by the
+    broker (``acks=all``, idempotent producer) and applied from the log; since the first record for
+    an id wins in every replay, one id names one schema before and after any restart.
 
     Args:
         kafka_config: librdkafka client config (bootstrap servers and security).
         topic: The compacted state topic. Default in settings: ``_schemas``.
         default_level: Global compatibility level when none was set. Default ``BACKWARD``.
+        timeout_s: How long a write waits for the broker (read to the end, acknowledge, apply) before
+            it fails with a 5xx answer and nothing assigned. Default 20.
     """
 
-    def __init__(self, *, kafka_config: dict[str, Any], topic: str, default_level: str = "BACKWARD") -> None:
+    def __init__(
+        self,
+        *,
+        kafka_config: dict[str, Any],
+        topic: str,
+        default_level: str = "BACKWARD",
+        timeout_s: float = 20.0,
+    ) -> None:
         self.topic = topic
         self.default_level = default_level
+        self.timeout_s = timeout_s
         self.state = State()
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # one writer at a time
+        self._applied = threading.Condition()
+        self._position = 0  # next offset the reader will apply
+        self._reader_error: str | None = None
         self._kafka_config = kafka_config
+        self._stop = threading.Event()
         self._ensure_topic()
-        self._replay()
-        self._producer = Producer({**kafka_config, "enable.idempotence": True, "acks": "all", "linger.ms": 0})
+        self._consumer = Consumer(
+            {
+                **kafka_config,
+                "group.id": "lambdalake-registry-reader",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+        # A consumer of its own for the end offset: a call on the reader's consumer would wait
+        # behind its poll.
+        self._ends = Consumer({**kafka_config, "group.id": "lambdalake-registry-ends"})
+        self._reader = threading.Thread(target=self._read_forever, name="registry-reader", daemon=True)
+        self._reader.start()
+        self.catch_up()
+        # message.timeout.ms below the write timeout: a record librdkafka gave up on is never sent
+        # later behind the registry's back (and were it, the log's first-wins rule keeps ids unique).
+        self._producer = Producer(
+            {
+                **kafka_config,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 0,
+                "message.timeout.ms": int(timeout_s * 1000 * 0.75),
+            }
+        )
 
     def _ensure_topic(self) -> None:
         admin = AdminClient(self._kafka_config)
@@ -106,45 +165,69 @@ class KafkaBackedStore:
                 if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
                     raise
 
-    def _replay(self) -> None:
-        consumer = Consumer(
-            {
-                **self._kafka_config,
-                "group.id": "lambdalake-registry-replay",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-            }
-        )
-        try:
-            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=10)
-            if high <= low:
-                return
-            consumer.assign([TopicPartition(self.topic, 0, low)])
-            position = low
-            while position < high:
-                msg = consumer.poll(5.0)
-                if msg is None:
-                    raise RuntimeError(f"timed out replaying {self.topic} at offset {position} of {high}")
-                if msg.error():
-                    raise KafkaException(msg.error())
-                position = msg.offset() + 1
+    def _read_forever(self) -> None:
+        while not self._stop.is_set():
+            msg = self._consumer.poll(0.2)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    with self._applied:
+                        self._position = max(self._position, msg.offset())
+                        self._applied.notify_all()
+                else:
+                    log.warning("reading %s: %s", self.topic, err.str())
+                continue
+            try:
+                key = json.loads(msg.key())
                 value = msg.value()
-                self.state.apply(json.loads(msg.key()), json.loads(value) if value is not None else None)
-        finally:
-            consumer.close()
+                self.state.apply(key, json.loads(value) if value is not None else None)
+            except (ValueError, KeyError, TypeError) as exc:
+                # A record another writer put there that is not ours to read: skip it, say so.
+                log.error("skipping unreadable record at %s offset %d: %r", self.topic, msg.offset(), exc)
+            with self._applied:
+                self._position = msg.offset() + 1
+                self._applied.notify_all()
+
+    def _wait_applied(self, offset: int, timeout: float) -> None:
+        with self._applied:
+            if not self._applied.wait_for(lambda: self._position >= offset, timeout):
+                raise RegistryError(
+                    500,
+                    50002,
+                    f"the registry could not read {self.topic} up to offset {offset} within {timeout:g}s "
+                    "(is the Kafka broker up?); nothing was changed",
+                )
+
+    def catch_up(self) -> None:
+        """Wait until the reader has applied everything the topic holds now."""
+        try:
+            _low, high = self._ends.get_watermark_offsets(
+                TopicPartition(self.topic, 0), timeout=self.timeout_s
+            )
+        except KafkaException as exc:
+            raise RegistryError(
+                500, 50002, f"cannot read the end of {self.topic} (is the Kafka broker up?): {exc}"
+            ) from None
+        self._wait_applied(high, self.timeout_s)
 
     def _write(self, key: dict[str, Any], value: dict[str, Any] | None) -> None:
-        errors: list[Any] = []
+        """Append one record and wait until the reader has applied it (the caller holds the lock)."""
+        reports: list[tuple[Any, int]] = []
         self._producer.produce(
             self.topic,
             key=json.dumps(key, separators=(",", ":")).encode(),
             value=None if value is None else json.dumps(value, separators=(",", ":")).encode(),
-            on_delivery=lambda err, _msg: errors.append(err),
+            on_delivery=lambda err, msg: reports.append((err, msg.offset())),
         )
-        self._producer.flush(30)
-        if not errors or errors[0] is not None:
-            raise RegistryError(500, 50001, f"could not persist to {self.topic}: {errors or 'timeout'}")
-        self.state.apply(key, value)
+        self._producer.flush(self.timeout_s)
+        if not reports or reports[0][0] is not None:
+            problem = reports[0][0].str() if reports else f"no acknowledgement within {self.timeout_s:g}s"
+            raise RegistryError(
+                500, 50001, f"could not persist to {self.topic}: {problem} (is the Kafka broker up?)"
+            )
+        self._wait_applied(reports[0][1] + 1, self.timeout_s)
 
     # --- reads -----------------------------------------------------------------------------
 
@@ -218,6 +301,7 @@ class KafkaBackedStore:
         """Register under ``subject``; returns (id, version). Idempotent for an already-live schema."""
         validate(schema_str)
         with self._lock:
+            self.catch_up()
             try:
                 v, ver = self.lookup(subject, schema_str)
                 return ver.id, v
@@ -230,18 +314,25 @@ class KafkaBackedStore:
                     f"Schema being registered is incompatible with an earlier schema for subject "
                     f"\"{subject}\" (compatibility {self.level(subject)}), details: {reasons}",
                 )  # fmt: skip
-            sid = self.state.ids_by_canonical.get(canonical(schema_str))
-            if sid is None:
-                sid = max(self.state.schemas, default=0) + 1
-            version = max(self.state.subjects.get(subject, {}), default=0) + 1
-            self._write(
-                {"keytype": "SCHEMA", "subject": subject, "version": version, "magic": 1},
-                {"subject": subject, "version": version, "id": sid, "schema": schema_str, "deleted": False},
-            )
-            return sid, version
+            for _attempt in range(5):
+                sid = self.state.ids_by_canonical.get(canonical(schema_str))
+                if sid is None:
+                    sid = max(self.state.schemas, default=0) + 1
+                version = max(self.state.subjects.get(subject, {}), default=0) + 1
+                self._write(
+                    {"keytype": "SCHEMA", "subject": subject, "version": version, "magic": 1},
+                    {"subject": subject, "version": version, "id": sid, "schema": schema_str,
+                     "deleted": False},
+                )  # fmt: skip
+                won = self.state.subjects.get(subject, {}).get(version)
+                if won is not None and won.id == sid:
+                    return sid, version
+                # Another record took the id or version first in the log: assign again from it.
+            raise RegistryError(500, 50001, f"could not assign an id to a schema of {subject!r}; retry")
 
     def delete_version(self, subject: str, version: str | int, *, permanent: bool) -> int:
         with self._lock:
+            self.catch_up()
             v, ver = self.version(subject, version, include_deleted=permanent)
             if permanent and not ver.deleted:
                 raise RegistryError(
@@ -271,16 +362,22 @@ class KafkaBackedStore:
                 422, 42203, f"Invalid compatibility level {level}; use one of {compatibility.LEVELS}"
             )
         with self._lock:
+            self.catch_up()
             self._write({"keytype": "CONFIG", "subject": subject, "magic": 0}, {"compatibilityLevel": level})
 
     def delete_level(self, subject: str) -> str:
         with self._lock:
+            self.catch_up()
             previous = self.level(subject)
             self._write({"keytype": "CONFIG", "subject": subject, "magic": 0}, None)
             return previous
 
     def close(self) -> None:
+        self._stop.set()
+        self._reader.join(timeout=5)
         self._producer.flush(10)
+        self._consumer.close()
+        self._ends.close()
 
 
 def validate(schema_str: str) -> None:

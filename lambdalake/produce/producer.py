@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from lambdalake.avro import WireEncoder, parse_schema
 from lambdalake.kafka import dlq
@@ -44,13 +46,54 @@ class ProduceStats:
     rejected: int = 0
     dlq_acked: int = 0
     dlq_failed: int = 0
+    #: Refused records even the DLQ could not take (e.g. above the broker's message size): each is
+    #: written with its reason to :attr:`rejects_file`.
+    rejects_written: int = 0
+    rejects_file: Path | None = None
+    #: The producer's fatal error, if one ended the session (nothing more can be sent).
+    fatal: str | None = None
     rejected_by_rule: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
 
     @property
     def unacknowledged(self) -> int:
-        """Records (valid or dead-lettered) the broker did not confirm."""
-        return (self.sent - self.acked) + (self.rejected - self.dlq_acked)
+        """Records (valid or dead-lettered) the broker did not confirm, less those kept in the
+        rejects file."""
+        return (self.sent - self.acked) + (self.rejected - self.dlq_acked - self.rejects_written)
+
+
+class ProducerFailed(Exception):
+    """The Kafka producer hit a fatal error: nothing more can be sent in this session."""
+
+
+class RejectsFile:
+    """A local JSON-lines file for refused records the DLQ could not take, opened on first use.
+
+    Args:
+        path: Where to write. Created (with its folder) on the first record.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: Any = None
+
+    def write(self, *, rule: str, reason: str, error: str, payload: bytes) -> None:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a", encoding="utf-8")
+        entry = {
+            "rule": rule,
+            "reason": reason,
+            "dlq_error": error,
+            "payload_bytes": len(payload),
+            "payload": payload.decode("utf-8", "backslashreplace"),
+        }
+        self._file.write(json.dumps(entry) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
 
 
 def _timestamp_fields(schema: Mapping[str, Any]) -> list[str]:
@@ -87,6 +130,7 @@ class EventProducer:
         producer_config: Mapping[str, Any] | None = None,
         clock: Callable[[], float] = time.time,
         prepare: bool = True,
+        rejects_file: Path | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.stats = ProduceStats()
@@ -101,14 +145,29 @@ class EventProducer:
         self._encoder = WireEncoder(self.schema_id, parsed)
         self._validator = RecordValidator(pipeline.rules, schema=schema, parsed_schema=parsed, now=clock)
         self._ts_fields = _timestamp_fields(schema)
+        self._fields = frozenset(f["name"] for f in schema["fields"])
+        self._drop_unknown = pipeline.event.unknown_fields == "drop"
         self._topic = pipeline.topic.name
         self._dlq = pipeline.topic.dlq
         self._key = pipeline.event.key
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        self._rejects = RejectsFile(
+            rejects_file or settings.state_dir / "rejects" / f"{pipeline.name}-{stamp}-{os.getpid()}.jsonl"
+        )
         self._producer = Producer(
-            {**settings.kafka.client_config(), **PRODUCER_DEFAULTS, **(producer_config or {})}
+            {
+                **settings.kafka.client_config(),
+                **PRODUCER_DEFAULTS,
+                **(producer_config or {}),
+                "error_cb": self._on_error,
+            }
         )
 
     # --- delivery reports (called from poll/flush on this thread) ------------------------------
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal() and self.stats.fatal is None:
+            self.stats.fatal = f"{err.name()}: {err.str()}"
 
     def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
         if err is None:
@@ -117,23 +176,49 @@ class EventProducer:
             self.stats.failed += 1
             self.stats.errors[err.str()] += 1
 
-    def _on_dlq_delivery(self, err: KafkaError | None, _msg: Message) -> None:
-        if err is None:
-            self.stats.dlq_acked += 1
-        else:
-            self.stats.dlq_failed += 1
-            self.stats.errors[f"dlq: {err.str()}"] += 1
+    def _dlq_callback(self, rejection: Rejection, payload: bytes) -> Callable[[Any, Any], None]:
+        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            if err is None:
+                self.stats.dlq_acked += 1
+            elif err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                # The broker refused it for its size: keep it locally rather than lose it.
+                self._keep_locally(rejection, payload, err.str())
+            else:
+                self.stats.dlq_failed += 1
+                self.stats.errors[f"dlq: {err.str()}"] += 1
+
+        return on_delivery
+
+    def _keep_locally(self, rejection: Rejection, payload: bytes, error: str) -> None:
+        self._rejects.write(rule=rejection.rule, reason=rejection.reason, error=error, payload=payload)
+        self.stats.rejects_written += 1
+        self.stats.rejects_file = self._rejects.path
 
     def _produce(
         self, topic: str, key: bytes | None, value: bytes, callback: Any, headers: Any = None
     ) -> None:
+        """Hand one record to librdkafka.
+
+        Raises:
+            ProducerFailed: the producer hit a fatal error (e.g. the broker lost acknowledged
+                sequence numbers); nothing more can be sent in this session.
+            KafkaException: the record itself was refused (e.g. ``MSG_SIZE_TOO_LARGE``).
+        """
         while True:
+            if self.stats.fatal is not None:
+                raise ProducerFailed(self.stats.fatal)
             try:
                 self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=callback)
                 return
             except BufferError:
                 # Local queue full: serve delivery reports until there is room (back-pressure).
                 self._producer.poll(0.05)
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.fatal():
+                    self.stats.fatal = self.stats.fatal or f"{err.name()}: {err.str()}"
+                    raise ProducerFailed(self.stats.fatal) from None
+                raise
 
     # --- public API --------------------------------------------------------------------------
 
@@ -150,52 +235,76 @@ class EventProducer:
     def send(self, record: dict[str, Any], *, original: bytes | None = None) -> Rejection | None:
         """Validate and produce one record. Returns the rejection if it went to the DLQ.
 
+        No record makes this raise except a fatal producer error (:class:`ProducerFailed`): whatever
+        is wrong with the record itself sends it to the DLQ with the reason.
+
         Args:
             record: The event as a dict of the schema's fields.
             original: The record's original bytes (e.g. its JSON line), kept verbatim in the DLQ.
         """
-        if isinstance(record, dict):
-            self._coerce(record)
-        rejection = self._validator.check(record)
-        if rejection is None:
-            try:
-                value = self._encoder.encode(record)
-            except (TypeError, ValueError, OverflowError) as exc:
-                rejection = Rejection("schema", f"cannot encode as Avro: {exc}")
+        try:
+            rejection = self._send(record)
+        except ProducerFailed:
+            raise
+        except KafkaException as exc:
+            rejection = Rejection("kafka", f"the broker client refused the record: {exc.args[0].str()}")
+        except Exception as exc:  # a record nobody foresaw must not end the command or lose the rest
+            rejection = Rejection("unprocessable", f"{type(exc).__name__}: {exc}")
         if rejection is not None:
             self.reject(record, rejection, original=original)
+        return rejection
+
+    def _send(self, record: dict[str, Any]) -> Rejection | None:
+        if isinstance(record, dict):
+            if self._drop_unknown:
+                for name in [k for k in record if k not in self._fields]:
+                    del record[name]
+            self._coerce(record)
+        rejection = self._validator.check(record)
+        if rejection is not None:
             return rejection
+        try:
+            value = self._encoder.encode(record)
+        except (TypeError, ValueError, OverflowError) as exc:
+            return Rejection("schema", f"cannot encode as Avro: {exc}")
         key = record[self._key]
-        self._produce(
-            self._topic, key.encode() if isinstance(key, str) else str(key).encode(), value, self._on_delivery
-        )
+        key_bytes = (key if isinstance(key, str) else str(key)).encode("utf-8")
+        try:
+            self._produce(self._topic, key_bytes, value, self._on_delivery)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                raise
+            return Rejection("too_large", f"the encoded record is {len(value):,} bytes: {exc.args[0].str()}")
         self.stats.sent += 1
         if self.stats.sent % 1000 == 0:
             self._producer.poll(0)
         return None
 
     def reject(self, record: Any, rejection: Rejection, *, original: bytes | None = None) -> None:
-        """Send a refused record to the DLQ with the rule and reason in its headers."""
+        """Send a refused record to the DLQ with the rule and reason in its headers; one the DLQ
+        cannot take (too large) is written to the local rejects file instead."""
         if original is None:
-            original = json.dumps(record, default=str).encode()
+            original = json.dumps(record, default=str).encode("utf-8", "backslashreplace")
         key = record.get(self._key) if isinstance(record, dict) else None
-        self._produce(
-            self._dlq,
-            str(key).encode() if key is not None else None,
-            original,
-            self._on_dlq_delivery,
-            dlq.headers(pipeline=self.pipeline.name, stage="producer", rule=rejection.rule,
-                        reason=rejection.reason),
-        )  # fmt: skip
+        key_bytes = str(key).encode("utf-8", "backslashreplace")[:1024] if key is not None else None
         self.stats.rejected += 1
         self.stats.rejected_by_rule[rejection.rule] += 1
+        try:
+            self._produce(
+                self._dlq, key_bytes, original, self._dlq_callback(rejection, original),
+                dlq.headers(pipeline=self.pipeline.name, stage="producer", rule=rejection.rule,
+                            reason=rejection.reason),
+            )  # fmt: skip
+        except KafkaException as exc:
+            self._keep_locally(rejection, original, exc.args[0].str())
 
     def send_json_line(self, line: bytes) -> Rejection | None:
         """Parse one JSON line and :meth:`send` it; unparsable lines go to the DLQ as ``json``."""
         try:
             record = json.loads(line)
-        except ValueError as exc:
-            rejection = Rejection("json", f"not valid JSON: {exc}")
+        except (ValueError, RecursionError) as exc:
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            rejection = Rejection("json", f"not valid JSON: {reason}")
             self.reject(None, rejection, original=line)
             return rejection
         return self.send(record, original=line)
@@ -208,4 +317,5 @@ class EventProducer:
         remaining = self._producer.flush(timeout)
         if remaining:
             self.stats.errors[f"{remaining} record(s) still queued after {timeout:g}s"] += 1
+        self._rejects.close()
         return self.stats
