@@ -413,6 +413,16 @@ def speed_run(
     log_level: Annotated[
         LogLevel, typer.Option(case_sensitive=False, help="DEBUG adds each micro-batch's phase timings.")
     ] = LogLevel.INFO,
+    broker_wait: Annotated[
+        float, typer.Option(min=1, help="Seconds to wait for a Kafka broker that does not answer, then stop.")
+    ] = 120.0,
+    fail_on_data_loss: Annotated[
+        bool,
+        typer.Option(
+            help="Stop naming the offsets when the broker lost records the job had read; "
+            "--no-fail-on-data-loss goes on past them with a warning."
+        ),
+    ] = True,
 ) -> None:
     """Run the pipeline's streaming queries until SIGTERM/Ctrl-C (checkpoints under the storage root)."""
     import logging
@@ -430,6 +440,8 @@ def speed_run(
         trigger_seconds=trigger,
         max_offsets_per_trigger=max_offsets_per_trigger,
         watermark_delay=watermark_delay,
+        broker_wait_s=broker_wait,
+        fail_on_data_loss=fail_on_data_loss,
     )
     job = SpeedJob(settings=settings, pipeline=_pipeline(pipeline, settings), options=options)
     if not once:

@@ -39,7 +39,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import deploy_speed_tables, speed_table_def
-from lambdalake.errors import ConfigurationError
+from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.master import MasterDataset, table_path
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView, interval_seconds
 from lambdalake.settings import Settings
@@ -68,6 +68,10 @@ class SpeedOptions:
             apart two copies of an event are still recognised as one (:mod:`speed.dedup`).
             Default 10 minutes.
         starting_offsets: Where a query without a checkpoint starts. Default ``earliest``.
+        broker_wait_s: How long the Kafka source retries a broker that does not answer (a restart)
+            before the job stops with an error naming the broker. Default 120 s.
+        fail_on_data_loss: Stop with an error naming the offsets when the broker lost records the
+            job had read (default True); False goes on past them with a warning.
 
     Each Kafka partition's share of a micro-batch is read by one task (the source's
     ``maxRecordsPerPartition`` is not set): deduplication needs a partition's records in one task,
@@ -79,6 +83,8 @@ class SpeedOptions:
     max_offsets_per_trigger: int = 200_000
     watermark_delay: str = "10 minutes"
     starting_offsets: str = "earliest"
+    broker_wait_s: float = 120.0
+    fail_on_data_loss: bool = True
 
 
 def status_file(storage_root: str, pipeline: str) -> str:
@@ -92,6 +98,8 @@ class QueryStats:
     rows: int = 0
     dropped_behind_watermark: int = 0
     last_batch: dict[str, Any] = field(default_factory=dict)
+    #: The checkpoint's query id: batch ids start over when a checkpoint is rebuilt.
+    query_id: str = ""
 
 
 class ProgressLog:
@@ -105,8 +113,15 @@ class ProgressLog:
     def __init__(self, status_file: str, *, interval_s: float = 0.25) -> None:
         self.status_file = status_file
         self.interval_s = interval_s
-        self.stats: dict[str, QueryStats] = {}
-        self._seen: dict[str, tuple[int, str]] = {}
+        # The counts go on from the previous run's (a restart resumes the checkpoint's batch ids);
+        # batches up to the last one recorded are not counted again.
+        previous = json.loads(read_text(status_file) or "{}")
+        self.stats: dict[str, QueryStats] = {name: QueryStats(**s) for name, s in previous.items()}
+        self._seen: dict[str, tuple[int, str]] = {
+            name: (s.last_batch["batch_id"], s.last_batch.get("at", ""))
+            for name, s in self.stats.items()
+            if "batch_id" in s.last_batch
+        }
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -137,6 +152,10 @@ class ProgressLog:
         with self._lock:
             changed = False
             for q in queries:
+                recorded = self.stats.get(q.name)
+                if recorded is not None and recorded.query_id not in ("", str(q.id)):
+                    self.stats[q.name] = QueryStats()  # a new checkpoint: a new history
+                    self._seen.pop(q.name, None)
                 last = q.lastProgress
                 if last is None or self._seen.get(q.name) == (last.batchId, last.timestamp):
                     continue
@@ -163,6 +182,7 @@ class ProgressLog:
                     lag += max(0, int(off) - int((end or {}).get(topic, {}).get(part, 0)))
         dropped = sum(op.numRowsDroppedByWatermark for op in p.stateOperators) if new_batch else 0
         stats = self.stats.setdefault(p.name, QueryStats())
+        stats.query_id = str(p.id)
         if new_batch:
             stats.batches += 1
             stats.rows += p.numInputRows
@@ -242,6 +262,9 @@ class SpeedJob:
             reader.option("subscribe", self.pipeline.topic.name)
             .option("startingOffsets", self.options.starting_offsets)
             .option("maxOffsetsPerTrigger", str(self.options.max_offsets_per_trigger))
+            .option("failOnDataLoss", str(self.options.fail_on_data_loss).lower())
+            .option("fetchOffset.numRetries", str(max(1, int(self.options.broker_wait_s))))
+            .option("fetchOffset.retryIntervalMs", "1000")
             .load()
         )
 
@@ -380,6 +403,16 @@ class SpeedJob:
                     "the same absolute values); for the embedded demo, `make clean`"
                 ),
             )
+        text = str(exc)
+        for marker in ("DATA LOSS", "did not answer"):
+            if marker in text:
+                # The source's own message names the partition, offsets or broker, and the fix.
+                detail = text[text.index(marker if marker == "DATA LOSS" else "the Kafka broker") :]
+                message, _, fix = detail.partition(" Fix: ")
+                return LambdalakeError(
+                    f"query {query.name} stopped: {message.splitlines()[0]}",
+                    fix=fix.splitlines()[0] if fix else None,
+                )
         return RuntimeError(f"query {query.name} stopped: {exc}")
 
     def stop(self) -> None:

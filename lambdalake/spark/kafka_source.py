@@ -15,7 +15,17 @@ Options (as Spark's): ``kafka.<librdkafka property>`` (``kafka.bootstrap.servers
 -1 latest), ``startingTimestamp`` (ms, all partitions), ``endingOffsets`` (batch reads: ``latest`` or
 JSON), ``endingTimestamp`` (batch reads, ms), ``maxOffsetsPerTrigger``, ``maxRecordsPerPartition``,
 ``failOnDataLoss`` (default true), ``includeHeaders`` (default false), ``kafkaConsumer.pollTimeoutMs``
-(default 120000).
+(default 120000), ``fetchOffset.numRetries`` (default 3) and ``fetchOffset.retryIntervalMs`` (default
+1000): how often and how far apart a metadata or offset request the broker did not answer is retried
+before the query fails naming the broker.
+
+Data loss: a broker that loses acknowledged records (a crashed one that had not written them, or an
+unclean leader election) loses the tail of a partition and hands the lost offsets to new records. The
+streaming reader notices both forms: the log's end behind the checkpoint, and the last record read
+no longer being the same record (each planned end carries the offset, timestamp and CRC of the record
+before it, checked when the next batch is planned). With ``failOnDataLoss`` true (the default) the
+query fails naming the partition and offsets; with false it goes on past the checkpoint with a
+warning naming the offsets whose new records it does not read (they would reuse archived coordinates).
 
 Delivery guarantee: the streaming reader's offsets are Kafka's per-partition offsets and live in
 Spark's checkpoint, not in a consumer group; a restarted query re-reads exactly the planned ranges,
@@ -27,7 +37,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+import zlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -67,10 +78,27 @@ ARROW_HEADERS = pa.field(
 
 #: Offsets as Spark's kafka source writes them: {"topic": {"partition": offset}}.
 Offsets = dict[str, dict[str, int]]
+#: Key of the planned end offsets' fingerprints in a streaming offset ('$' is not valid in a topic
+#: name): {"topic/partition": [offset, timestamp_ms, crc32 of the value] | null}.
+CHECK = "$lambdalake.check"
+Fingerprint = list[int] | None
 
 
 class KafkaSourceError(RuntimeError):
     """A problem reading Kafka: the message says which topic/partition and what to do."""
+
+
+class DataLossError(KafkaSourceError):
+    """Records the query read or planned are gone from the log (or were replaced by others)."""
+
+
+class BrokerUnavailableError(KafkaSourceError):
+    """The broker did not answer a metadata or offset request within the configured retries."""
+
+
+def positions(offsets: dict) -> Offsets:
+    """The topic/partition offsets of a streaming offset, without its fingerprints."""
+    return {t: ps for t, ps in offsets.items() if t != CHECK}
 
 
 @dataclass(frozen=True)
@@ -89,6 +117,8 @@ class SourceOptions:
     fail_on_data_loss: bool
     include_headers: bool
     poll_timeout_s: float
+    fetch_retries: int = 3
+    retry_interval_s: float = 1.0
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -118,7 +148,40 @@ class SourceOptions:
             fail_on_data_loss=lower.get("failondataloss", "true").lower() != "false",
             include_headers=lower.get("includeheaders", "false").lower() == "true",
             poll_timeout_s=int(lower.get("kafkaconsumer.polltimeoutms", "120000")) / 1000,
+            fetch_retries=int(lower.get("fetchoffset.numretries", "3")),
+            retry_interval_s=int(lower.get("fetchoffset.retryintervalms", "1000")) / 1000,
         )
+
+    @property
+    def brokers(self) -> str:
+        return self.client_config["bootstrap.servers"]
+
+    def retrying(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()``, retried ``fetch_retries`` times ``retry_interval_s`` apart while the broker does
+        not answer (a restart, a leader election); then :class:`BrokerUnavailableError`."""
+        from confluent_kafka import KafkaException
+
+        attempts = self.fetch_retries + 1
+        t0 = time.monotonic()
+        for attempt in range(1, attempts + 1):
+            try:
+                return call()
+            except (KafkaException, _NoAnswer) as exc:
+                if attempt == attempts:
+                    raise BrokerUnavailableError(
+                        f"the Kafka broker at {self.brokers} did not answer {what} in {attempts} attempts "
+                        f"over {time.monotonic() - t0:.0f}s (last error: {exc}). Fix: start the broker or "
+                        "correct LAMBDALAKE_KAFKA__BOOTSTRAP_SERVERS, then restart the job (it resumes from "
+                        "its checkpoint); to wait longer, raise fetchOffset.numRetries"
+                    ) from None
+                log.warning("%s: no answer from %s (%s); retry %d of %d", what, self.brokers, exc,
+                            attempt, attempts - 1)  # fmt: skip
+                time.sleep(self.retry_interval_s)
+        raise AssertionError("unreachable")
+
+
+class _NoAnswer(Exception):
+    """A request that returned without the broker's answer (retried like a client timeout)."""
 
 
 def _consumer(config: Mapping[str, str]) -> Any:
@@ -143,6 +206,7 @@ class OffsetOracle:
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
         self._consumer = None
+        self._fetcher = None
 
     @property
     def consumer(self) -> Any:
@@ -153,21 +217,22 @@ class OffsetOracle:
     def partitions(self) -> dict[str, list[int]]:
         if self.opts.assign is not None:
             return {t: sorted(ps) for t, ps in self.opts.assign.items()}
-        metadata = self.consumer.list_topics(timeout=30)
+        metadata = self.opts.retrying("a metadata request", lambda: self.consumer.list_topics(timeout=10))
         out = {}
         for topic in self.opts.subscribe:
             meta = metadata.topics.get(topic)
             if meta is None or meta.error is not None:
-                raise KafkaSourceError(
-                    f"topic {topic!r} does not exist on {self.opts.client_config['bootstrap.servers']}"
-                )
+                raise KafkaSourceError(f"topic {topic!r} does not exist on {self.opts.brokers}")
             out[topic] = sorted(meta.partitions)
         return out
 
     def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         from confluent_kafka import TopicPartition
 
-        return self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        return self.opts.retrying(
+            f"the offsets of {topic}-{partition}",
+            lambda: self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10),
+        )
 
     def resolve(self, spec: str, timestamp: int | None, default: int) -> Offsets:
         """Concrete offsets for every partition from an offsets spec or a timestamp."""
@@ -196,7 +261,9 @@ class OffsetOracle:
         from confluent_kafka import TopicPartition
 
         tps = [TopicPartition(t, p, timestamp) for t, ps in parts.items() for p in ps]
-        found = self.consumer.offsets_for_times(tps, timeout=30)
+        found = self.opts.retrying(
+            "an offsets-for-times request", lambda: self.consumer.offsets_for_times(tps, timeout=10)
+        )
         out: Offsets = {}
         for tp in found:
             offset = tp.offset if tp.offset >= 0 else self.watermarks(tp.topic, tp.partition)[1]
@@ -206,10 +273,63 @@ class OffsetOracle:
     def latest(self) -> Offsets:
         return {t: {str(p): self.watermarks(t, p)[1] for p in ps} for t, ps in self.partitions().items()}
 
+    def fingerprints(self, offsets: Offsets) -> dict[str, Fingerprint]:
+        """Offset, timestamp and value CRC of the record just before each offset (null where there is
+        none: offset 0, or a gap left by compaction)."""
+        wanted = {(t, int(p)): o - 1 for t, ps in offsets.items() for p, o in ps.items() if o > 0}
+        found = self.opts.retrying("a fetch of the last planned records", lambda: self._records_at(wanted))
+        return {f"{t}/{p}": found.get((t, int(p))) for t, ps in offsets.items() for p in ps}
+
+    def _records_at(self, wanted: dict[tuple[str, int], int]) -> dict[tuple[str, int], Fingerprint]:
+        from confluent_kafka import KafkaError, TopicPartition
+
+        if not wanted:
+            return {}
+        consumer = self.fetcher
+        consumer.assign([TopicPartition(t, p, o) for (t, p), o in wanted.items()])
+        out: dict[tuple[str, int], Fingerprint] = {}
+        deadline = time.monotonic() + 10
+        try:
+            while len(out) < len(wanted):
+                if time.monotonic() > deadline:
+                    raise _NoAnswer(f"no record or end of partition for {sorted(set(wanted) - set(out))}")
+                for msg in consumer.consume(num_messages=len(wanted), timeout=0.2):
+                    tp = (msg.topic(), msg.partition())
+                    if tp not in wanted or tp in out:
+                        continue
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            out[tp] = None
+                        continue
+                    if msg.offset() != wanted[tp]:
+                        out[tp] = None  # compacted away: nothing to compare
+                        continue
+                    ts_type, ts = msg.timestamp()
+                    out[tp] = [msg.offset(), ts if ts_type else -1, zlib.crc32(msg.value() or b"")]
+        finally:
+            consumer.unassign()
+        return out
+
+    @property
+    def fetcher(self) -> Any:
+        """A consumer that fetches as little as possible: one record per partition is wanted."""
+        if self._fetcher is None:
+            self._fetcher = _consumer(
+                {
+                    **self.opts.client_config,
+                    "queued.min.messages": "1",
+                    "max.partition.fetch.bytes": "65536",
+                    "fetch.max.bytes": "1048576",
+                }
+            )
+        return self._fetcher
+
     def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        for consumer in (self._consumer, self._fetcher):
+            if consumer is not None:
+                consumer.close()
+        self._consumer = self._fetcher = None
 
 
 class KafkaPartition(InputPartition):
@@ -256,7 +376,29 @@ def read_partition(opts: SourceOptions, part: KafkaPartition) -> Iterator[pa.Rec
     consumer = _consumer(opts.client_config)
     try:
         tp = TopicPartition(part.topic, part.partition)
-        low, high = consumer.get_watermark_offsets(tp, timeout=30)
+        low, high = opts.retrying(
+            f"the offsets of {part.topic}-{part.partition}",
+            lambda: consumer.get_watermark_offsets(tp, timeout=10),
+        )
+        until = part.until
+        if high < until:
+            # The offsets were planned from this log's end: a lower end now means the broker lost
+            # acknowledged records (a new leader's end can lag for a moment, so look again first).
+            time.sleep(opts.retry_interval_s)
+            high = consumer.get_watermark_offsets(tp, timeout=10)[1]
+        if high < until:
+            message = (
+                f"DATA LOSS on {part.topic}-{part.partition}: offsets {high}..{until - 1} were in the "
+                f"log when this batch was planned and are gone now (the log ends at {high}): the broker "
+                "lost acknowledged records"
+            )
+            if opts.fail_on_data_loss:
+                raise DataLossError(
+                    f"{message}. Fix: see the README (data loss); produce the lost records again, or "
+                    "set failOnDataLoss=false to go on without them"
+                )
+            log.warning("%s; reading up to %d (failOnDataLoss=false)", message, high)
+            until = high
         begin = part.start
         if begin < low and not part.new:
             message = (
@@ -269,7 +411,7 @@ def read_partition(opts: SourceOptions, part: KafkaPartition) -> Iterator[pa.Rec
                 )
             log.warning("%s; skipping them (failOnDataLoss=false)", message)
         begin = max(begin, low)
-        if begin >= part.until or begin >= high:
+        if begin >= until or begin >= high:
             return
         consumer.assign([TopicPartition(part.topic, part.partition, begin)])
         fields = ARROW_FIELDS + ([ARROW_HEADERS] if opts.include_headers else [])
@@ -281,16 +423,16 @@ def read_partition(opts: SourceOptions, part: KafkaPartition) -> Iterator[pa.Rec
         while not done:
             # consume() waits for num_messages or the timeout: ask for no more than can be left, and
             # wait briefly, so the tail of a range (or a gap at it) costs milliseconds, not seconds.
-            wanted = max(1, min(10_000, part.until - next_offset))
+            wanted = max(1, min(10_000, until - next_offset))
             msgs = consumer.consume(num_messages=wanted, timeout=0.1)
             if not msgs:
                 position = consumer.position([tp])[0].offset
-                if position >= part.until:
+                if position >= until:
                     break
                 if time.monotonic() - last_progress > opts.poll_timeout_s:
                     raise KafkaSourceError(
                         f"{part.topic}-{part.partition}: no record at or after offset {position} within "
-                        f"{opts.poll_timeout_s:g}s (wanted up to {part.until}); is the broker reachable?"
+                        f"{opts.poll_timeout_s:g}s (wanted up to {until}); is the broker reachable?"
                     )
                 continue
             last_progress = time.monotonic()
@@ -298,14 +440,19 @@ def read_partition(opts: SourceOptions, part: KafkaPartition) -> Iterator[pa.Rec
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        if msg.offset() >= part.until:
+                        if msg.offset() >= until:
                             done = True
                             break
                         continue
-                    raise KafkaSourceError(f"{part.topic}-{part.partition}: {err.str()}")
+                    if err.fatal() or (not err.retriable() and err.code() != KafkaError._TRANSPORT):
+                        raise KafkaSourceError(f"{part.topic}-{part.partition}: {err.str()}")
+                    # A broker restart or leader change: librdkafka reconnects and resumes the fetch;
+                    # the poll timeout bounds how long that may take.
+                    log.warning("%s-%d: %s (retrying)", part.topic, part.partition, err.str())
+                    continue
                 offset = msg.offset()
                 next_offset = offset + 1
-                if offset >= part.until:
+                if offset >= until:
                     done = True
                     break
                 ts_type, ts = msg.timestamp()
@@ -319,7 +466,7 @@ def read_partition(opts: SourceOptions, part: KafkaPartition) -> Iterator[pa.Rec
                 cols[6].append(ts_type - 1 if ts_type else -1)
                 if opts.include_headers:
                     cols[7].append([{"key": k, "value": v} for k, v in (msg.headers() or [])])
-                if offset >= part.until - 1:
+                if offset >= until - 1:
                     done = True
                     break
             if len(cols[0]) >= ARROW_BATCH_ROWS:
@@ -340,10 +487,11 @@ class KafkaStreamReader(DataSourceStreamReader):
         self.opts = opts
         self._oracle: OffsetOracle | None = None
         self._latest: Offsets | None = None
+        self._checked_at = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
         # A live consumer does not travel to executors.
-        return {"opts": self.opts, "_oracle": None, "_latest": None}
+        return {"opts": self.opts, "_oracle": None, "_latest": None, "_checked_at": 0.0}
 
     @property
     def oracle(self) -> OffsetOracle:
@@ -360,6 +508,8 @@ class KafkaStreamReader(DataSourceStreamReader):
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        checks: dict[str, Fingerprint] = start.get(CHECK, {})
+        start = positions(start)
         latest = self._latest = self.oracle.latest()
         for topic, ps in start.items():
             missing = set(ps) - set(latest.get(topic, {}))
@@ -368,9 +518,70 @@ class KafkaStreamReader(DataSourceStreamReader):
                 if self.opts.fail_on_data_loss:
                     raise KafkaSourceError(f"{message}; set failOnDataLoss=false to go on without them")
                 log.warning("%s; going on without them", message)
-        if not isinstance(limit, ReadMaxRows):
-            return latest
-        return rate_limit(start, latest, limit.max_rows)
+        lost = self._lost(start, latest, checks)
+        end = rate_limit(start, latest, limit.max_rows) if isinstance(limit, ReadMaxRows) else latest
+        # Never plan behind the checkpoint: new records at offsets the broker handed out again would
+        # reuse coordinates bronze already holds.
+        end = {t: {p: max(o, start.get(t, {}).get(p, 0)) for p, o in ps.items()} for t, ps in end.items()}
+        moved = {t: {p: o for p, o in ps.items() if o != start.get(t, {}).get(p)} for t, ps in end.items()}
+        fingerprints = {k: v for k, v in checks.items() if k not in lost}
+        fingerprints.update({k: None for k in lost})
+        fingerprints.update(self.oracle.fingerprints(moved))
+        return {**end, CHECK: fingerprints}
+
+    def _lost(self, start: Offsets, latest: Offsets, checks: dict[str, Fingerprint]) -> set[str]:
+        """Partitions whose log lost records the query had read: its end is behind the checkpoint,
+        or the last record read is not the same record any more. Raises :class:`DataLossError`
+        unless ``failOnDataLoss`` is false."""
+        problems: dict[str, str] = {}
+        for topic, ps in start.items():
+            for p, offset in ps.items():
+                end = latest.get(topic, {}).get(p)
+                if end is not None and end < offset:
+                    problems[f"{topic}/{p}"] = (
+                        f"{topic}-{p}: the log ends at offset {end} but the checkpoint has read up to "
+                        f"{offset - 1}: offsets {end}..{offset - 1} were lost by the broker"
+                    )
+        # Partitions about to be read are checked at every trigger; idle ones once a second (their
+        # next records are checked before they are read, and an idle query asks every few ms).
+        reading = {
+            f"{t}/{p}" for t, ps in latest.items() for p, o in ps.items() if o > start.get(t, {}).get(p, o)
+        }
+        due = time.monotonic() - self._checked_at >= 1.0
+        known = {
+            k: v for k, v in checks.items() if v is not None and k not in problems and (due or k in reading)
+        }
+        if due:
+            self._checked_at = time.monotonic()
+        if known:
+            wanted: Offsets = {}
+            for k, (offset, _ts, _crc) in known.items():
+                topic, _, p = k.rpartition("/")
+                wanted.setdefault(topic, {})[p] = offset + 1
+            now = self.oracle.fingerprints(wanted)
+            for k, then in known.items():
+                if now.get(k) is not None and now[k] != then:
+                    topic, _, p = k.rpartition("/")
+                    problems[k] = (
+                        f"{topic}-{p}: the record at offset {then[0]}, the last one the query read, has "
+                        f"been replaced (timestamp {then[1]} -> {now[k][1]}): the broker lost records up "
+                        f"to offset {then[0]} and gave their offsets to new records"
+                    )
+        if not problems:
+            return set()
+        message = "DATA LOSS: " + "; ".join(problems.values())
+        if self.opts.fail_on_data_loss:
+            raise DataLossError(
+                f"{message}. Fix: see the README (data loss): produce the lost records again, then restart "
+                "with failOnDataLoss=false to go on past them; new records at the reused offsets are "
+                "not read (they would take coordinates the archive already holds)"
+            )
+        log.warning(
+            "%s; going on after the checkpoint's offsets (failOnDataLoss=false): new records at the "
+            "reused offsets before them are not read",
+            message,
+        )
+        return set(problems)
 
     def reportLatestOffset(self) -> dict | None:
         # Spark asks right after latestOffset: answer from that snapshot instead of asking the
@@ -378,7 +589,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         return self._latest
 
     def partitions(self, start: dict, end: dict) -> list[KafkaPartition]:
-        return plan(start, end, max_records=self.opts.max_records_per_partition)
+        return plan(positions(start), positions(end), max_records=self.opts.max_records_per_partition)
 
     def read(self, partition: KafkaPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         return read_partition(self.opts, partition)
