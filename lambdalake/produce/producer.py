@@ -212,13 +212,16 @@ class EventProducer:
                 return
             except BufferError:
                 # Local queue full: serve delivery reports until there is room (back-pressure).
-                self._producer.poll(0.05)
+                self.poll(0.05)
             except KafkaException as exc:
-                err = exc.args[0]
-                if err.fatal():
-                    self.stats.fatal = self.stats.fatal or f"{err.name()}: {err.str()}"
-                    raise ProducerFailed(self.stats.fatal) from None
+                if exc.args[0].fatal():
+                    self._fatal(exc)
                 raise
+
+    def _fatal(self, exc: KafkaException) -> None:
+        err = exc.args[0]
+        self.stats.fatal = self.stats.fatal or f"{err.name()}: {err.str()}"
+        raise ProducerFailed(self.stats.fatal) from None
 
     # --- public API --------------------------------------------------------------------------
 
@@ -277,7 +280,7 @@ class EventProducer:
             return Rejection("too_large", f"the encoded record is {len(value):,} bytes: {exc.args[0].str()}")
         self.stats.sent += 1
         if self.stats.sent % 1000 == 0:
-            self._producer.poll(0)
+            self.poll(0)
         return None
 
     def reject(self, record: Any, rejection: Rejection, *, original: bytes | None = None) -> None:
@@ -310,11 +313,25 @@ class EventProducer:
         return self.send(record, original=line)
 
     def poll(self, timeout: float = 0) -> None:
-        self._producer.poll(timeout)
+        """Serve delivery reports for up to ``timeout`` seconds.
+
+        Raises:
+            ProducerFailed: the producer hit a fatal error.
+        """
+        try:
+            self._producer.poll(timeout)
+        except KafkaException as exc:
+            self._fatal(exc)
 
     def flush(self, timeout: float = 120.0) -> ProduceStats:
         """Wait for every delivery report (up to ``timeout``); what is still queued counts as failed."""
-        remaining = self._producer.flush(timeout)
+        try:
+            remaining = self._producer.flush(timeout)
+        except KafkaException as exc:
+            # A fatal error raises from flush: every record still queued fails with it, and the
+            # counts say how many were not acknowledged.
+            self.stats.fatal = self.stats.fatal or f"{exc.args[0].name()}: {exc.args[0].str()}"
+            remaining = len(self._producer)
         if remaining:
             self.stats.errors[f"{remaining} record(s) still queued after {timeout:g}s"] += 1
         self._rejects.close()
