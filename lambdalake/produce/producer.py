@@ -96,6 +96,14 @@ class RejectsFile:
             self._file.close()
 
 
+def _describe_fatal(exc: BaseException) -> str:
+    while not isinstance(exc, KafkaException) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    if isinstance(exc, KafkaException):
+        return f"{exc.args[0].name()}: {exc.args[0].str()}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _timestamp_fields(schema: Mapping[str, Any]) -> list[str]:
     return [
         f["name"] for f in schema["fields"]
@@ -218,9 +226,8 @@ class EventProducer:
                     self._fatal(exc)
                 raise
 
-    def _fatal(self, exc: KafkaException) -> None:
-        err = exc.args[0]
-        self.stats.fatal = self.stats.fatal or f"{err.name()}: {err.str()}"
+    def _fatal(self, exc: Exception) -> None:
+        self.stats.fatal = self.stats.fatal or _describe_fatal(exc)
         raise ProducerFailed(self.stats.fatal) from None
 
     # --- public API --------------------------------------------------------------------------
@@ -320,17 +327,18 @@ class EventProducer:
         """
         try:
             self._producer.poll(timeout)
-        except KafkaException as exc:
+        except (KafkaException, SystemError) as exc:
             self._fatal(exc)
 
     def flush(self, timeout: float = 120.0) -> ProduceStats:
         """Wait for every delivery report (up to ``timeout``); what is still queued counts as failed."""
         try:
             remaining = self._producer.flush(timeout)
-        except KafkaException as exc:
-            # A fatal error raises from flush: every record still queued fails with it, and the
-            # counts say how many were not acknowledged.
-            self.stats.fatal = self.stats.fatal or f"{exc.args[0].name()}: {exc.args[0].str()}"
+        except (KafkaException, SystemError) as exc:
+            # A fatal error raises from flush (confluent-kafka then calls the delivery callbacks
+            # with that exception still set, which surfaces as SystemError): every record still
+            # queued fails with it, and the counts say how many were not acknowledged.
+            self.stats.fatal = self.stats.fatal or _describe_fatal(exc)
             remaining = len(self._producer)
         if remaining:
             self.stats.errors[f"{remaining} record(s) still queued after {timeout:g}s"] += 1
