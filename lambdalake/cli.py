@@ -199,18 +199,30 @@ def schemas_check(
 ) -> None:
     """Check a candidate schema against the subject's compatibility level without registering it."""
     from confluent_kafka.schema_registry import Schema
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
 
     from lambdalake.registry import call, client
 
     settings = get_settings()
     p = _pipeline(pipeline, settings)
     sr = client(settings)
-    answer = call(
-        settings,
-        sr._rest_client.post,  # the public method hides the reasons
-        f"compatibility/subjects/{p.schema_.subject}/versions?verbose=true",
-        body=Schema(schema_file.read_text(), "AVRO").to_dict(),
-    )
+    try:
+        text = schema_file.read_text()
+        answer = call(
+            settings,
+            sr._rest_client.post,  # the public method hides the reasons
+            f"compatibility/subjects/{p.schema_.subject}/versions?verbose=true",
+            body=Schema(text, "AVRO").to_dict(),
+        )
+    except UnicodeDecodeError:
+        raise LambdalakeError(
+            f"{schema_file} is not UTF-8 text", fix="an .avsc holds one Avro schema as JSON text"
+        ) from None
+    except SchemaRegistryError as exc:
+        raise LambdalakeError(
+            f"the registry refused {schema_file}: {exc.error_message} (code {exc.error_code})",
+            fix="an .avsc holds one valid Avro schema as JSON; correct the part named above",
+        ) from None
     if answer["is_compatible"]:
         console.print(f"[green]✔ compatible[/] with {p.schema_.subject}")
         return

@@ -240,7 +240,7 @@ class Pipeline(Strict):
         for i, file in enumerate(self.schema_.versions, start=1):
             path = self.schemas_dir / file
             try:
-                text = path.read_text()
+                text = path.read_bytes()
             except OSError as exc:
                 raise ValueError(
                     f"schema.versions[{i - 1}]: cannot read {path}: {exc.strerror} "

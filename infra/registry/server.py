@@ -33,8 +33,9 @@ ACCEPTED_TYPES = (
 #: Largest schema accepted, in bytes of its JSON text. The broker refuses records near 1 MB, and a
 #: schema that large is a generated mistake rather than an event definition.
 MAX_SCHEMA_BYTES = 256 * 1024
-#: Request bodies carry one schema and a little JSON around it.
-MAX_BODY_BYTES = MAX_SCHEMA_BYTES + 64 * 1024
+#: Request bodies carry one schema and a little JSON around it; a body up to this size is read, so
+#: a schema over its own limit is answered with that limit named (42209) rather than a bare 413.
+MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_SUBJECT_CHARS = 255
 
 

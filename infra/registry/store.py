@@ -272,7 +272,8 @@ class KafkaBackedStore:
             raise RegistryError(404, 40403, f"Schema {schema_id} not found") from None
 
     def lookup(self, subject: str, schema_str: str) -> tuple[int, Version]:
-        """The live version of ``subject`` holding this schema."""
+        """The live version of ``subject`` holding this schema (42201 if it is not valid Avro)."""
+        validate(schema_str)
         want = canonical(schema_str)
         for v, ver in self.live_versions(subject).items():
             if canonical(ver.schema) == want:
