@@ -7,11 +7,15 @@ so a test compares the platform against something it did not compute itself.
 from __future__ import annotations
 
 import math
+import os
+import signal
 import subprocess
 from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
+from lambdalake.master import MasterDataset, table_path
+from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
 
 CURRENCIES = {"EUR", "USD", "GBP", "INR", "JPY", "CHF"}
@@ -45,6 +49,26 @@ def consume_all(settings: Settings, topic: str) -> list[Message]:
         return out
     finally:
         consumer.close()
+
+
+def stop_job(job: subprocess.Popen, timeout: float = 90) -> None:
+    """SIGTERM a job started in its own session; SIGKILL its group if it has not stopped in time."""
+    if job.poll() is None:
+        job.send_signal(signal.SIGTERM)
+        try:
+            job.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+
+
+def bronze_coordinates(settings: Settings, pipeline: Pipeline) -> list[tuple[int, int]]:
+    """(partition, offset) of every row of the pipeline's master dataset ([] before its first commit)."""
+    bronze = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    try:
+        table = bronze.read()
+    except FileNotFoundError:
+        return []
+    return list(zip(table.column("_partition").to_pylist(), table.column("_offset").to_pylist(), strict=True))
 
 
 def _num(v: Any) -> bool:

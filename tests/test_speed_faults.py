@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from infra.services import CassandraService
-from lambdalake.master import MasterDataset, table_path
+from lambdalake.master import table_path
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
 from speed.job import SpeedJob
 from tests.conftest import env_for, isolated, pipeline_named
+from tests.helpers import bronze_coordinates, stop_job
 from tests.reference import differences, topic_events
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -61,16 +62,7 @@ def wait_equal(settings: Settings, pipeline, timeout: float) -> list[str]:
             problems = differences(settings, pipeline, events)
         except Exception as exc:  # e.g. the job has not created its keyspace yet
             problems = [f"cannot read the views yet: {exc!r}"]
-        bronze = MasterDataset(
-            table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
-        )
-        try:
-            table = bronze.read()
-            coords = list(
-                zip(table.column("_partition").to_pylist(), table.column("_offset").to_pylist(), strict=True)
-            )
-        except FileNotFoundError:
-            coords = []
+        coords = bronze_coordinates(settings, pipeline)
         want = set(zip(events["_partition"], events["_offset"], strict=True))
         if len(coords) != len(set(coords)) or set(coords) != want:
             problems.append(f"bronze: {len(coords)} rows, {len(set(coords))} distinct, want {len(want)}")
@@ -122,12 +114,7 @@ def test_kill_minus_nine_three_times(services: Settings, tmp_path: Path, unique:
         problems = wait_equal(settings, pipeline, timeout=300)
         assert problems == [], problems[:10]
     finally:
-        if job.poll() is None:
-            job.send_signal(signal.SIGTERM)
-            try:
-                job.wait(90)
-            except subprocess.TimeoutExpired:
-                os.killpg(job.pid, signal.SIGKILL)
+        stop_job(job)
     assert job.returncode == 0, f"graceful stop failed; log: {log.read_text()[-2000:]}"
     assert log.read_text().count("offers-main started") == 4  # one start and three restarts
     # A kill mid-write leaves a half-written file in _staging/; the next start clears it.
