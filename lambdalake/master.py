@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction
 from pyarrow import fs as pafs
 
@@ -85,10 +86,17 @@ class MasterDataset:
         self.event_time = event_time
 
     def _table(self) -> DeltaTable | None:
+        """The table, or None when there is none yet. Any other storage error raises: an unreadable
+        log or a denied path must not read as an empty dataset."""
         try:
             return DeltaTable(self.path)
-        except Exception:  # TableNotFoundError in recent versions; the type moved between releases
-            return None
+        except TableNotFoundError:
+            # delta-rs says "not found" for a denied path too: only a location without a Delta log
+            # (or with a log folder and no commit in it, as a first commit killed early leaves) is
+            # "no table yet". Listing a denied location raises here, as it should.
+            if not list_files(f"{self.path.rstrip('/')}/_delta_log", suffix=".json"):
+                return None
+            raise
 
     def commit(self, files: Iterable[str], *, app_id: str, batch_id: int) -> int | None:
         """Add ``files`` (relative paths written by :func:`write_event_files`) in one commit, unless

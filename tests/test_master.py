@@ -6,6 +6,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
+from deltalake.exceptions import DeltaError
 
 from lambdalake.master import MasterDataset, write_event_files
 
@@ -41,3 +43,19 @@ def test_clear_staging_deletes_only_the_runs_leftovers(tmp_path: Path) -> None:
     assert master.clear_staging("run1-") == 2
     assert [p.name for p in staging.iterdir()] == ["run2-t-0-0-9.2026-01-01.z.parquet"]
     assert MasterDataset(str(tmp_path / "nothing"), event_time="event_time").clear_staging("run1-") == 0
+
+
+def test_only_a_missing_table_reads_as_empty(tmp_path: Path) -> None:
+    """Measured before: any storage error (a corrupt log, a denied path) read as "no table yet"."""
+    missing = MasterDataset(str(tmp_path / "none"), event_time="t")
+    assert missing.file_uris() == []
+    with pytest.raises(FileNotFoundError):
+        missing.read()
+    log = tmp_path / "broken" / "_delta_log"
+    log.mkdir(parents=True)
+    (log / "00000000000000000000.json").write_text("not a delta log")
+    broken = MasterDataset(str(tmp_path / "broken"), event_time="t")
+    with pytest.raises(DeltaError):
+        broken.file_uris()
+    with pytest.raises(DeltaError):
+        broken.read()

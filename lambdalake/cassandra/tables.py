@@ -9,6 +9,7 @@ import pyarrow as pa
 from cassandra.cluster import Session
 
 from lambdalake.errors import ConfigurationError
+from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import CassandraSettings
 from lambdalake.views import EPOCH, WINDOW_START, latest_columns, speed_table, view_components
@@ -70,8 +71,6 @@ class TableDef:
 
 
 def _field_types(pipeline: Pipeline) -> dict[str, pa.DataType]:
-    from lambdalake.spark.decode import event_schema
-
     return {f.name: f.type for f in event_schema(pipeline.reader_schema)}
 
 

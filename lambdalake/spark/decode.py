@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from lambdalake.avro import WireDecoder, WireFormatError, parse_schema
+from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import Pipeline, Rule
 from lambdalake.settings import Settings
 from lambdalake.spark.views import INGEST_EPOCH, INGEST_TS
@@ -38,44 +39,6 @@ META_FIELDS = [
 ]
 #: Meta columns that describe a failure; dropped from valid events.
 ERROR_FIELDS = ("_error_rule", "_error_reason", "_raw_key", "_raw_value")
-
-PRIMITIVES = {
-    "string": pa.string(), "long": pa.int64(), "int": pa.int32(), "double": pa.float64(),
-    "float": pa.float32(), "boolean": pa.bool_(), "bytes": pa.binary(),
-}  # fmt: skip
-
-
-def arrow_type(avro_type: Any, named: dict[str, pa.DataType]) -> pa.DataType:
-    """Arrow type of an Avro type as fastavro decodes it (enums as strings, timestamps tz-aware)."""
-    if isinstance(avro_type, list):
-        branches = [t for t in avro_type if t != "null"]
-        if len(branches) != 1:
-            raise ValueError(f"only [null, T] unions are supported, not {avro_type}")
-        return arrow_type(branches[0], named)
-    if isinstance(avro_type, str):
-        if avro_type in named:
-            return named[avro_type]
-        return PRIMITIVES[avro_type]
-    kind, logical = avro_type["type"], avro_type.get("logicalType")
-    if logical == "timestamp-millis" or logical == "timestamp-micros":
-        return pa.timestamp("us", tz="UTC")
-    if kind == "enum":
-        named[avro_type["name"]] = pa.string()
-        return pa.string()
-    if kind == "record":
-        t = pa.struct([pa.field(f["name"], arrow_type(f["type"], named)) for f in avro_type["fields"]])
-        named[avro_type["name"]] = t
-        return t
-    if kind == "array":
-        return pa.list_(arrow_type(avro_type["items"], named))
-    if kind == "map":
-        return pa.map_(pa.string(), arrow_type(avro_type["values"], named))
-    return arrow_type(kind, named)
-
-
-def event_schema(reader_schema: dict[str, Any]) -> pa.Schema:
-    named: dict[str, pa.DataType] = {}
-    return pa.schema([pa.field(f["name"], arrow_type(f["type"], named)) for f in reader_schema["fields"]])
 
 
 @dataclass(frozen=True)
