@@ -140,8 +140,8 @@ def main() -> None:
                     vid, t = probes.pop(0)
                     pending[vid] = {"t": t, "latest": None, "windowed": None}
                 for view, table, column in (
-                    ("latest", "speed_vehicle_latest", "event_time"),
-                    ("windowed", "speed_vehicle_minute", "readings"),
+                    ("latest", "telemetry__vehicle_latest__speed", "event_time"),
+                    ("windowed", "telemetry__vehicle_minute__speed", "readings"),
                 ):
                     waiting = [vid for vid, state in pending.items() if state[view] is None]
                     if waiting:

@@ -10,8 +10,8 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 step "Start the embedded broker, schema registry and Cassandra"
 lambdalake up
 lambdalake status
-lambdalake deploy offers
-lambdalake deploy telemetry
+lambdalake deploy offers --apply
+lambdalake deploy telemetry --apply
 
 step "Produce $N offers and $N telemetry readings (skewed keys, duplicates, late and invalid records)"
 lambdalake produce offers --generate "$N" --seed 1

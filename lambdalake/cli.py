@@ -165,20 +165,35 @@ def pipelines() -> None:
         raise typer.Exit(2)
 
 
-@app.command()
-def topics(pipeline: PipelineArg) -> None:
-    """Create the pipeline's topic and dead-letter topic if missing; report config drift."""
+ApplyOpt = Annotated[
+    bool,
+    typer.Option("--apply", help="Set topic configs that differ from the pipeline file (never partitions)."),
+]
+
+
+def _report_topics(settings: Settings, p: Pipeline, *, apply: bool) -> None:
     from lambdalake.kafka.admin import ensure_pipeline_topics
 
-    settings = get_settings()
     drifted = False
-    for report in ensure_pipeline_topics(settings, _pipeline(pipeline, settings)):
-        console.print(f"[green]✔[/] {report.topic}: {report.action}")
+    for report in ensure_pipeline_topics(settings, p, apply=apply):
+        console.print(f"[green]✔[/] topic {report.topic}: {report.action}")
+        for key, wanted, was in report.fixed:
+            console.print(f"  [green]set[/] {key} = {wanted} (was {was})")
         for key, wanted, actual in report.drift:
             drifted = True
             console.print(f"  [yellow]drift[/] {key}: definition says {wanted}, cluster has {actual}")
     if drifted:
-        console.print("[yellow]drift is reported, not repaired: alter the topic or the pipeline file[/]")
+        console.print(
+            "[yellow]drift is reported, not repaired: rerun with --apply to set the topic configs, "
+            "or change the pipeline file (partitions are never changed: that would move keys)[/]"
+        )
+
+
+@app.command()
+def topics(pipeline: PipelineArg, apply: ApplyOpt = False) -> None:
+    """Create the pipeline's topic and dead-letter topic if missing; report (or --apply) config drift."""
+    settings = get_settings()
+    _report_topics(settings, _pipeline(pipeline, settings), apply=apply)
 
 
 @schemas_app.command("register")
@@ -390,22 +405,25 @@ def _produce_summary(stats: ProduceStats, count: int, elapsed: float) -> None:
 
 
 @app.command()
-def deploy(pipeline: PipelineArg) -> None:
-    """Create everything a pipeline needs: topics, schema versions, Cassandra keyspace and view tables."""
+def deploy(pipeline: PipelineArg, apply: ApplyOpt = False) -> None:
+    """Create everything a pipeline needs: topics, schema versions, Cassandra keyspace and view tables
+    (adding the columns a new schema version brings)."""
     from lambdalake.cassandra.session import connect
-    from lambdalake.cassandra.tables import deploy_speed_tables
-    from lambdalake.kafka.admin import ensure_pipeline_topics
+    from lambdalake.cassandra.tables import create_keyspace, ensure_table, speed_table_def
     from lambdalake.registry import register_pipeline
 
     settings = get_settings()
     p = _pipeline(pipeline, settings)
-    for report in ensure_pipeline_topics(settings, p):
-        drift = f" [yellow](drift: {report.drift})[/]" if report.drift else ""
-        console.print(f"[green]✔[/] topic {report.topic}: {report.action}{drift}")
+    _report_topics(settings, p, apply=apply)
     for r in register_pipeline(settings, p):
         console.print(f"[green]✔[/] schema {p.schema_.subject} v{r.version} = id {r.schema_id}")
-    for table in deploy_speed_tables(connect(settings.cassandra), settings.cassandra, p):
-        console.print(f"[green]✔[/] table {settings.cassandra.keyspace}.{table.name}")
+    session = connect(settings.cassandra)
+    create_keyspace(session, settings.cassandra)
+    for view in p.views:
+        table = speed_table_def(p, view)
+        added = ensure_table(session, settings.cassandra.keyspace, table)
+        more = f" (added columns {', '.join(added)})" if added else ""
+        console.print(f"[green]✔[/] table {settings.cassandra.keyspace}.{table.name}{more}")
 
 
 @speed_app.command("run")
@@ -416,9 +434,6 @@ def speed_run(
     ] = None,
     trigger: Annotated[float, typer.Option(help="Seconds between micro-batches (0: back to back).")] = 0.0,
     max_offsets_per_trigger: Annotated[int, typer.Option(help="Records per micro-batch at most.")] = 200_000,
-    watermark_delay: Annotated[
-        str, typer.Option(help="State and dedup horizon on ingest time.")
-    ] = "10 minutes",
     once: Annotated[
         bool, typer.Option("--once", help="Process what the topic holds now, then stop.")
     ] = False,
@@ -451,7 +466,6 @@ def speed_run(
     options = SpeedOptions(
         trigger_seconds=trigger,
         max_offsets_per_trigger=max_offsets_per_trigger,
-        watermark_delay=watermark_delay,
         broker_wait_s=broker_wait,
         fail_on_data_loss=fail_on_data_loss,
     )
@@ -524,16 +538,18 @@ def speed_show(
     v = _pipeline(pipeline, settings).view(view)
     session = connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
     where = f' WHERE "{v.key[0]}" = %s' if key else ""
-    cql = f'SELECT * FROM "{speed_table(v)}"{where} LIMIT {int(limit)}'
+    p = _pipeline(pipeline, settings)
+    name = speed_table(p, v)
+    cql = f'SELECT * FROM "{name}"{where} LIMIT {int(limit)}'
     rows = list(session.execute(cql, [key] if key else []))
     if not rows:
-        out.print(f"(no rows in {settings.cassandra.keyspace}.{speed_table(v)})")
+        out.print(f"(no rows in {settings.cassandra.keyspace}.{name})")
     # One block per row: view rows are wide, terminals are not.
     for i, r in enumerate(rows):
         grid = Table.grid(padding=(0, 2))
         for name, value in zip(r._fields, r, strict=True):
             grid.add_row(f"[dim]{name}[/]", str(value))
-        out.print(f"[bold]{speed_table(v)} row {i + 1}[/]")
+        out.print(f"[bold]{name} row {i + 1}[/]")
         out.print(grid)
 
 

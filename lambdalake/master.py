@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import PurePosixPath
 
 import pyarrow as pa
@@ -25,9 +25,15 @@ from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction
 from pyarrow import fs as pafs
 
+from lambdalake.errors import ConfigurationError
+from lambdalake.pipeline import LayersSpec
 from lambdalake.storage import delete_file, list_files
 
 PARTITION = "event_date"
+#: Commit metadata keys: what the views depend on, and how far each partition was read.
+EPOCH_MS = "lambdalake.epoch_ms"
+DEDUP_DELAY_MS = "lambdalake.dedup_delay_ms"
+PARTITIONS = "lambdalake.partitions"
 #: Hive's name for the partition of a null value.
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
@@ -98,9 +104,21 @@ class MasterDataset:
                 return None
             raise
 
-    def commit(self, files: Iterable[str], *, app_id: str, batch_id: int) -> int | None:
+    def commit(
+        self,
+        files: Iterable[str],
+        *,
+        app_id: str,
+        batch_id: int,
+        layers: LayersSpec,
+        partitions: Mapping[str, list[int]] | None = None,
+    ) -> int | None:
         """Add ``files`` (relative paths written by :func:`write_event_files`) in one commit, unless
-        ``app_id`` already committed ``batch_id``. Returns the rows added, or None if skipped."""
+        ``app_id`` already committed ``batch_id``. Returns the rows added, or None if skipped.
+
+        The commit records what the views depend on (the epoch length and dedup delay, see
+        :meth:`check_layers`) and, per ``"topic/partition"``, the highest offset read and ingest time
+        (ms) of the batch (``partitions``), for the batch layer's horizon."""
         table = self._table()
         last = None if table is None else table.transaction_version(app_id)
         if last is not None and last >= batch_id:
@@ -125,7 +143,13 @@ class MasterDataset:
             partition_by=[PARTITION],
             commit_properties=CommitProperties(
                 app_transactions=[Transaction(app_id=app_id, version=batch_id)],
-                custom_metadata={"lambdalake.batch_id": batch_id, "lambdalake.app_id": app_id},
+                custom_metadata={
+                    "lambdalake.batch_id": str(batch_id),
+                    "lambdalake.app_id": app_id,
+                    EPOCH_MS: str(layers.epoch_seconds * 1000),
+                    DEDUP_DELAY_MS: str(layers.dedup_delay_seconds * 1000),
+                    PARTITIONS: json.dumps(dict(partitions or {}), sort_keys=True),
+                },
             ),
         )
         log.debug("master commit of %d files: %.2fs", len(actions), time.monotonic() - t0)
@@ -150,6 +174,41 @@ class MasterDataset:
                 stats=json.dumps({"numRecords": metadata.num_rows}),
             ))  # fmt: skip
         return actions, schema, total  # type: ignore[return-value]
+
+    def recorded_layers(self) -> dict[str, int] | None:
+        """The epoch length and dedup delay (ms) the newest commit recorded (None: no table, or a table
+        written before they were recorded)."""
+        table = self._table()
+        if table is None:
+            return None
+        for entry in table.history(10):
+            if EPOCH_MS in entry:
+                return {EPOCH_MS: int(entry[EPOCH_MS]), DEDUP_DELAY_MS: int(entry[DEDUP_DELAY_MS])}
+        return None
+
+    def check_layers(self, layers: LayersSpec, *, pipeline: str) -> None:
+        """Refuse to build on bronze written with another epoch length or dedup delay.
+
+        Raises:
+            ConfigurationError: naming both values and the fix.
+        """
+        recorded = self.recorded_layers()
+        if recorded is None:
+            return
+        wanted = {EPOCH_MS: layers.epoch_seconds * 1000, DEDUP_DELAY_MS: layers.dedup_delay_seconds * 1000}
+        differ = {k: (recorded[k], wanted[k]) for k in wanted if recorded[k] != wanted[k]}
+        if differ:
+            names = {EPOCH_MS: "epoch", DEDUP_DELAY_MS: "dedup_delay"}
+            detail = "; ".join(
+                f"{names[k]}: bronze {was // 1000} s, pipeline {now // 1000} s"
+                for k, (was, now) in differ.items()
+            )
+            raise ConfigurationError(
+                f"pipeline {pipeline!r} does not match the master dataset at {self.path} ({detail}): views "
+                "built with two epoch lengths or dedup delays would not merge exactly",
+                fix=f"set [layers] back to the recorded values in pipelines/{pipeline}.toml, or build the "
+                "new values as a new pipeline (another name, so another master dataset and views)",
+            )
 
     def clear_staging(self, prefix: str) -> int:
         """Delete the staging files whose names start with ``prefix`` (a run id: files of attempts

@@ -24,6 +24,10 @@ _UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 #: Longest window a view may have: beyond a month a "window" is a table scan, not a view.
 MAX_WINDOW_SECONDS = 31 * 86400
 _NUMERIC = {"int", "long", "float", "double"}
+#: Pipeline and view names become parts of Cassandra table names (``<pipeline>__<view>__speed``):
+#: lower-case words joined by single underscores, and 48 characters at most together.
+NAME_PATTERN = r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$"
+MAX_TABLE_NAME = 48
 
 #: Topic-level configs Apache Kafka (3.x) accepts; anything else is a typo caught before Kafka is asked.
 KAFKA_TOPIC_CONFIGS = frozenset(
@@ -181,7 +185,7 @@ class Aggregate(Strict):
 class LatestView(Strict):
     """The current state per key: the row with the highest ``version`` wins, whatever the order."""
 
-    name: str
+    name: str = Field(pattern=NAME_PATTERN)
     kind: Literal["latest"]
     key: list[str] = Field(min_length=1)
     version: str
@@ -192,7 +196,7 @@ class LatestView(Strict):
 class WindowedView(Strict):
     """Mergeable aggregates per key and tumbling event-time window."""
 
-    name: str
+    name: str = Field(pattern=NAME_PATTERN)
     kind: Literal["windowed"]
     key: list[str] = Field(min_length=1)
     window: str = Field(pattern=r"^\d+ (second|minute|hour|day)s?$")
@@ -223,14 +227,55 @@ class GeneratorSpec(Strict):
     kind: Literal["offers", "telemetry"]
 
 
+_INTERVAL = r"^\d+ (second|minute|hour|day)s?$"
+
+
+class LayersSpec(Strict):
+    """How the speed and batch layers cut time. Bronze records ``epoch`` and ``dedup_delay`` with every
+    commit, and a job whose values differ refuses to start: views built with two epoch lengths or
+    two dedup delays would not merge exactly."""
+
+    #: Length of an ingest epoch (the unit the batch layer covers and serving merges on).
+    epoch: str = Field("1 hour", pattern=_INTERVAL)
+    #: How far apart (in ingest time) two copies of an event are still recognised as one by the speed
+    #: layer, which also keeps windowed state this long (its watermark delay).
+    dedup_delay: str = Field("10 minutes", pattern=_INTERVAL)
+    #: How long speed rows of windowed views live in Cassandra: longer than two batch periods, so an
+    #: epoch is covered by a batch before its speed rows expire.
+    speed_ttl: str = Field("3 days", pattern=_INTERVAL)
+
+    @model_validator(mode="after")
+    def _lengths(self) -> LayersSpec:
+        if not 1 <= self.epoch_seconds <= 7 * 86400:
+            raise ValueError(f"layers.epoch {self.epoch!r} must be between 1 second and 7 days")
+        if self.speed_ttl_seconds < 2 * self.epoch_seconds:
+            raise ValueError(
+                f"layers.speed_ttl {self.speed_ttl!r} must be at least two epochs ({self.epoch!r} each)"
+            )
+        return self
+
+    @property
+    def epoch_seconds(self) -> int:
+        return interval_seconds(self.epoch)
+
+    @property
+    def dedup_delay_seconds(self) -> int:
+        return interval_seconds(self.dedup_delay)
+
+    @property
+    def speed_ttl_seconds(self) -> int:
+        return interval_seconds(self.speed_ttl)
+
+
 class Pipeline(Strict):
-    name: str
+    name: str = Field(pattern=NAME_PATTERN, max_length=30)
     description: str = ""
     topic: TopicSpec
     schema_: SchemaSpec = Field(alias="schema")
     event: EventSpec
     rules: list[Rule] = Field(default_factory=list)
     generator: GeneratorSpec | None = None
+    layers: LayersSpec = Field(default_factory=LayersSpec)
     views: list[View] = Field(default_factory=list)
     #: Where the schema files live (set by the loader, not the file).
     schemas_dir: Path = Field(default=Path("schemas"), exclude=True)
@@ -294,6 +339,12 @@ class Pipeline(Strict):
             )
         if len({v.name for v in self.views}) != len(self.views):
             raise ValueError("view names must be unique")
+        for view in self.views:
+            if len(f"{self.name}__{view.name}__speed") > MAX_TABLE_NAME:
+                raise ValueError(
+                    f"view {view.name!r}: its table name {self.name}__{view.name}__speed would exceed "
+                    f"Cassandra's {MAX_TABLE_NAME} characters (shorten the pipeline or view name)"
+                )
         return self
 
     def schema_text(self, version: int | None = None) -> str:

@@ -200,8 +200,6 @@ class Settings(BaseSettings):
     storage_root: str = str(PROJECT_ROOT / ".lambdalake" / "storage")
     pipelines_dir: Path = PROJECT_ROOT / "pipelines"
     schemas_dir: Path = PROJECT_ROOT / "schemas"
-    #: Length of an ingest epoch: the unit the batch layer covers and serving merges on.
-    epoch_seconds: int = Field(3600, gt=0, description="a whole number of seconds above 0", examples=["3600"])
     #: Put before every pipeline's topic name (and so its dead-letter topic), e.g. ``staging.``, so
     #: several environments or runs can share one Kafka cluster. Schema subjects are not prefixed.
     topic_prefix: str = ""

@@ -16,7 +16,16 @@ from typing import Any
 
 from fastavro.validation import validate as fastavro_validate
 
-from lambdalake.pipeline import AllowedRule, NotFutureRule, RangeRule, RequiredRule, Rule
+from lambdalake.pipeline import (
+    AllowedRule,
+    LatestView,
+    NotFutureRule,
+    Pipeline,
+    RangeRule,
+    RequiredRule,
+    Rule,
+)
+from lambdalake.views import TIEBREAK_BITS
 
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
@@ -32,6 +41,26 @@ class Rejection:
 
 #: A check gets the record and the reference time in seconds ("now" for ``not_future``).
 Check = Callable[[Mapping[str, Any], float], Rejection | None]
+
+
+@dataclass(frozen=True)
+class RankRule:
+    """A ``latest`` view's version must fit its rank: ``|version| < 2^43`` (the rank is
+    ``version * 2^20 + tiebreak`` in a 64-bit long; epoch milliseconds qualify until 2248)."""
+
+    field: str
+    view: str
+    kind: str = "latest_rank"
+
+
+#: Versions at or beyond this (in magnitude) would wrap a ``latest`` rank.
+RANK_VERSION_LIMIT = 1 << (63 - TIEBREAK_BITS)
+
+
+def checked_rules(pipeline: Pipeline) -> list[Rule | RankRule]:
+    """The pipeline's rules plus the ones its views imply, in the order records are checked."""
+    ranks = [RankRule(v.version, v.name) for v in pipeline.views if isinstance(v, LatestView)]
+    return [*pipeline.rules, *ranks]
 
 
 def _is_int(v: Any, bounds: tuple[int, int]) -> bool:
@@ -124,10 +153,26 @@ def compile_schema_check(schema: dict[str, Any], parsed_schema: Any) -> Check:
     return check
 
 
-def compile_rule(rule: Rule) -> Check:
+def compile_rule(rule: Rule | RankRule) -> Check:
     name = f"{rule.field}.{rule.kind}"
     field = rule.field
     match rule:
+        case RankRule(view=view):
+
+            def fits_rank(r: Mapping[str, Any], _now: float) -> Rejection | None:
+                v = r.get(field)
+                ms = int(v.timestamp() * 1000) if isinstance(v, datetime) else v
+                if isinstance(ms, int | float) and not -RANK_VERSION_LIMIT < ms < RANK_VERSION_LIMIT:
+                    return Rejection(
+                        name,
+                        f"{field}={v} is beyond +-2^43 ({RANK_VERSION_LIMIT:,}): view {view!r} ranks "
+                        "versions "
+                        "as version x 2^20 in a 64-bit long, which would wrap; use a smaller version "
+                        "(e.g. epoch milliseconds, not nanoseconds)",
+                    )
+                return None
+
+            return fits_rank
         case RequiredRule():
 
             def required(r: Mapping[str, Any], _now: float) -> Rejection | None:
@@ -189,7 +234,7 @@ class RecordValidator:
 
     def __init__(
         self,
-        rules: Sequence[Rule],
+        rules: Sequence[Rule | RankRule],
         *,
         schema: dict[str, Any],
         parsed_schema: Any,

@@ -99,8 +99,15 @@ def latest_rank(version: Numeric, ingest_seconds: Numeric) -> Numeric:
     return version * span + (span - 1 - ingest_seconds % span)  # type: ignore[operator]
 
 
-def speed_table(view: LatestView | WindowedView) -> str:
-    return f"speed_{view.name}"
+def speed_table(pipeline: Pipeline, view: LatestView | WindowedView) -> str:
+    """The Cassandra table of a view's speed rows: named per pipeline, so two pipelines may each
+    have a view called ``hourly``, and told apart from the batch table by its suffix."""
+    return f"{pipeline.name}__{view.name}__speed"
+
+
+def batch_table(pipeline: Pipeline, view: LatestView | WindowedView) -> str:
+    """The Cassandra table of a view's batch rows (every published batch version)."""
+    return f"{pipeline.name}__{view.name}__batch"
 
 
 def latest_columns(pipeline: Pipeline, view: LatestView) -> list[str]:

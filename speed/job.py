@@ -41,7 +41,7 @@ from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import deploy_speed_tables, speed_table_def
 from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.master import MasterDataset, table_path
-from lambdalake.pipeline import LatestView, Pipeline, WindowedView, interval_seconds
+from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decode
 from lambdalake.spark.session import spark_session
@@ -49,7 +49,7 @@ from lambdalake.spark.views import INGEST_TS, windowed
 from lambdalake.storage import read_text, write_text
 from lambdalake.views import windowed_inputs
 from speed.dedup import DedupLog
-from speed.sinks import ArchiveSink, FileSet, LatestSink, drain, upsert_view
+from speed.sinks import ArchiveSink, FileSet, LatestSink, PartitionProgress, drain, upsert_view
 
 log = logging.getLogger("lambdalake.speed")
 
@@ -64,9 +64,6 @@ class SpeedOptions:
     Args:
         trigger_seconds: Micro-batch interval; 0 starts the next batch as soon as one ends. Default 0.
         max_offsets_per_trigger: Records per micro-batch at most (bounds catch-up batches). Default 200k.
-        watermark_delay: How far behind the newest ingest time windowed state is kept, and how far
-            apart two copies of an event are still recognised as one (:mod:`speed.dedup`).
-            Default 10 minutes.
         starting_offsets: Where a query without a checkpoint starts. Default ``earliest``.
         broker_wait_s: How long the Kafka source retries a broker that does not answer (a restart)
             before the job stops with an error naming the broker. Default 120 s.
@@ -81,7 +78,6 @@ class SpeedOptions:
 
     trigger_seconds: float = 0.0
     max_offsets_per_trigger: int = 200_000
-    watermark_delay: str = "10 minutes"
     starting_offsets: str = "earliest"
     broker_wait_s: float = 120.0
     fail_on_data_loss: bool = True
@@ -244,6 +240,7 @@ class SpeedJob:
         self.windowed_views = [v for v in pipeline.views if isinstance(v, WindowedView)]
         self.primary = self.windowed_views[0] if self.windowed_views else None
         self.files = self.spark.sparkContext.accumulator(frozenset(), FileSet())
+        self.read_progress = self.spark.sparkContext.accumulator({}, PartitionProgress())
         self.run_id = ""
 
     # --- building blocks ----------------------------------------------------------------------
@@ -285,13 +282,14 @@ class SpeedJob:
         return DedupLog(
             root=f"{self.checkpoints}/{query}/lambdalake-dedup",
             identity=tuple(self.pipeline.event.identity),
-            window_us=interval_seconds(self.options.watermark_delay) * 1_000_000,
+            window_us=self.pipeline.layers.dedup_delay_seconds * 1_000_000,
         )
 
     def _windowed(self, first_deliveries: DataFrame, view: WindowedView) -> DataFrame:
         events = first_deliveries.select(*self._windowed_inputs(view))
-        events = events.withWatermark(INGEST_TS, self.options.watermark_delay)
-        epoch = F.window(F.col(INGEST_TS), f"{self.settings.epoch_seconds} seconds")
+        layers = self.pipeline.layers
+        events = events.withWatermark(INGEST_TS, f"{layers.dedup_delay_seconds} seconds")
+        epoch = F.window(F.col(INGEST_TS), f"{layers.epoch_seconds} seconds")
         return windowed(events, self.pipeline, view, epoch=epoch)
 
     def _run_id(self) -> str:
@@ -324,6 +322,7 @@ class SpeedJob:
             latest=latest_sinks,
             cassandra=self.settings.cassandra,
             files=self.files,
+            progress=self.read_progress,
             passthrough=tuple(self._windowed_inputs(self.primary)) if self.primary is not None else (),
             dedup=self._dedup("main") if self.primary is not None else None,
         )
@@ -333,6 +332,7 @@ class SpeedJob:
     def _main_batch(self, df: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
         self.files.value = frozenset()
+        self.read_progress.value = {}
         if self.primary is not None:
             table = speed_table_def(self.pipeline, self.primary)
             upsert_view(df, table=table, cassandra=self.settings.cassandra)
@@ -340,13 +340,17 @@ class SpeedJob:
             drain(df)
         t1 = time.monotonic()
         files = self.files.value
-        self.master.commit(files, app_id=f"speed-{self.pipeline.name}-{self.run_id}", batch_id=batch_id)
+        self.master.commit(
+            files, app_id=f"speed-{self.pipeline.name}-{self.run_id}", batch_id=batch_id,
+            layers=self.pipeline.layers, partitions=self.read_progress.value,
+        )  # fmt: skip
         log.debug("main batch %d: pass %.2fs, commit %.2fs (%d files)", batch_id, t1 - t0,
                   time.monotonic() - t1, len(files))  # fmt: skip
 
     # --- running ------------------------------------------------------------------------------
 
     def start(self) -> list[StreamingQuery]:
+        self.master.check_layers(self.pipeline.layers, pipeline=self.pipeline.name)
         self.deploy()
         self.run_id = self._run_id()
         self.master.clear_staging(f"{self.run_id}-")
@@ -404,11 +408,11 @@ class SpeedJob:
                 ),
             )
         text = str(exc)
-        for marker in ("DATA LOSS", "did not answer"):
+        # Errors whose own message names the partition, offsets, broker or table, and the fix.
+        for marker in ("DATA LOSS", "the Kafka broker at", "Cassandra refused writes"):
             if marker in text:
-                # The source's own message names the partition, offsets or broker, and the fix.
-                detail = text[text.index(marker if marker == "DATA LOSS" else "the Kafka broker") :]
-                message, _, fix = detail.partition(" Fix: ")
+                detail = text[text.index(marker) :]
+                message, _, fix = detail.replace("\n  fix: ", " Fix: ").partition(" Fix: ")
                 return LambdalakeError(
                     f"query {query.name} stopped: {message.splitlines()[0]}",
                     fix=fix.splitlines()[0] if fix else None,

@@ -94,6 +94,37 @@ class FileSet(AccumulatorParam):
         return a | b
 
 
+class PartitionProgress(AccumulatorParam):
+    """Accumulates, per ``"topic/partition"``, the highest offset a micro-batch read (valid or not)
+    and the highest ingest time in ms: ``[offset, ingest_ms]``, merged by maximum (a task that ran
+    twice reports the same values)."""
+
+    def zero(self, value: dict[str, list[int]]) -> dict[str, list[int]]:
+        return {}
+
+    def addInPlace(self, a: dict[str, list[int]], b: dict[str, list[int]]) -> dict[str, list[int]]:
+        out = dict(a)
+        for k, (offset, ingest) in b.items():
+            have = out.get(k)
+            out[k] = [offset, ingest] if have is None else [max(have[0], offset), max(have[1], ingest)]
+        return out
+
+
+def partition_progress(table: pa.Table) -> dict[str, list[int]]:
+    """:class:`PartitionProgress` of one task's decoded records."""
+    ingest_ms = pc.divide(pc.cast(pc.cast(table.column(INGEST_TS), pa.timestamp("us")), pa.int64()), 1000)
+    grouped = pa.table(
+        {"t": table.column("_topic"), "p": table.column("_partition"), "o": table.column("_offset"),
+         "i": ingest_ms}
+    ).group_by(["t", "p"]).aggregate([("o", "max"), ("i", "max")])  # fmt: skip
+    return {
+        f"{t}/{p}": [o, -1 if i is None else i]
+        for t, p, o, i in zip(
+            *(grouped.column(c).to_pylist() for c in ("t", "p", "o_max", "i_max")), strict=True
+        )
+    }
+
+
 @dataclass(frozen=True)
 class LatestSink:
     """A ``latest`` view's table, its key and its version column."""
@@ -167,6 +198,7 @@ class ArchiveSink:
     files: Accumulator
     passthrough: tuple[str, ...]
     dedup: DedupLog | None = None
+    progress: Accumulator | None = None
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -181,6 +213,8 @@ class ArchiveSink:
         if not decoded:
             return
         table = pa.Table.from_batches(decoded)
+        if self.progress is not None:
+            self.progress.add(partition_progress(table))
         failed = pc.is_valid(table.column("_error_rule"))
         send_dead_letters(
             table.filter(failed), kafka_config=self.kafka_config, topic=self.dlq_topic,

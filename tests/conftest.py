@@ -72,23 +72,26 @@ def unique() -> str:
     return uuid.uuid4().hex[:8]
 
 
-def pipeline_named(settings: Settings, name: str, *, topic: str | None = None) -> Pipeline:
-    """A pipeline definition, optionally on its own topic so tests do not share records."""
+def pipeline_named(
+    settings: Settings, name: str, *, topic: str | None = None, epoch: str | None = None
+) -> Pipeline:
+    """A pipeline definition, optionally on its own topic so tests do not share records, and with
+    another epoch length (short ones, so a test of a few minutes spans several ingest epochs)."""
     p = configured_pipeline(name, settings)
     if topic is not None:
         p = p.model_copy(update={"topic": p.topic.model_copy(update={"name": topic})})
+    if epoch is not None:
+        p = p.model_copy(update={"layers": p.layers.model_copy(update={"epoch": epoch})})
     return p
 
 
-def isolated(settings: Settings, tmp_path: Path, unique: str, *, epoch_seconds: int = 10) -> Settings:
-    """The session's services with a storage root and keyspace of the test's own, and short epochs
-    so a test of a few minutes spans several ingest epochs."""
+def isolated(settings: Settings, tmp_path: Path, unique: str) -> Settings:
+    """The session's services with a storage root and keyspace of the test's own."""
     cassandra = settings.cassandra.model_copy(update={"keyspace": f"t_{unique}"})
     return settings.model_copy(
         update={
             "storage_root": str(tmp_path / "storage"),
             "cassandra": cassandra,
-            "epoch_seconds": epoch_seconds,
         }
     )
 

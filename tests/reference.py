@@ -21,6 +21,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import Settings
+from lambdalake.views import speed_table
 from tests.helpers import REFERENCE_VALID, consume_all
 
 logging.getLogger("cassandra").setLevel(logging.ERROR)
@@ -116,13 +117,13 @@ def differences(settings: Settings, pipeline: Pipeline, events: pd.DataFrame) ->
     """Every way the speed tables differ from the reference (empty when equal)."""
     problems: list[str] = []
     for view in pipeline.views:
-        rows = cassandra_rows(settings, f"speed_{view.name}")
+        rows = cassandra_rows(settings, speed_table(pipeline, view))
         if isinstance(view, LatestView):
             want = latest_view(events, view)
             got = {tuple(r[k] for k in view.key): r for r in rows}
             cols = [c for c in pipeline.reader_fields if c not in view.key]
         else:
-            want = windowed_view(events, pipeline, view, settings.epoch_seconds)
+            want = windowed_view(events, pipeline, view, pipeline.layers.epoch_seconds)
             got = {(*[r[k] for k in view.key], r["window_start"], r["epoch"]): r for r in rows}
             cols = list(next(iter(want.values())).keys()) if want else []
         if set(got) != set(want):

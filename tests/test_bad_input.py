@@ -236,6 +236,9 @@ PIPELINES = [
     ("rule_on_missing_field", lambda t: t.replace('field = "merchant_id"', 'field = "merchant"'), "rules (required): 'merchant'"),
     ("duplicate_views", lambda t: t.replace('name = "merchant_offers_hourly"', 'name = "offer_latest"'), "unique"),
     ("no_partitions", lambda t: t.replace("partitions = 2", "partitions = 0"), "partitions"),
+    ("zero_epoch", lambda t: t.replace('epoch = "1 hour"', 'epoch = "0 hours"'), "layers.epoch"),
+    ("short_ttl", lambda t: t.replace('speed_ttl = "3 days"', 'speed_ttl = "1 hour"'), "at least two epochs"),
+    ("bad_name", lambda t: t.replace('name = "offer_latest"', 'name = "Offer-Latest"'), "views.0.latest.name"),
     ("range_without_bounds", lambda t: t.replace("min = 0\n\n[[rules]]\nkind = \"range\"\nfield = \"version\"", "\n[[rules]]\nkind = \"range\"\nfield = \"version\""), "neither min nor max"),
 ]  # fmt: skip
 
@@ -321,8 +324,8 @@ SETTINGS = [
     ("LAMBDALAKE_CASSANDRA__PORT", "abc"),
     ("LAMBDALAKE_CASSANDRA__PORT", "70000"),
     ("LAMBDALAKE_CASSANDRA__STORAGE_PORT", "0"),
-    ("LAMBDALAKE_EPOCH_SECONDS", "0"),
-    ("LAMBDALAKE_EPOCH_SECONDS", "-5"),
+    ("LAMBDALAKE_CASSANDRA__PROTOCOL_VERSION", "2"),
+    ("LAMBDALAKE_CASSANDRA__BATCH_ROWS", "0"),
     ("LAMBDALAKE_KAFKA__EXTRA", "notjson"),
     ("LAMBDALAKE_CASSANDRA__CONTACT_POINTS", "a,b"),
     ("LAMBDALAKE_REGISTRY__URL", "ftp://x"),

@@ -74,3 +74,39 @@ def test_decoder_resolves_both_versions_and_names_each_failure(telemetry: tuple)
     assert out.column("vehicle_id").to_pylist() == ["veh-1", "veh-1", None, None, None, None]
     assert out.column("engine_state").to_pylist()[:2] == ["running", "running"]
     assert out.column("_raw_value").to_pylist() == [None, None, *values[2:]]
+
+
+def test_a_version_that_would_wrap_the_latest_rank_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured before: version 2^43 passed both the edge and the decoder, and its rank
+    (version x 2^20) wrapped to a negative long, so the oldest update won."""
+    settings = Settings(registry={"url": "http://registry.invalid:2"})
+    pipeline = configured_pipeline("offers", settings)
+    monkeypatch.setitem(decode._FETCHERS, "http://registry.invalid:2", lambda _id: pipeline.schema_text(2))
+    spec = decode.DecodeSpec.of(pipeline, settings)
+    now_ms = int(time.time() * 1000)
+    offer = {
+        "offer_id": "o-1", "merchant_id": "m-1", "title": "Lamp", "price_cents": 100, "currency": "EUR",
+        "stock": 1, "status": "active", "version": 1, "updated_at": now_ms - 1000, "promo_code": None,
+    }  # fmt: skip
+    encoder = WireEncoder(2, parse_schema(pipeline.schema_text(2)))
+    versions = [2**43 - 1, 2**43, 2**62]
+    values = [encoder.encode({**offer, "version": v}) for v in versions]
+    batch = source_batch(values, now_ms * 1000)
+    out = pa.Table.from_batches(list(decode.decoder(spec)(iter([batch]))))
+    assert out.column("_error_rule").to_pylist() == [None, "version.latest_rank", "version.latest_rank"]
+    assert "2^43" in out.column("_error_reason").to_pylist()[1]
+
+
+def test_the_edge_refuses_a_version_that_would_wrap_the_rank() -> None:
+    from lambdalake.validation import RecordValidator, checked_rules
+
+    pipeline = configured_pipeline("offers", Settings())
+    schema = pipeline.reader_schema
+    validator = RecordValidator(checked_rules(pipeline), schema=schema, parsed_schema=parse_schema(schema))
+    offer = {
+        "offer_id": "o-1", "merchant_id": "m-1", "title": "Lamp", "price_cents": 100, "currency": "EUR",
+        "stock": 1, "status": "active", "version": 2**43, "updated_at": 1, "promo_code": None,
+    }  # fmt: skip
+    rejection = validator.check(offer)
+    assert rejection is not None and rejection.rule == "version.latest_rank"
+    assert validator.check({**offer, "version": 2**43 - 1}) is None

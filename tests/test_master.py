@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from lambdalake.master import MasterDataset, write_event_files
@@ -59,3 +61,24 @@ def test_only_a_missing_table_reads_as_empty(tmp_path: Path) -> None:
         broken.file_uris()
     with pytest.raises(DeltaError):
         broken.read()
+
+
+def test_commits_record_layers_and_progress_and_refuse_other_layers(tmp_path: Path) -> None:
+    from lambdalake.errors import ConfigurationError
+    from lambdalake.master import PARTITIONS
+    from lambdalake.pipeline import LayersSpec
+
+    path = str(tmp_path / "bronze")
+    files = write_event_files(EVENTS, path=path, event_time="event_time", name="run1-t-0-0-2")
+    bronze = MasterDataset(path, event_time="event_time")
+    hourly = LayersSpec(epoch="1 hour", dedup_delay="10 minutes")
+    bronze.check_layers(hourly, pipeline="p")  # no table yet: nothing to compare
+    progress = {"t/0": [2, 1_700_000_000_000], "t/1": [7, 1_700_000_001_000]}
+    assert bronze.commit(files, app_id="a", batch_id=0, layers=hourly, partitions=progress) == 3
+    bronze.check_layers(hourly, pipeline="p")
+    for other in (LayersSpec(epoch="2 hours"), LayersSpec(dedup_delay="5 minutes")):
+        with pytest.raises(ConfigurationError) as refused:
+            bronze.check_layers(other, pipeline="p")
+        assert "pipelines/p.toml" in str(refused.value)
+    last = DeltaTable(path).history(1)[0]
+    assert json.loads(last[PARTITIONS]) == progress

@@ -22,6 +22,7 @@ from lambdalake.pipeline import Pipeline, WindowedView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
+from lambdalake.views import speed_table
 from speed.job import SpeedJob
 from tests.conftest import isolated, pipeline_named
 from tests.helpers import consume_all
@@ -70,7 +71,8 @@ def speed_run(services: Settings, spark, tmp_path_factory) -> dict:
     unique = os.urandom(4).hex()
     settings = isolated(services, tmp_path_factory.mktemp("speed"), unique)
     pipelines = {
-        name: pipeline_named(settings, name, topic=f"{name}-{unique}") for name in ("offers", "telemetry")
+        name: pipeline_named(settings, name, topic=f"{name}-{unique}", epoch="10 seconds")
+        for name in ("offers", "telemetry")
     }
     for seed, p in enumerate(pipelines.values()):
         produce_mixed(settings, p, EVENTS, seed)
@@ -147,7 +149,7 @@ def test_days_late_event_counts_at_once_in_current_epoch(speed_run: dict) -> Non
     job.catch_up()
     rows = [
         r
-        for r in cassandra_rows(settings, "speed_merchant_offers_hourly")
+        for r in cassandra_rows(settings, speed_table(pipeline, pipeline.view("merchant_offers_hourly")))
         if r["merchant_id"] == "merchant-late"
     ]
     window = late["updated_at"] // 3_600_000 * 3_600_000
@@ -155,13 +157,42 @@ def test_days_late_event_counts_at_once_in_current_epoch(speed_run: dict) -> Non
         {
             **rows[0],
             "window_start": window,
-            "epoch": msg.timestamp()[1] // (settings.epoch_seconds * 1000),
+            "epoch": msg.timestamp()[1] // (pipeline.layers.epoch_seconds * 1000),
             "updates": 1,
             "price_sum": 4200,
         }
     ]
     status = Path(settings.storage_root, "status", "speed-offers.json").read_text()
     assert '"dropped_behind_watermark": 0' in status
+
+
+def test_a_record_with_an_old_create_time_lands_in_the_current_ingest_epoch(speed_run: dict) -> None:
+    """The topics use LogAppendTime: the broker stamps each record as it appends it, so a producer's
+    clock (or an explicit 2001 timestamp) cannot put a record into an epoch a batch already covers."""
+    settings, pipeline, job = (
+        speed_run["settings"], speed_run["pipelines"]["offers"], speed_run["jobs"]["offers"],
+    )  # fmt: skip
+    producer = EventProducer(settings=settings, pipeline=pipeline, prepare=False)
+    offer = {
+        "offer_id": "offer-from-2001", "merchant_id": "m-2001", "title": "Old clock", "price_cents": 1,
+        "currency": "EUR", "stock": 1, "status": "active", "version": 1,
+        "updated_at": int(time.time() * 1000) - 1000, "promo_code": None,
+    }  # fmt: skip
+    encoder = WireEncoder(producer.schema_id, parse_schema(pipeline.reader_schema))
+    raw = Producer(settings.kafka.client_config())
+    before = int(time.time() * 1000)
+    raw.produce(
+        pipeline.topic.name, key=b"offer-from-2001", value=encoder.encode(offer), timestamp=978_307_200_000
+    )
+    assert raw.flush(10) == 0
+    after = int(time.time() * 1000)
+    job.catch_up()
+    bronze = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    table = bronze.read().to_pylist()
+    (row,) = [r for r in table if r["offer_id"] == "offer-from-2001"]
+    ingest_ms = int(row["_ingest_ts"].timestamp() * 1000)
+    assert before - 1000 <= ingest_ms <= after + 1000
+    assert row["_epoch"] == ingest_ms // (pipeline.layers.epoch_seconds * 1000)
 
 
 def test_speed_status_reports_every_query(speed_run: dict) -> None:
@@ -208,7 +239,7 @@ def test_a_second_windowed_view_gets_a_query_of_its_own(services: Settings, spar
         events, _ = topic_events(settings, pipeline)
         problems = differences(settings, pipeline, events)
         assert problems == [], problems[:10]
-        assert len(cassandra_rows(settings, f"speed_{hourly.name}")) > 0
+        assert len(cassandra_rows(settings, speed_table(pipeline, hourly))) > 0
     finally:
         job.stop()
 

@@ -40,3 +40,17 @@ def test_drift_is_reported_not_repaired(services: Settings, unique: str) -> None
     assert drift["partitions"] == ("3", "1")
     assert drift["cleanup.policy"] == ("compact", "delete")
     assert drift["min.compaction.lag.ms"][0] == "604800000"
+
+
+def test_config_drift_is_set_with_apply(services: Settings, unique: str) -> None:
+    """A topic made before LogAppendTime was in the definition: reported, then set with --apply."""
+    pipeline = pipeline_named(services, "offers", topic=f"offers-{unique}")
+    admin = admin_client(services)
+    ensure_topic(admin, pipeline.topic.name, partitions=2, replication_factor=1, config={})
+    (report, _) = ensure_pipeline_topics(services, pipeline)
+    assert ("message.timestamp.type", "LogAppendTime", "CreateTime") in report.drift
+    (report, _) = ensure_pipeline_topics(services, pipeline, apply=True)
+    assert report.action == "updated" and report.drift == []
+    assert ("message.timestamp.type", "LogAppendTime", "CreateTime") in report.fixed
+    (report, _) = ensure_pipeline_topics(services, pipeline)
+    assert (report.action, report.drift, report.fixed) == ("exists", [], [])

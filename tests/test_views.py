@@ -68,3 +68,19 @@ def test_latest_order_is_the_same_in_spark_and_in_the_archive_pass(spark, versio
     arrow = arrow_latest_order(table, "v")
     assert arrow.tolist() == in_spark
     assert [r is None for r in in_spark] == [False, False, False, True, True, False]
+
+
+def test_the_batch_rank_of_an_unbounded_version_is_exact_not_an_overflow(spark) -> None:
+    """Events archived before versions were bounded may carry any long: Spark ranks them exactly."""
+    from lambdalake.pipeline import LatestView
+    from lambdalake.spark.views import INGEST_TS, latest_order
+    from lambdalake.views import latest_rank
+
+    table = pa.table({
+        "v": pa.array([2**62, -(2**62), 3], type=pa.int64()),
+        INGEST_TS: pa.array([1_700_000_000_000_000] * 3, type=pa.timestamp("us", tz="UTC")),
+    })  # fmt: skip
+    view = LatestView.model_validate({"name": "l", "kind": "latest", "key": ["v"], "version": "v"})
+    df = spark.createDataFrame(table)
+    ranks = [r[0] for r in df.select(latest_order(df, view)).collect()]
+    assert ranks == [latest_rank(v, 1_700_000_000) for v in (2**62, -(2**62), 3)]

@@ -47,6 +47,8 @@ class TableDef:
     columns: tuple[tuple[str, str], ...]
     partition_key: tuple[str, ...]
     clustering: tuple[str, ...] = ()
+    #: Rows expire this long after they were written (Cassandra's ``default_time_to_live``).
+    ttl_seconds: int | None = None
 
     @property
     def column_names(self) -> list[str]:
@@ -61,7 +63,8 @@ class TableDef:
         pk = "(" + ", ".join(f'"{c}"' for c in self.partition_key) + ")"
         if self.clustering:
             pk += ", " + ", ".join(f'"{c}"' for c in self.clustering)
-        return f'CREATE TABLE IF NOT EXISTS "{keyspace}"."{self.name}" ({cols}, PRIMARY KEY ({pk}))'
+        ttl = f" WITH default_time_to_live = {self.ttl_seconds}" if self.ttl_seconds else ""
+        return f'CREATE TABLE IF NOT EXISTS "{keyspace}"."{self.name}" ({cols}, PRIMARY KEY ({pk})){ttl}'
 
     def insert_cql(self, keyspace: str, *, with_timestamp: bool = False) -> str:
         cols = ", ".join(f'"{c}"' for c in self.column_names)
@@ -78,7 +81,7 @@ def speed_table_def(pipeline: Pipeline, view: LatestView | WindowedView) -> Tabl
     types = _field_types(pipeline)
     if isinstance(view, LatestView):
         cols = [(c, cql_type(types[c])) for c in latest_columns(pipeline, view)]
-        return TableDef(speed_table(view), tuple(cols + INGEST_COLUMNS), tuple(view.key))
+        return TableDef(speed_table(pipeline, view), tuple(cols + INGEST_COLUMNS), tuple(view.key))
     cols = [(k, cql_type(types[k])) for k in view.key]
     cols += [(WINDOW_START, "timestamp"), (EPOCH, "bigint")]
     for c in view_components(view):
@@ -89,7 +92,11 @@ def speed_table_def(pipeline: Pipeline, view: LatestView | WindowedView) -> Tabl
             cols.append((c.column, "double" if pa.types.is_floating(src) else "bigint"))
         else:
             cols.append((c.column, cql_type(types[c.source])))  # type: ignore[index]
-    return TableDef(speed_table(view), tuple(cols), tuple(view.key), (WINDOW_START, EPOCH))
+    # Speed rows of an epoch are covered by a batch within two batch periods: they expire after that.
+    return TableDef(
+        speed_table(pipeline, view), tuple(cols), tuple(view.key), (WINDOW_START, EPOCH),
+        ttl_seconds=pipeline.layers.speed_ttl_seconds,
+    )  # fmt: skip
 
 
 def create_keyspace(session: Session, settings: CassandraSettings) -> None:
@@ -97,10 +104,38 @@ def create_keyspace(session: Session, settings: CassandraSettings) -> None:
     session.execute(f'CREATE KEYSPACE IF NOT EXISTS "{settings.keyspace}" WITH replication = {replication}')
 
 
+def ensure_table(session: Session, keyspace: str, table: TableDef) -> list[str]:
+    """Create ``table`` if missing, and add the columns it lacks (a compatible schema version with a
+    new field: ``ALTER TABLE ... ADD``). Returns the columns added. A column whose type differs is
+    refused with the fix, since Cassandra cannot change it in place."""
+    session.execute(table.create_cql(keyspace), timeout=60)
+    session.cluster.refresh_table_metadata(keyspace, table.name)
+    meta = session.cluster.metadata.keyspaces[keyspace].tables[table.name]
+    if table.ttl_seconds and int(meta.options.get("default_time_to_live") or 0) != table.ttl_seconds:
+        session.execute(
+            f'ALTER TABLE "{keyspace}"."{table.name}" WITH default_time_to_live = {table.ttl_seconds}',
+            timeout=60,
+        )
+    existing = meta.columns
+    added = []
+    for name, cql in table.columns:
+        have = existing.get(name)
+        if have is None:
+            session.execute(f'ALTER TABLE "{keyspace}"."{table.name}" ADD "{name}" {cql}', timeout=60)
+            added.append(name)
+        elif have.cql_type != cql:
+            raise ConfigurationError(
+                f"column {keyspace}.{table.name}.{name} is {have.cql_type}, the pipeline needs {cql}",
+                fix="a field's type cannot change in place: give the field a new name in a new schema "
+                "version, or drop the table and let the job write it again",
+            )
+    return added
+
+
 def deploy_speed_tables(session: Session, settings: CassandraSettings, pipeline: Pipeline) -> list[TableDef]:
-    """Create the keyspace and every speed table of the pipeline (idempotent)."""
+    """Create the keyspace and every speed table of the pipeline, adding new columns (idempotent)."""
     create_keyspace(session, settings)
     tables = [speed_table_def(pipeline, v) for v in pipeline.views]
     for table in tables:
-        session.execute(table.create_cql(settings.keyspace), timeout=60)
+        ensure_table(session, settings.keyspace, table)
     return tables

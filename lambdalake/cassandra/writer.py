@@ -8,23 +8,51 @@ from the event version, so the highest version wins whatever order writes arrive
 from __future__ import annotations
 
 import logging
+import re
+import struct
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from cassandra import AuthenticationFailed, InvalidRequest, Unauthorized
 from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent
+from cassandra.protocol import RequestValidationException
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import TableDef
+from lambdalake.errors import LambdalakeError
 from lambdalake.settings import CassandraSettings
 
 log = logging.getLogger("lambdalake.cassandra")
 
 #: Batches handed to the driver at once (bounds its memory, not the rows per call).
 CHUNK = 500
+
+#: Errors that retrying cannot fix: the request itself is wrong (a column the table lacks after a
+#: schema change, a value of the wrong type, no permission). Timeouts and unavailability are retried.
+PERMANENT = (
+    InvalidRequest, Unauthorized, AuthenticationFailed, RequestValidationException,
+    TypeError, ValueError, KeyError, struct.error,
+)  # fmt: skip
+
+
+class WriteRefused(LambdalakeError):
+    """Cassandra refused a write for a reason retrying cannot fix."""
+
+    def __init__(self, table: TableDef, error: BaseException) -> None:
+        text = str(error)
+        column = re.search(r"(?:Unknown identifier|Undefined column name|column) \"?(\w+)", text)
+        where = f" (column {column.group(1)!r})" if column else ""
+        super().__init__(
+            f"Cassandra refused writes to {table.name}{where}: {type(error).__name__}: {text}",
+            fix="if the pipeline's schema gained a field, run `lambdalake deploy <pipeline>` to add the "
+            "new columns to the view tables, then restart the job; a wrong value type means the table "
+            "was created by another version of the pipeline (compare it with `lambdalake pipelines`)",
+        )
+
 
 # Preparing is a round trip to the server: once per process, session and statement.
 _prepared: dict[tuple[int, str], PreparedStatement] = {}
@@ -129,6 +157,9 @@ def _write_groups(
             failed, errors = pending, [exc]
         if not failed:
             return
+        refused = next((e for e in errors if isinstance(e, PERMANENT)), None)
+        if refused is not None:
+            raise WriteRefused(table, refused)
         if time.monotonic() > deadline:
             raise RuntimeError(
                 f"{sum(map(len, failed))} writes to {table.name} still failing after "

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from lambdalake.errors import ServiceUnavailable
 from lambdalake.pipeline import Pipeline
@@ -35,18 +35,27 @@ def require_broker(settings: Settings, admin: AdminClient | None = None) -> Admi
 @dataclass(frozen=True)
 class TopicReport:
     topic: str
-    action: Literal["created", "exists"]
+    action: Literal["created", "exists", "updated"]
     #: (setting, wanted, actual) for every difference between the definition and the cluster.
     drift: list[tuple[str, str, str]] = field(default_factory=list)
+    #: (setting, wanted, was) for every config ``apply`` set.
+    fixed: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def ensure_topic(
-    admin: AdminClient, name: str, *, partitions: int, replication_factor: int, config: dict[str, str]
+    admin: AdminClient,
+    name: str,
+    *,
+    partitions: int,
+    replication_factor: int,
+    config: dict[str, str],
+    apply: bool = False,
 ) -> TopicReport:
     """Create ``name`` if missing; otherwise compare partitions and configs and report drift.
 
-    Drift is reported, not repaired: changing a live topic's partitions or cleanup policy changes
-    key placement or retention, which an operator must decide.
+    Drift is reported, not repaired, unless ``apply`` is set: then the topic configs the definition
+    names are set to its values (an operator's decision: e.g. ``message.timestamp.type`` changes
+    the timestamps of new records). Partitions are never changed here, since that moves keys.
     """
     futures = admin.create_topics(
         [NewTopic(name, partitions, replication_factor, config=dict(config))], operation_timeout=30
@@ -63,20 +72,33 @@ def ensure_topic(
         drift.append(("partitions", str(partitions), str(len(metadata.partitions))))
     actual = admin.describe_configs([ConfigResource("topic", name)])
     entries = next(iter(actual.values())).result()
+    configs = []
     for key, wanted in sorted(config.items()):
         have = entries[key].value if key in entries else "<unset>"
         if str(have) != str(wanted):
-            drift.append((key, str(wanted), str(have)))
-    return TopicReport(name, "exists", drift)
+            configs.append((key, str(wanted), str(have)))
+    if not (apply and configs):
+        return TopicReport(name, "exists", drift + configs)
+    resource = ConfigResource(
+        "topic", name,
+        incremental_configs=[
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v, _ in configs
+        ],
+    )  # fmt: skip
+    admin.incremental_alter_configs([resource])[resource].result()
+    return TopicReport(name, "updated", drift, configs)
 
 
-def ensure_pipeline_topics(settings: Settings, pipeline: Pipeline) -> list[TopicReport]:
-    """The pipeline's topic and its dead-letter topic."""
+def ensure_pipeline_topics(
+    settings: Settings, pipeline: Pipeline, *, apply: bool = False
+) -> list[TopicReport]:
+    """The pipeline's topic and its dead-letter topic (``apply``: fix config drift, see
+    :func:`ensure_topic`)."""
     admin = require_broker(settings)
     spec = pipeline.topic
     return [
         ensure_topic(admin, spec.name, partitions=spec.partitions,
-                     replication_factor=spec.replication_factor, config=spec.config),
+                     replication_factor=spec.replication_factor, config=spec.config, apply=apply),
         ensure_topic(admin, spec.dlq, partitions=1,
-                     replication_factor=spec.replication_factor, config=spec.dlq_config),
+                     replication_factor=spec.replication_factor, config=spec.dlq_config, apply=apply),
     ]  # fmt: skip

@@ -21,7 +21,7 @@ from lambdalake.kafka.admin import ensure_pipeline_topics
 from lambdalake.pipeline import Pipeline
 from lambdalake.registry import register_pipeline
 from lambdalake.settings import Settings
-from lambdalake.validation import RecordValidator, Rejection
+from lambdalake.validation import RecordValidator, Rejection, checked_rules
 
 #: Safe defaults: no loss (acks=all), no duplicates or reordering from retries (idempotence).
 PRODUCER_DEFAULTS: dict[str, Any] = {
@@ -151,7 +151,9 @@ class EventProducer:
         parsed = parse_schema(schema)
         self.schema_id = registered[index].schema_id
         self._encoder = WireEncoder(self.schema_id, parsed)
-        self._validator = RecordValidator(pipeline.rules, schema=schema, parsed_schema=parsed, now=clock)
+        self._validator = RecordValidator(
+            checked_rules(pipeline), schema=schema, parsed_schema=parsed, now=clock
+        )
         self._ts_fields = _timestamp_fields(schema)
         self._fields = frozenset(f["name"] for f in schema["fields"])
         self._drop_unknown = pipeline.event.unknown_fields == "drop"

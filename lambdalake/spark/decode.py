@@ -23,7 +23,7 @@ from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import Pipeline, Rule
 from lambdalake.settings import Settings
 from lambdalake.spark.views import INGEST_EPOCH, INGEST_TS
-from lambdalake.validation import RecordValidator
+from lambdalake.validation import RankRule, RecordValidator, checked_rules
 
 META_FIELDS = [
     pa.field("_topic", pa.string()),
@@ -48,7 +48,7 @@ class DecodeSpec:
     pipeline: str
     reader_schema: str
     registry: dict[str, Any]
-    rules: tuple[Rule, ...]
+    rules: tuple[Rule | RankRule, ...]
     epoch_seconds: int
 
     @classmethod
@@ -57,8 +57,8 @@ class DecodeSpec:
             pipeline=pipeline.name,
             reader_schema=pipeline.schema_text(),
             registry=settings.registry.client_config(),
-            rules=tuple(pipeline.rules),
-            epoch_seconds=settings.epoch_seconds,
+            rules=tuple(checked_rules(pipeline)),
+            epoch_seconds=pipeline.layers.epoch_seconds,
         )
 
     @property

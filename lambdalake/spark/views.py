@@ -23,8 +23,10 @@ INGEST_EPOCH = "_epoch"
 def latest_order(df: DataFrame, view: LatestView) -> Column:
     """:func:`lambdalake.views.latest_rank` of each delivery, as a Spark column."""
     v = F.col(view.version)
-    v = F.unix_millis(v) if isinstance(df.schema[view.version].dataType, TimestampType) else v.cast("long")
-    return latest_rank(v, F.unix_seconds(F.col(INGEST_TS)))
+    v = F.unix_millis(v) if isinstance(df.schema[view.version].dataType, TimestampType) else v
+    # Exact decimal arithmetic: an event archived before versions were bounded (|v| < 2^43) ranks
+    # correctly instead of failing the job with an overflow (ANSI) or wrapping.
+    return latest_rank(v.cast("decimal(38,0)"), F.unix_seconds(F.col(INGEST_TS)))
 
 
 def latest(df: DataFrame, pipeline: Pipeline, view: LatestView) -> DataFrame:
