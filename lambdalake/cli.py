@@ -51,6 +51,11 @@ speed_app = typer.Typer(
 )
 app.add_typer(speed_app, name="speed")
 
+batch_app = typer.Typer(
+    help="The batch layer: nightly rebuilds of the views from the master dataset.", no_args_is_help=True
+)
+app.add_typer(batch_app, name="batch")
+
 console = Console(stderr=True)
 out = Console()
 
@@ -551,6 +556,68 @@ def speed_show(
             grid.add_row(f"[dim]{name}[/]", str(value))
         out.print(f"[bold]{name} row {i + 1}[/]")
         out.print(grid)
+
+
+def _timestamp_ms(text: str) -> int:
+    """Epoch milliseconds from ISO-8601 (``2026-11-23T02:00:00Z``) or a number of milliseconds."""
+    from datetime import UTC, datetime
+
+    if text.strip().lstrip("-").isdigit():
+        return int(text)
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise LambdalakeError(
+            f"--as-of {text!r} is not a time", fix="give ISO-8601, e.g. 2026-11-23T02:00:00Z, or epoch ms"
+        ) from None
+    return int((parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
+@batch_app.command("run")
+def batch_run(
+    pipeline: PipelineArg,
+    horizon: Annotated[
+        int | None,
+        typer.Option(help="Cover ingest epochs up to this one (ingest ms // epoch ms); refused while open."),
+    ] = None,
+    as_of: Annotated[
+        str | None, typer.Option(help="Take the newest epoch closed at this time (ISO-8601 or epoch ms).")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Compute and count; write nothing.")] = False,
+) -> None:
+    """Rebuild every view of the pipeline from the master dataset up to the horizon, write the Delta
+    views and publish them to Cassandra as a new batch version (serving switches atomically)."""
+    from batch.job import BatchJob
+
+    if horizon is not None and as_of is not None:
+        raise LambdalakeError("give --horizon or --as-of, not both", fix="drop one of them")
+    settings = get_settings()
+    p = _pipeline(pipeline, settings)
+    t0 = time.monotonic()
+    with console.status("starting Spark...") as status:
+        job = BatchJob(settings=settings, pipeline=p)
+        result = job.run(
+            horizon=horizon,
+            as_of_ms=_timestamp_ms(as_of) if as_of else None,
+            dry_run=dry_run,
+            progress=lambda stage: status.update(f"{stage}..."),
+        )
+    table = Table(title=f"batch run {result.run_id} of {p.name}: {result.outcome}", show_header=False)
+    table.add_row("horizon", f"epoch {result.horizon} (ingest time < {result.horizon_end_ms} ms)")
+    table.add_row("bronze version", str(result.bronze_version))
+    table.add_row("events read", f"{result.events_read:,}")
+    table.add_row("duplicates removed", f"{result.duplicates:,}")
+    table.add_row("after the horizon (left to speed)", f"{result.after_horizon:,}")
+    for view, rows in result.rows.items():
+        delta = result.delta_versions.get(view)
+        table.add_row(
+            f"view {view}", f"{rows:,} rows" + (f", Delta version {delta}" if delta is not None else "")
+        )
+    table.add_row("batch version", str(result.batch_version if result.batch_version is not None else "-"))
+    for stage, seconds in result.stages.items():
+        table.add_row(f"[dim]{stage}[/]", f"[dim]{seconds:.1f}s[/]")
+    table.add_row("total", f"{time.monotonic() - t0:.1f}s")
+    out.print(table)
 
 
 def main() -> None:

@@ -15,16 +15,14 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from pathlib import PurePosixPath
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import TableNotFoundError
-from deltalake.transaction import AddAction
+from deltalake import DeltaTable
 from pyarrow import fs as pafs
 
+from lambdalake.delta import NULL_PARTITION, commit_files, open_table
 from lambdalake.errors import ConfigurationError
 from lambdalake.pipeline import LayersSpec
 from lambdalake.storage import delete_file, list_files
@@ -34,8 +32,6 @@ PARTITION = "event_date"
 EPOCH_MS = "lambdalake.epoch_ms"
 DEDUP_DELAY_MS = "lambdalake.dedup_delay_ms"
 PARTITIONS = "lambdalake.partitions"
-#: Hive's name for the partition of a null value.
-NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 log = logging.getLogger("lambdalake.master")
 
@@ -92,17 +88,7 @@ class MasterDataset:
         self.event_time = event_time
 
     def _table(self) -> DeltaTable | None:
-        """The table, or None when there is none yet. Any other storage error raises: an unreadable
-        log or a denied path must not read as an empty dataset."""
-        try:
-            return DeltaTable(self.path)
-        except TableNotFoundError:
-            # delta-rs says "not found" for a denied path too: only a location without a Delta log
-            # (or with a log folder and no commit in it, as a first commit killed early leaves) is
-            # "no table yet". Listing a denied location raises here, as it should.
-            if not list_files(f"{self.path.rstrip('/')}/_delta_log", suffix=".json"):
-                return None
-            raise
+        return open_table(self.path)
 
     def commit(
         self,
@@ -124,56 +110,22 @@ class MasterDataset:
         if last is not None and last >= batch_id:
             return None
         t0 = time.monotonic()
-        actions, schema, rows = self._add_actions(sorted(set(files)))
-        if not actions:
+        files = sorted(set(files))
+        if not files:
             return 0
-        if table is None:
-            DeltaTable.create(
-                self.path,
-                schema=schema,
-                partition_by=[PARTITION],
-                mode="ignore",
-                name=PurePosixPath(self.path).name,
-            )
-            table = DeltaTable(self.path)
-        table.create_write_transaction(
-            actions,
-            mode="append",
-            schema=schema,
-            partition_by=[PARTITION],
-            commit_properties=CommitProperties(
-                app_transactions=[Transaction(app_id=app_id, version=batch_id)],
-                custom_metadata={
-                    "lambdalake.batch_id": str(batch_id),
-                    "lambdalake.app_id": app_id,
-                    EPOCH_MS: str(layers.epoch_seconds * 1000),
-                    DEDUP_DELAY_MS: str(layers.dedup_delay_seconds * 1000),
-                    PARTITIONS: json.dumps(dict(partitions or {}), sort_keys=True),
-                },
-            ),
-        )
-        log.debug("master commit of %d files: %.2fs", len(actions), time.monotonic() - t0)
+        _version, rows = commit_files(
+            self.path, files, mode="append", partition=(PARTITION, pa.date32()),
+            app_transaction=(app_id, batch_id),
+            metadata={
+                "lambdalake.batch_id": str(batch_id),
+                "lambdalake.app_id": app_id,
+                EPOCH_MS: str(layers.epoch_seconds * 1000),
+                DEDUP_DELAY_MS: str(layers.dedup_delay_seconds * 1000),
+                PARTITIONS: json.dumps(dict(partitions or {}), sort_keys=True),
+            },
+        )  # fmt: skip
+        log.debug("master commit of %d files: %.2fs", len(files), time.monotonic() - t0)
         return rows
-
-    def _add_actions(self, files: list[str]) -> tuple[list[AddAction], pa.Schema, int]:
-        filesystem, root = pafs.FileSystem.from_uri(self.path)
-        root = root.rstrip("/")
-        actions, schema, total = [], None, 0
-        now_ms = int(time.time() * 1000)
-        for relative in files:
-            target = f"{root}/{relative}"
-            partition = relative.split("/", 1)[0].split("=", 1)[1]
-            metadata = pq.read_metadata(target, filesystem=filesystem)
-            if schema is None:
-                schema = metadata.schema.to_arrow_schema().append(pa.field(PARTITION, pa.date32()))
-            total += metadata.num_rows
-            actions.append(AddAction(
-                path=relative, size=filesystem.get_file_info(target).size,
-                partition_values={PARTITION: None if partition == NULL_PARTITION else partition},
-                modification_time=now_ms, data_change=True,
-                stats=json.dumps({"numRecords": metadata.num_rows}),
-            ))  # fmt: skip
-        return actions, schema, total  # type: ignore[return-value]
 
     def recorded_layers(self) -> dict[str, int] | None:
         """The epoch length and dedup delay (ms) the newest commit recorded (None: no table, or a table
@@ -209,6 +161,22 @@ class MasterDataset:
                 fix=f"set [layers] back to the recorded values in pipelines/{pipeline}.toml, or build the "
                 "new values as a new pipeline (another name, so another master dataset and views)",
             )
+
+    def read_progress(self, partitions: Iterable[str], *, version: int | None = None) -> dict[str, int]:
+        """The highest offset the speed job had read, per ``"topic/partition"``, as of ``version``
+        (default the newest): from the commits' metadata, newest first, until every one is found."""
+        table = open_table(self.path, version=version)
+        if table is None:
+            return {}
+        wanted, found = set(partitions), {}
+        for entry in table.history():
+            if version is not None and entry.get("version", 0) > version:
+                continue
+            for key, (offset, _ingest) in json.loads(entry.get(PARTITIONS) or "{}").items():
+                found[key] = max(found.get(key, -1), offset)
+            if wanted <= set(found):
+                break
+        return found
 
     def clear_staging(self, prefix: str) -> int:
         """Delete the staging files whose names start with ``prefix`` (a run id: files of attempts

@@ -243,6 +243,9 @@ class LayersSpec(Strict):
     #: How long speed rows of windowed views live in Cassandra: longer than two batch periods, so an
     #: epoch is covered by a batch before its speed rows expire.
     speed_ttl: str = Field("3 days", pattern=_INTERVAL)
+    #: How long after an epoch's end the batch layer waits before it counts the epoch as closed
+    #: (default: the dedup delay).
+    grace: str | None = Field(None, pattern=_INTERVAL)
 
     @model_validator(mode="after")
     def _lengths(self) -> LayersSpec:
@@ -265,6 +268,10 @@ class LayersSpec(Strict):
     @property
     def speed_ttl_seconds(self) -> int:
         return interval_seconds(self.speed_ttl)
+
+    @property
+    def grace_seconds(self) -> int:
+        return interval_seconds(self.grace) if self.grace is not None else self.dedup_delay_seconds
 
 
 class Pipeline(Strict):
@@ -340,10 +347,12 @@ class Pipeline(Strict):
         if len({v.name for v in self.views}) != len(self.views):
             raise ValueError("view names must be unique")
         for view in self.views:
-            if len(f"{self.name}__{view.name}__speed") > MAX_TABLE_NAME:
+            # The longest of its tables' names: a batch version table (up to a million versions).
+            longest = f"{self.name}__{view.name}__b999999"
+            if len(longest) > MAX_TABLE_NAME:
                 raise ValueError(
-                    f"view {view.name!r}: its table name {self.name}__{view.name}__speed would exceed "
-                    f"Cassandra's {MAX_TABLE_NAME} characters (shorten the pipeline or view name)"
+                    f"view {view.name!r}: its table names ({longest}) would exceed Cassandra's "
+                    f"{MAX_TABLE_NAME} characters (shorten the pipeline or view name)"
                 )
         return self
 

@@ -105,9 +105,15 @@ def speed_table(pipeline: Pipeline, view: LatestView | WindowedView) -> str:
     return f"{pipeline.name}__{view.name}__speed"
 
 
-def batch_table(pipeline: Pipeline, view: LatestView | WindowedView) -> str:
-    """The Cassandra table of a view's batch rows (every published batch version)."""
-    return f"{pipeline.name}__{view.name}__batch"
+def batch_table(pipeline: Pipeline, view: LatestView | WindowedView, version: int) -> str:
+    """The Cassandra table of one published batch version of a view: a table per version, so a new
+    version is written beside the active one and an old one is dropped whole."""
+    return f"{pipeline.name}__{view.name}__b{version}"
+
+
+#: The ``latest`` batch rows' column holding their :func:`latest_rank` (serving compares it with the
+#: speed row's write timestamp).
+RANK = "_rank"
 
 
 def latest_columns(pipeline: Pipeline, view: LatestView) -> list[str]:

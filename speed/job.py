@@ -45,11 +45,12 @@ from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decode
 from lambdalake.spark.session import spark_session
+from lambdalake.spark.sinks import upsert_view
 from lambdalake.spark.views import INGEST_TS, windowed
 from lambdalake.storage import read_text, write_text
 from lambdalake.views import windowed_inputs
 from speed.dedup import DedupLog
-from speed.sinks import ArchiveSink, FileSet, LatestSink, PartitionProgress, drain, upsert_view
+from speed.sinks import ArchiveSink, FileSet, LatestSink, PartitionProgress, drain
 
 log = logging.getLogger("lambdalake.speed")
 

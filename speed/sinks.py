@@ -20,6 +20,7 @@ from pyspark.accumulators import AccumulatorParam
 from pyspark.sql import DataFrame
 
 from lambdalake.cassandra.tables import TableDef
+from lambdalake.cassandra.writer import cassandra_values
 from lambdalake.kafka import dlq
 from lambdalake.master import write_event_files
 from lambdalake.settings import CassandraSettings
@@ -27,18 +28,6 @@ from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decoder
 from lambdalake.spark.views import INGEST_TS
 from lambdalake.views import latest_rank
 from speed.dedup import DedupLog
-
-
-def cassandra_values(table: pa.Table | pa.RecordBatch, columns: list[str]) -> list[list[Any]]:
-    """Column values as the Cassandra driver takes them (timestamps as epoch milliseconds)."""
-    out = []
-    for name in columns:
-        col = table.column(name)
-        if pa.types.is_timestamp(col.type):
-            col = pc.divide(pc.cast(pc.cast(col, pa.timestamp("us")), pa.int64()), 1000)
-        out.append(col.to_pylist())
-    return out
-
 
 _producers: dict[str, Any] = {}
 
@@ -251,21 +240,6 @@ class ArchiveSink:
             return f"{self.file_prefix}-{topics[0]}-{parts[0]}-{bounds['min']}-{bounds['max']}"
         coords = table.select(["_topic", "_partition", "_offset"]).to_pydict()
         return f"{self.file_prefix}-{hashlib.sha1(repr(coords).encode()).hexdigest()}"
-
-
-def upsert_view(df: DataFrame, *, table: TableDef, cassandra: CassandraSettings) -> int:
-    """Upsert ``df``'s rows (absolute values) into ``table`` from the executors; returns rows written."""
-
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from lambdalake.cassandra.writer import upsert
-
-        written = 0
-        for batch in batches:
-            rows = zip(*cassandra_values(batch, table.column_names), strict=True)
-            written += upsert(rows, table=table, settings=cassandra)
-        yield pa.RecordBatch.from_pydict({"rows": [written]})
-
-    return sum(r["rows"] for r in df.select(*table.column_names).mapInArrow(write, "rows long").collect())
 
 
 def drain(df: DataFrame) -> None:

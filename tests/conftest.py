@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from infra.services import running
-from lambdalake.pipeline import Pipeline, configured_pipeline
+from lambdalake.pipeline import LayersSpec, Pipeline, configured_pipeline
 from lambdalake.settings import PROJECT_ROOT, Settings
 
 TEST_PORTS = {"broker": 19092, "registry": 18081, "cassandra": 19042, "storage": 17000}
@@ -73,15 +73,17 @@ def unique() -> str:
 
 
 def pipeline_named(
-    settings: Settings, name: str, *, topic: str | None = None, epoch: str | None = None
+    settings: Settings, name: str, *, topic: str | None = None, epoch: str | None = None, **layers: str
 ) -> Pipeline:
     """A pipeline definition, optionally on its own topic so tests do not share records, and with
-    another epoch length (short ones, so a test of a few minutes spans several ingest epochs)."""
+    other ``[layers]`` (short epochs, so a test of a few minutes spans several ingest epochs)."""
     p = configured_pipeline(name, settings)
     if topic is not None:
         p = p.model_copy(update={"topic": p.topic.model_copy(update={"name": topic})})
     if epoch is not None:
-        p = p.model_copy(update={"layers": p.layers.model_copy(update={"epoch": epoch})})
+        layers["epoch"] = epoch
+    if layers:
+        p = p.model_copy(update={"layers": LayersSpec.model_validate({**p.layers.model_dump(), **layers})})
     return p
 
 

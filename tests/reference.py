@@ -67,12 +67,34 @@ def windowed_view(
     events: pd.DataFrame, pipeline: Pipeline, view: WindowedView, epoch_seconds: int
 ) -> dict[tuple, dict]:
     df = first_deliveries(events, pipeline).copy()
+    df["epoch"] = df["_ts"] // (epoch_seconds * 1000)
+    return _aggregate(df, pipeline, view, ["epoch"])
+
+
+def batch_views(events: pd.DataFrame, pipeline: Pipeline, horizon: int) -> dict[str, dict[tuple, dict]]:
+    """What the batch layer must hold for ``horizon``: each identity's first copy by (ingest time,
+    partition, offset) over the whole history, then the events of epochs <= horizon, then the views
+    (windowed rows per key and window, across epochs)."""
+    ordered = events.sort_values(["_ts", "_partition", "_offset"], kind="stable")
+    firsts = ordered.drop_duplicates(subset=list(pipeline.event.identity), keep="first")
+    covered = firsts[firsts["_ts"] // (pipeline.layers.epoch_seconds * 1000) <= horizon]
+    out: dict[str, dict[tuple, dict]] = {}
+    for view in pipeline.views:
+        if isinstance(view, LatestView):
+            out[view.name] = latest_view(covered, view)
+        else:
+            out[view.name] = _aggregate(covered.copy(), pipeline, view, [])
+    return out
+
+
+def _aggregate(
+    df: pd.DataFrame, pipeline: Pipeline, view: WindowedView, extra: list[str]
+) -> dict[tuple, dict]:
     time_col = view.time or pipeline.event.time
     size_ms = view.window_seconds * 1000
     df["window_start"] = df[time_col] // size_ms * size_ms
-    df["epoch"] = df["_ts"] // (epoch_seconds * 1000)
     out: dict[tuple, dict] = {}
-    for key, group in df.groupby([*view.key, "window_start", "epoch"]):
+    for key, group in df.groupby([*view.key, "window_start", *extra]):
         row: dict[str, Any] = {}
         for agg in view.aggregates:
             col = group[agg.column] if agg.column else None
@@ -120,31 +142,57 @@ def differences(settings: Settings, pipeline: Pipeline, events: pd.DataFrame) ->
         rows = cassandra_rows(settings, speed_table(pipeline, view))
         if isinstance(view, LatestView):
             want = latest_view(events, view)
-            got = {tuple(r[k] for k in view.key): r for r in rows}
-            cols = [c for c in pipeline.reader_fields if c not in view.key]
         else:
             want = windowed_view(events, pipeline, view, pipeline.layers.epoch_seconds)
-            got = {(*[r[k] for k in view.key], r["window_start"], r["epoch"]): r for r in rows}
-            cols = list(next(iter(want.values())).keys()) if want else []
-        if set(got) != set(want):
-            problems.append(
-                f"{view.name}: {len(set(want) - set(got))} rows missing, "
-                f"{len(set(got) - set(want))} unexpected (of {len(want)})"
-            )
-            continue
-        bad = 0
-        for key, w in want.items():
-            for c in cols:
-                a, b = w[c], got[key][c]
-                if isinstance(a, float) or isinstance(b, float):
-                    same = a is not None and b is not None and abs(a - b) <= 1e-6 * max(1.0, abs(a))
-                    same = same or (pd.isna(a) and b is None)
-                else:
-                    same = (None if pd.isna(a) else a) == b if not isinstance(a, str) else a == b
-                if not same:
-                    bad += 1
-                    if bad <= 3:
-                        problems.append(f"{view.name} {key} {c}: want {a!r}, got {b!r}")
-        if bad:
-            problems.append(f"{view.name}: {bad} values differ")
+        problems += compare(pipeline, view, want, rows, epoch=True)
+    return problems
+
+
+def batch_differences(
+    pipeline: Pipeline, want: dict[str, dict[tuple, dict]], rows: dict[str, list[dict[str, Any]]]
+) -> list[str]:
+    """Every way batch rows (per view; timestamps as epoch ms) differ from :func:`batch_views`."""
+    problems: list[str] = []
+    for view in pipeline.views:
+        problems += compare(pipeline, view, want[view.name], rows[view.name], epoch=False)
+    return problems
+
+
+def compare(
+    pipeline: Pipeline,
+    view: LatestView | WindowedView,
+    want: dict[tuple, dict],
+    rows: list[dict],
+    *,
+    epoch: bool,
+) -> list[str]:
+    """How ``rows`` (as stored: timestamps in epoch ms) differ from the reference ``want``."""
+    if isinstance(view, LatestView):
+        got = {tuple(r[k] for k in view.key): r for r in rows}
+        cols = [c for c in pipeline.reader_fields if c not in view.key]
+    else:
+        extra = ["epoch"] if epoch else []
+        got = {(*[r[k] for k in view.key], r["window_start"], *[r[e] for e in extra]): r for r in rows}
+        cols = list(next(iter(want.values())).keys()) if want else []
+    if set(got) != set(want):
+        return [
+            f"{view.name}: {len(set(want) - set(got))} rows missing, "
+            f"{len(set(got) - set(want))} unexpected (of {len(want)})"
+        ]
+    problems: list[str] = []
+    bad = 0
+    for key, w in want.items():
+        for c in cols:
+            a, b = w[c], got[key][c]
+            if isinstance(a, float) or isinstance(b, float):
+                same = a is not None and b is not None and abs(a - b) <= 1e-6 * max(1.0, abs(a))
+                same = same or (pd.isna(a) and (b is None or pd.isna(b)))
+            else:
+                same = (None if pd.isna(a) else a) == b if not isinstance(a, str) else a == b
+            if not same:
+                bad += 1
+                if bad <= 3:
+                    problems.append(f"{view.name} {key} {c}: want {a!r}, got {b!r}")
+    if bad:
+        problems.append(f"{view.name}: {bad} values differ")
     return problems

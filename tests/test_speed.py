@@ -289,7 +289,10 @@ def test_speed_status_counts_every_row_across_restarts(services: Settings, spark
 
     unique = os.urandom(4).hex()
     settings = isolated(services, tmp_path, unique)
-    pipeline = pipeline_named(settings, "telemetry", topic=f"telemetry-{unique}")
+    # A name of its own: query names are unique per Spark session, and the module's jobs still run.
+    pipeline = pipeline_named(settings, "telemetry", topic=f"telemetry-{unique}").model_copy(
+        update={"name": "telemetry_status"}
+    )
     producer = EventProducer(settings=settings, pipeline=pipeline)
     for n, seed in ((4950, 1), (15, 2)):
         for record in generate("telemetry", n, seed=seed, mix=Mix(duplicates=0, invalid=0, late=0)):
@@ -303,6 +306,6 @@ def test_speed_status_counts_every_row_across_restarts(services: Settings, spark
             job.stop()
     result = run_cli(settings, "speed", "status", "--json")
     assert result.returncode == 0, result.stderr.decode()
-    main = json.loads(result.stdout)["telemetry-main"]
+    main = json.loads(result.stdout)["telemetry_status-main"]
     assert main["rows"] == 4965, main
     assert main["last_batch"]["rows"] == 15, main

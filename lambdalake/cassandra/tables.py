@@ -12,7 +12,15 @@ from lambdalake.errors import ConfigurationError
 from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import CassandraSettings
-from lambdalake.views import EPOCH, WINDOW_START, latest_columns, speed_table, view_components
+from lambdalake.views import (
+    EPOCH,
+    RANK,
+    WINDOW_START,
+    batch_table,
+    latest_columns,
+    speed_table,
+    view_components,
+)
 
 INGEST_COLUMNS = [("_ingest_ts", "timestamp"), ("_epoch", "bigint")]
 
@@ -97,6 +105,29 @@ def speed_table_def(pipeline: Pipeline, view: LatestView | WindowedView) -> Tabl
         speed_table(pipeline, view), tuple(cols), tuple(view.key), (WINDOW_START, EPOCH),
         ttl_seconds=pipeline.layers.speed_ttl_seconds,
     )  # fmt: skip
+
+
+def batch_table_def(pipeline: Pipeline, view: LatestView | WindowedView, version: int) -> TableDef:
+    """The table of one published batch version: the speed table's columns, without the ingest epoch
+    (a batch row covers every epoch up to the horizon); ``latest`` rows carry their rank."""
+    speed = speed_table_def(pipeline, view)
+    if isinstance(view, LatestView):
+        cols = (*speed.columns, (RANK, "bigint"))
+        return TableDef(batch_table(pipeline, view, version), cols, speed.partition_key)
+    cols = tuple(c for c in speed.columns if c[0] != EPOCH)
+    return TableDef(batch_table(pipeline, view, version), cols, speed.partition_key, (WINDOW_START,))
+
+
+#: One row per pipeline: the active batch version and its horizon. Publishing writes every row of a
+#: new version first, then this one row: the swap is a single-partition write, so atomic.
+BATCH_META = TableDef(
+    "lambdalake_batch",
+    (
+        ("pipeline", "text"), ("version", "bigint"), ("horizon", "bigint"), ("epoch_ms", "bigint"),
+        ("bronze_version", "bigint"), ("views", "text"), ("published_at", "timestamp"),
+    ),
+    ("pipeline",),
+)  # fmt: skip
 
 
 def create_keyspace(session: Session, settings: CassandraSettings) -> None:

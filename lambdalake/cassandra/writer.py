@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from cassandra import AuthenticationFailed, InvalidRequest, Unauthorized
 from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent
@@ -176,3 +178,14 @@ def _write_groups(
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
         pending = failed
+
+
+def cassandra_values(table: pa.Table | pa.RecordBatch, columns: list[str]) -> list[list[Any]]:
+    """Column values as the Cassandra driver takes them (timestamps as epoch milliseconds)."""
+    out = []
+    for name in columns:
+        col = table.column(name)
+        if pa.types.is_timestamp(col.type):
+            col = pc.divide(pc.cast(pc.cast(col, pa.timestamp("us")), pa.int64()), 1000)
+        out.append(col.to_pylist())
+    return out

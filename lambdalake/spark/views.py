@@ -78,10 +78,13 @@ def windowed(
     return out
 
 
-def deduplicate(df: DataFrame, pipeline: Pipeline) -> DataFrame:
-    """Batch form of event identity: keep each identity's first delivery, the first in its
-    partition's log (the identity includes the key, so all copies share a partition). This is the
-    copy the speed layer keeps, as it reads each partition in offset order; ingest time would not
-    do, because two producers' records can reach the log in another order than their timestamps."""
-    first = F.min_by(F.struct(*[F.col(c) for c in df.columns]), F.struct("_partition", "_offset"))
-    return df.groupBy(*pipeline.event.identity).agg(first.alias("_e")).select("_e.*")
+def deduplicate(df: DataFrame, pipeline: Pipeline, *, copies: str | None = None) -> DataFrame:
+    """Batch form of event identity, across the whole history: keep each identity's first delivery
+    by (ingest time, partition, offset). Ingest time is the broker's append time (LogAppendTime), so
+    within a partition this is the first in its log, the copy the speed layer keeps; across
+    partitions (copies written before partitions were added) the earlier ingest time wins.
+    ``copies`` names a column to count each identity's deliveries in (none by default)."""
+    first = F.min_by(F.struct(*[F.col(c) for c in df.columns]), F.struct(INGEST_TS, "_partition", "_offset"))
+    counted = [F.count(F.lit(1)).alias(copies)] if copies else []
+    out = df.groupBy(*pipeline.event.identity).agg(first.alias("_e"), *counted)
+    return out.select("_e.*", *([copies] if copies else []))

@@ -1,0 +1,1 @@
+"""The batch layer: nightly rebuilds of every view from the master dataset."""

@@ -1,0 +1,125 @@
+"""The batch horizon: the newest ingest epoch that is closed, so a batch covers it whole.
+
+An epoch ``E`` (ingest ms // epoch ms) is closed when
+
+- its end plus the grace period has passed: ``(E + 1) * epoch_ms + grace_ms <= now``, and
+- bronze has archived, on every partition, everything before the epoch's end: the speed job has
+  read up to the first offset whose (LogAppendTime) timestamp is at or after ``(E + 1) * epoch_ms``.
+  That offset comes from the broker (offsets-for-times); a partition with no record after the
+  epoch (idle) needs everything up to its end offset read, and so never blocks the horizon by
+  being idle, only by being behind.
+
+With LogAppendTime an epoch is a contiguous offset range of each partition, so this boundary is exact.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from lambdalake.errors import ConfigurationError, ServiceUnavailable
+from lambdalake.master import MasterDataset
+from lambdalake.pipeline import Pipeline
+from lambdalake.settings import Settings
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """The epochs a batch covers (``<= epoch``), and per ``"topic/partition"`` the offsets before
+    the next epoch's first offset (``[0, boundary)``), which bronze has archived."""
+
+    epoch: int
+    epoch_ms: int
+    boundaries: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def end_ms(self) -> int:
+        """Ingest time (ms) where the covered epochs end."""
+        return (self.epoch + 1) * self.epoch_ms
+
+
+def newest_closed_by_time(pipeline: Pipeline, now_ms: int) -> int:
+    """The newest epoch whose end plus grace has passed at ``now_ms``."""
+    epoch_ms = pipeline.layers.epoch_seconds * 1000
+    return (now_ms - pipeline.layers.grace_seconds * 1000) // epoch_ms - 1
+
+
+def boundaries(settings: Settings, pipeline: Pipeline, end_ms: int) -> dict[str, int]:
+    """Per ``"topic/partition"``: the first offset at or after ``end_ms`` (ingest time), or the end
+    offset where no record is that recent."""
+    consumer = Consumer({**settings.kafka.client_config(), "group.id": "lambdalake-batch-horizon"})
+    topic = pipeline.topic.name
+    try:
+        meta = consumer.list_topics(topic, timeout=settings.kafka.connect_timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise ConfigurationError(
+                f"topic {topic!r} does not exist", fix=f"run `lambdalake deploy {pipeline.name}` first"
+            )
+        asked = [TopicPartition(topic, p, end_ms) for p in sorted(meta.partitions)]
+        out = {}
+        for tp in consumer.offsets_for_times(asked, timeout=30):
+            offset = tp.offset
+            if offset < 0:
+                offset = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=30)[1]
+            out[f"{topic}/{tp.partition}"] = offset
+        return out
+    except KafkaException as exc:
+        raise ServiceUnavailable(
+            f"cannot ask Kafka at {settings.kafka.bootstrap_servers} for {topic}'s offsets: {exc}",
+            fix="start the broker (`lambdalake up`) or set LAMBDALAKE_KAFKA__BOOTSTRAP_SERVERS",
+        ) from None
+    finally:
+        consumer.close()
+
+
+def lagging(bounds: dict[str, int], read: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """Partitions whose records before the boundary bronze has not all read: {p: (read, needed)}."""
+    return {
+        p: (read.get(p, -1), boundary - 1)
+        for p, boundary in bounds.items()
+        if boundary > 0 and read.get(p, -1) < boundary - 1
+    }
+
+
+def find_horizon(
+    settings: Settings,
+    pipeline: Pipeline,
+    bronze: MasterDataset,
+    *,
+    bronze_version: int,
+    requested: int | None = None,
+    now_ms: int | None = None,
+    lookback: int = 48,
+) -> Horizon:
+    """The horizon for a run: ``requested`` (refused if open or not archived yet) or the newest
+    closed epoch, stepping back over epochs bronze has not archived whole (at most ``lookback``).
+
+    Raises:
+        ConfigurationError: ``requested`` is open, or not archived; or no epoch is closed yet.
+    """
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    epoch_ms = pipeline.layers.epoch_seconds * 1000
+    newest = newest_closed_by_time(pipeline, now_ms)
+    if requested is not None and requested > newest:
+        raise ConfigurationError(
+            f"epoch {requested} is still open: it ends at {(requested + 1) * epoch_ms} ms, plus a grace of "
+            f"{pipeline.layers.grace_seconds} s; the newest closed epoch is {newest}",
+            fix=f"use --horizon {newest} or less, or wait until the epoch has closed",
+        )
+    candidates = [requested] if requested is not None else range(newest, newest - lookback, -1)
+    problems = {}
+    for epoch in candidates:
+        bounds = boundaries(settings, pipeline, (epoch + 1) * epoch_ms)
+        read = bronze.read_progress(bounds, version=bronze_version)
+        behind = lagging(bounds, read)
+        if not behind:
+            return Horizon(epoch, epoch_ms, bounds)
+        problems[epoch] = behind
+    worst = problems[next(iter(problems))]
+    detail = ", ".join(f"{p}: read up to {r}, needs {n}" for p, (r, n) in sorted(worst.items()))
+    raise ConfigurationError(
+        f"bronze has not archived epoch {next(iter(problems))} of {pipeline.name!r} whole ({detail})",
+        fix=f"let the speed job catch up (`lambdalake speed run {pipeline.name}`), then run the batch again",
+    )

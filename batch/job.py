@@ -1,0 +1,232 @@
+"""The nightly rebuild of one pipeline's views from the master dataset (bronze).
+
+One run:
+
+1. **pin** bronze at its current Delta version and read exactly that version's live files;
+2. **horizon**: the newest closed ingest epoch (:mod:`batch.horizon`), or the one asked for;
+3. **compute**, with the very view functions the speed layer runs (``lambdalake.spark.views``):
+   deduplicate by identity across the whole history (first by ingest time, partition, offset),
+   then keep the events of epochs at or before the horizon (dedup first, then the horizon: a copy
+   after the horizon of an event before it must not count again later), then every view;
+4. **Delta views**: Spark writes each view's Parquet files in parallel under
+   ``<storage_root>/views/<pipeline>/<view>/data/<run>/``; delta-rs commits them as one overwrite
+   carrying the run's metadata, so history and time travel work;
+5. **publish** (:mod:`batch.publish`): rows go to a new Cassandra table per view and version; one
+   metadata row then switches serving to it (the atomic swap).
+
+Nothing is collected to the driver but counts. A run killed anywhere leaves the previous Delta
+versions and the previous active batch version in place; the next run starts over cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from functools import partial
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from batch.horizon import Horizon, find_horizon
+from lambdalake.delta import commit_files, open_table
+from lambdalake.errors import ConfigurationError
+from lambdalake.master import MasterDataset, table_path
+from lambdalake.pipeline import LatestView, Pipeline
+from lambdalake.settings import Settings
+from lambdalake.spark.session import spark_session
+from lambdalake.spark.views import INGEST_EPOCH, deduplicate, latest, latest_order, windowed
+from lambdalake.storage import list_files, write_text
+from lambdalake.views import RANK
+
+log = logging.getLogger("lambdalake.batch")
+
+COPIES = "_copies"
+
+
+def views_path(storage_root: str, pipeline: str, view: str) -> str:
+    """Where a view's Delta table lives."""
+    return f"{storage_root.rstrip('/')}/views/{pipeline}/{view}"
+
+
+def status_file(storage_root: str, pipeline: str) -> str:
+    """The last batch run's summary (read by ``lambdalake status``)."""
+    return f"{storage_root.rstrip('/')}/status/batch-{pipeline}.json"
+
+
+@dataclass
+class BatchRun:
+    """What one run did: the summary table and the status file show it."""
+
+    pipeline: str
+    run_id: str
+    horizon: int | None = None
+    horizon_end_ms: int | None = None
+    bronze_version: int | None = None
+    boundaries: dict[str, int] = field(default_factory=dict)
+    events_read: int = 0
+    duplicates: int = 0
+    after_horizon: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+    delta_versions: dict[str, int] = field(default_factory=dict)
+    batch_version: int | None = None
+    outcome: str = "running"
+    stages: dict[str, float] = field(default_factory=dict)
+
+
+Progress = Callable[[str], None]
+
+
+class BatchJob:
+    """The batch layer of one pipeline.
+
+    Args:
+        settings: Cluster addresses and the storage root.
+        pipeline: The pipeline definition.
+        spark: An existing session; default one built from ``settings.spark``.
+    """
+
+    def __init__(self, *, settings: Settings, pipeline: Pipeline, spark: SparkSession | None = None) -> None:
+        self.settings = settings
+        self.pipeline = pipeline
+        self.spark = spark or spark_session(settings, f"lambdalake-batch-{pipeline.name}")
+        self.bronze = MasterDataset(
+            table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
+        )
+
+    def run(
+        self,
+        *,
+        horizon: int | None = None,
+        as_of_ms: int | None = None,
+        dry_run: bool = False,
+        publish: bool = True,
+        progress: Progress = lambda _stage: None,
+    ) -> BatchRun:
+        """Rebuild every view up to the horizon; write Delta views and publish unless ``dry_run``.
+
+        Args:
+            horizon: Cover epochs up to this one (refused if still open); default the newest closed.
+            as_of_ms: Judge "closed" as of this time instead of now.
+            dry_run: Compute and count, write nothing.
+            publish: Publish to Cassandra after the Delta commits (default True).
+            progress: Called with each stage's name as it starts.
+        """
+        run = BatchRun(
+            pipeline=self.pipeline.name, run_id=f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        )
+        clock = partial(_stage, run)
+        try:
+            with clock("pin"):
+                progress("pinning bronze")
+                table = open_table(self.bronze.path)
+                if table is None:
+                    raise ConfigurationError(
+                        f"pipeline {self.pipeline.name!r} has no master dataset at {self.bronze.path} yet",
+                        fix=f"run the speed job first (`lambdalake speed run {self.pipeline.name}`)",
+                    )
+                self.bronze.check_layers(self.pipeline.layers, pipeline=self.pipeline.name)
+                run.bronze_version = table.version()
+                files = table.file_uris()
+            with clock("horizon"):
+                progress("finding the horizon")
+                found = find_horizon(
+                    self.settings, self.pipeline, self.bronze, bronze_version=run.bronze_version,
+                    requested=horizon, now_ms=as_of_ms,
+                )  # fmt: skip
+                run.horizon, run.horizon_end_ms, run.boundaries = found.epoch, found.end_ms, found.boundaries
+            with clock("read+dedup"):
+                progress(f"reading {len(files)} bronze files and deduplicating")
+                covered = self._covered(files, found, run)
+            for view in self.pipeline.views:
+                with clock(f"view {view.name}"):
+                    progress(f"computing {view.name}")
+                    out = self.compute(covered, view)
+                    if dry_run:
+                        run.rows[view.name] = out.count()
+                        continue
+                    run.delta_versions[view.name], run.rows[view.name] = self._write_view(out, view.name, run)
+            covered.unpersist()
+            if dry_run:
+                run.outcome = "dry run"
+                return run
+            if publish:
+                from batch.publish import Publisher
+
+                with clock("publish"):
+                    progress("publishing to Cassandra")
+                    run.batch_version = Publisher(self.settings, self.pipeline, self.spark).publish(run)
+            run.outcome = "published" if publish else "delta only"
+            return run
+        except BaseException as exc:
+            run.outcome = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            raise
+        finally:
+            if not dry_run:
+                write_text(
+                    status_file(self.settings.storage_root, self.pipeline.name), json.dumps(asdict(run))
+                )
+
+    def _covered(self, files: list[str], horizon: Horizon, run: BatchRun) -> DataFrame:
+        """Bronze deduplicated across all history, then cut at the horizon (cached for the views)."""
+        if not files:
+            raise ConfigurationError(
+                f"the master dataset of {self.pipeline.name!r} holds no files", fix="run the speed job first"
+            )
+        events = self.spark.read.parquet(*files)
+        firsts = deduplicate(events, self.pipeline, copies=COPIES).persist()
+        counts = firsts.agg(
+            F.sum(COPIES).alias("read"),
+            F.count(F.lit(1)).alias("distinct"),
+            F.sum(F.when(F.col(INGEST_EPOCH) > horizon.epoch, 1).otherwise(0)).alias("after"),
+        ).first()
+        run.events_read = int(counts["read"] or 0)
+        run.duplicates = run.events_read - int(counts["distinct"] or 0)
+        run.after_horizon = int(counts["after"] or 0)
+        covered = firsts.filter(F.col(INGEST_EPOCH) <= horizon.epoch).drop(COPIES)
+        return covered
+
+    def compute(self, covered: DataFrame, view) -> DataFrame:
+        """One view's batch rows (the speed layer's view functions; ``latest`` rows with their rank)."""
+        if isinstance(view, LatestView):
+            out = latest(covered, self.pipeline, view)
+            return out.withColumn(RANK, latest_order(out, view).cast("long"))
+        return windowed(covered, self.pipeline, view)
+
+    def _write_view(self, out: DataFrame, view: str, run: BatchRun) -> tuple[int, int]:
+        """Write the rows as Parquet (in parallel, by Spark) and commit them as one Delta overwrite."""
+        path = views_path(self.settings.storage_root, self.pipeline.name, view)
+        folder = f"data/{run.run_id}"
+        out.write.mode("errorifexists").parquet(f"{path}/{folder}")
+        written = list_files(f"{path}/{folder}", suffix=".parquet")
+        relative = [f"{folder}/{uri.rsplit('/', 1)[1]}" for uri in written]
+        version, rows = commit_files(
+            path, relative, mode="overwrite", schema=_arrow_schema(out),
+            metadata={
+                "lambdalake.run_id": run.run_id, "lambdalake.horizon": str(run.horizon),
+                "lambdalake.horizon_end_ms": str(run.horizon_end_ms),
+                "lambdalake.bronze_version": str(run.bronze_version),
+                "lambdalake.epoch_ms": str(self.pipeline.layers.epoch_seconds * 1000),
+            },
+        )  # fmt: skip
+        return version, rows
+
+
+def _arrow_schema(df: DataFrame):
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(df.schema, timezone="UTC")
+
+
+@contextmanager
+def _stage(run: BatchRun, name: str) -> Iterator[None]:
+    """Times one stage of a run into ``run.stages`` (seconds)."""
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        run.stages[name] = round(time.monotonic() - t0, 3)

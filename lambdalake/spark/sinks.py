@@ -1,0 +1,26 @@
+"""Writing Spark DataFrames to Cassandra view tables from the executors (speed and batch layers)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+
+from lambdalake.cassandra.tables import TableDef
+from lambdalake.settings import CassandraSettings
+
+
+def upsert_view(df: DataFrame, *, table: TableDef, cassandra: CassandraSettings) -> int:
+    """Upsert ``df``'s rows (absolute values) into ``table`` from the executors; returns rows written."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from lambdalake.cassandra.writer import cassandra_values, upsert
+
+        written = 0
+        for batch in batches:
+            rows = zip(*cassandra_values(batch, table.column_names), strict=True)
+            written += upsert(rows, table=table, settings=cassandra)
+        yield pa.RecordBatch.from_pydict({"rows": [written]})
+
+    return sum(r["rows"] for r in df.select(*table.column_names).mapInArrow(write, "rows long").collect())

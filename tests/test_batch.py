@@ -1,0 +1,161 @@
+"""The batch layer end to end: events with duplicates (inside and beyond the dedup delay, in another
+partition), late and out-of-order ones, archived by the speed job; the rebuilt Delta views and the
+published Cassandra rows equal an independent reference (pandas over what the topic holds) for
+exactly the events with ingest epoch <= horizon."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from confluent_kafka import Producer
+from deltalake import DeltaTable
+
+from batch.job import BatchJob, views_path
+from batch.publish import active_batch
+from lambdalake.avro import WireEncoder, parse_schema
+from lambdalake.cassandra.session import connect
+from lambdalake.cassandra.tables import batch_table_def
+from lambdalake.errors import ConfigurationError
+from lambdalake.pipeline import Pipeline
+from lambdalake.produce.generator import Mix, generate
+from lambdalake.produce.producer import EventProducer
+from lambdalake.settings import Settings
+from speed.job import SpeedJob
+from tests.conftest import isolated, pipeline_named
+from tests.reference import batch_differences, batch_views, cassandra_rows, topic_events
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+def as_ms(value: Any) -> Any:
+    if isinstance(value, pd.Timestamp):
+        return int(value.value // 1_000_000)
+    return None if value is not None and not isinstance(value, str) and pd.isna(value) else value
+
+
+def delta_rows(
+    settings: Settings, pipeline: Pipeline, *, version: int | None = None
+) -> dict[str, list[dict]]:
+    """Every view's rows read by delta-rs (an independent Delta reader), timestamps as epoch ms."""
+    out = {}
+    for view in pipeline.views:
+        table = DeltaTable(views_path(settings.storage_root, pipeline.name, view.name), version=version)
+        frame = table.to_pandas()
+        out[view.name] = [{k: as_ms(v) for k, v in row.items()} for row in frame.to_dict("records")]
+    return out
+
+
+def published_rows(settings: Settings, pipeline: Pipeline) -> tuple[int, dict[str, list[dict]]]:
+    active = active_batch(connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name)
+    assert active is not None
+    tables = {v.name: batch_table_def(pipeline, v, active.version).name for v in pipeline.views}
+    return active.version, {name: cassandra_rows(settings, table) for name, table in tables.items()}
+
+
+def wait_for_epoch_end(pipeline: Pipeline) -> None:
+    """Sleep until the current ingest epoch has ended and its grace has passed."""
+    epoch_ms = pipeline.layers.epoch_seconds * 1000
+    now = time.time() * 1000
+    time.sleep(((now // epoch_ms + 1) * epoch_ms + pipeline.layers.grace_seconds * 1000 + 500 - now) / 1000)
+
+
+@pytest.fixture(scope="module")
+def archived(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Two waves of offers archived by the speed job, the second in an epoch still open."""
+    unique = f"b{int(time.time() * 1000) % 10**8}"
+    settings = isolated(services, tmp_path_factory.mktemp("batch"), unique)
+    pipeline = pipeline_named(
+        settings,
+        "offers",
+        topic=f"offers-{unique}",
+        epoch="10 seconds",
+        dedup_delay="3 seconds",
+        grace="1 second",
+    )
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    records = list(generate("offers", 4000, seed=31, mix=Mix(duplicates=0.05, invalid=0.01, late=0.05)))
+    for r in records:
+        producer.send(dict(r))
+    assert producer.flush().unacknowledged == 0
+    time.sleep(4)  # further apart than the dedup delay: the speed layer counts these copies twice
+    for r in records[:200]:
+        producer.send(dict(r))
+    assert producer.flush().unacknowledged == 0
+    # A copy in each partition (as after partitions were added): one of them is in another partition.
+    encoder = WireEncoder(producer.schema_id, parse_schema(pipeline.reader_schema))
+    raw = Producer(settings.kafka.client_config())
+    valid = next(r for r in records[300:] if producer._validator.check(dict(r)) is None)
+    for partition in range(pipeline.topic.partitions):
+        raw.produce(
+            pipeline.topic.name,
+            key=valid["offer_id"].encode(),
+            value=encoder.encode(valid),
+            partition=partition,
+        )
+    assert raw.flush(10) == 0
+    job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
+    job.start()
+    job.catch_up()
+    wait_for_epoch_end(pipeline)
+    # The second wave lands in an epoch still open at `second_wave_ms`: a batch as of then leaves it
+    # to the speed layer.
+    second_wave_ms = int(time.time() * 1000)
+    for r in generate("offers", 500, seed=32, mix=Mix(duplicates=0.05, invalid=0.0, late=0.1)):
+        producer.send(dict(r))
+    assert producer.flush().unacknowledged == 0
+    job.catch_up()
+    yield {"settings": settings, "pipeline": pipeline, "job": job, "second_wave_ms": second_wave_ms}
+    job.stop()
+
+
+def test_batch_views_equal_the_reference_up_to_the_horizon(archived: dict, spark) -> None:
+    settings, pipeline = archived["settings"], archived["pipeline"]
+    as_of = archived["second_wave_ms"]
+    first = BatchJob(settings=settings, pipeline=pipeline, spark=spark).run(as_of_ms=as_of)
+    assert first.outcome == "published", first
+    assert first.horizon == as_of // (pipeline.layers.epoch_seconds * 1000) - 1
+    assert first.duplicates > 200 and first.after_horizon > 0, first
+    events, _ = topic_events(settings, pipeline)
+    want = batch_views(events, pipeline, first.horizon)
+    assert all(len(want[v.name]) == first.rows[v.name] > 100 for v in pipeline.views), first.rows
+    assert batch_differences(pipeline, want, delta_rows(settings, pipeline)) == []
+    version, rows = published_rows(settings, pipeline)
+    assert version == first.batch_version
+    assert batch_differences(pipeline, want, rows) == []
+    # Events after the horizon exist and are not in the batch.
+    assert (events["_ts"] // (pipeline.layers.epoch_seconds * 1000) > first.horizon).any()
+
+    # Two runs over the same bronze: identical rows, a new Delta version and batch version.
+    second = BatchJob(settings=settings, pipeline=pipeline, spark=spark).run(horizon=first.horizon)
+    assert second.batch_version == first.batch_version + 1
+    assert all(second.delta_versions[v] == first.delta_versions[v] + 1 for v in first.delta_versions)
+    assert second.rows == first.rows
+    assert batch_differences(pipeline, want, delta_rows(settings, pipeline)) == []
+    assert batch_differences(pipeline, want, published_rows(settings, pipeline)[1]) == []
+    # Time travel to the first version returns the first run's rows.
+    view = pipeline.views[0].name
+    before = delta_rows(settings, pipeline, version=first.delta_versions[view])[view]
+    after = delta_rows(settings, pipeline)[view]
+    key = lambda r: tuple(str(r[c]) for c in sorted(r))  # noqa: E731
+    assert sorted(before, key=key) == sorted(after, key=key)
+
+
+def test_an_open_epoch_is_refused_as_horizon(archived: dict, spark) -> None:
+    settings, pipeline = archived["settings"], archived["pipeline"]
+    open_epoch = int(time.time()) // pipeline.layers.epoch_seconds
+    with pytest.raises(ConfigurationError) as refused:
+        BatchJob(settings=settings, pipeline=pipeline, spark=spark).run(horizon=open_epoch, dry_run=True)
+    assert "still open" in str(refused.value)
+
+
+def test_dry_run_writes_nothing(archived: dict, spark, tmp_path: Path) -> None:
+    settings, pipeline = archived["settings"], archived["pipeline"]
+    view = pipeline.views[0].name
+    before = DeltaTable(views_path(settings.storage_root, pipeline.name, view)).version()
+    result = BatchJob(settings=settings, pipeline=pipeline, spark=spark).run(dry_run=True)
+    assert result.outcome == "dry run" and result.rows[view] > 0
+    assert DeltaTable(views_path(settings.storage_root, pipeline.name, view)).version() == before
