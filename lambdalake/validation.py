@@ -63,8 +63,22 @@ def checked_rules(pipeline: Pipeline) -> list[Rule | RankRule]:
     return [*pipeline.rules, *ranks]
 
 
-def _is_int(v: Any, bounds: tuple[int, int]) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and bounds[0] <= v <= bounds[1]
+def _int_test(bounds: tuple[int, int]) -> Callable[[Any], bool]:
+    lo, hi = bounds
+
+    def test(v: Any) -> bool:
+        # `type(v) is int` first: the common case at a fraction of isinstance's cost, per field
+        # and record.
+        if type(v) is int:
+            return lo <= v <= hi
+        return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+    return test
+
+
+def _number(v: Any) -> bool:
+    t = type(v)
+    return t is float or t is int or (isinstance(v, int | float) and not isinstance(v, bool))
 
 
 def _type_test(avro_type: Any, named: dict[str, Any]) -> Callable[[Any], bool] | None:
@@ -75,6 +89,9 @@ def _type_test(avro_type: Any, named: dict[str, Any]) -> Callable[[Any], bool] |
         branches = [_type_test(t, named) for t in avro_type]
         if any(b is None for b in branches):
             return None
+        if len(avro_type) == 2 and "null" in avro_type:  # the common optional field: one test, no loop
+            other = branches[1 - avro_type.index("null")]
+            return lambda v: v is None or other(v)  # type: ignore[misc]
         return lambda v: any(b(v) for b in branches)  # type: ignore[misc]
     if isinstance(avro_type, dict):
         kind = avro_type["type"]
@@ -82,17 +99,18 @@ def _type_test(avro_type: Any, named: dict[str, Any]) -> Callable[[Any], bool] |
             symbols = frozenset(avro_type["symbols"])
             return lambda v: isinstance(v, str) and v in symbols
         if kind in ("long", "int") and avro_type.get("logicalType", "").startswith("timestamp"):
-            return lambda v: isinstance(v, datetime) or _is_int(v, INT64)
+            long_test = _int_test(INT64)
+            return lambda v: isinstance(v, datetime) or long_test(v)
         if isinstance(kind, str) and kind not in ("record", "array", "map", "fixed"):
             return _type_test(kind, named)
         return None
     return {
         "null": lambda v: v is None,
         "boolean": lambda v: isinstance(v, bool),
-        "int": lambda v: _is_int(v, INT32),
-        "long": lambda v: _is_int(v, INT64),
-        "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-        "double": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+        "int": _int_test(INT32),
+        "long": _int_test(INT64),
+        "float": _number,
+        "double": _number,
         "string": lambda v: isinstance(v, str),
         "bytes": lambda v: isinstance(v, bytes),
     }.get(avro_type)
@@ -161,6 +179,8 @@ def compile_rule(rule: Rule | RankRule) -> Check:
 
             def fits_rank(r: Mapping[str, Any], _now: float) -> Rejection | None:
                 v = r.get(field)
+                if type(v) is int and -RANK_VERSION_LIMIT < v < RANK_VERSION_LIMIT:
+                    return None  # the common case, cheaply
                 ms = int(v.timestamp() * 1000) if isinstance(v, datetime) else v
                 if isinstance(ms, int | float) and not -RANK_VERSION_LIMIT < ms < RANK_VERSION_LIMIT:
                     return Rejection(

@@ -96,6 +96,16 @@ class RejectsFile:
             self._file.close()
 
 
+def _fatal_recorder(stats: ProduceStats) -> Callable[[KafkaError], None]:
+    """librdkafka's error callback: remembers the first fatal error in ``stats``."""
+
+    def on_error(err: KafkaError) -> None:
+        if err.fatal() and stats.fatal is None:
+            stats.fatal = f"{err.name()}: {err.str()}"
+
+    return on_error
+
+
 def _describe_fatal(exc: BaseException) -> str:
     while not isinstance(exc, KafkaException) and exc.__cause__ is not None:
         exc = exc.__cause__
@@ -169,15 +179,13 @@ class EventProducer:
                 **settings.kafka.client_config(),
                 **PRODUCER_DEFAULTS,
                 **(producer_config or {}),
-                "error_cb": self._on_error,
+                # A callback on the stats, not on self: a bound method would make a reference cycle
+                # that keeps a discarded producer (and its librdkafka threads) alive until a GC pass.
+                "error_cb": _fatal_recorder(self.stats),
             }
         )
 
     # --- delivery reports (called from poll/flush on this thread) ------------------------------
-
-    def _on_error(self, err: KafkaError) -> None:
-        if err.fatal() and self.stats.fatal is None:
-            self.stats.fatal = f"{err.name()}: {err.str()}"
 
     def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
         if err is None:
