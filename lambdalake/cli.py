@@ -620,6 +620,27 @@ def batch_run(
     out.print(table)
 
 
+@batch_app.command("restore")
+def batch_restore(
+    pipeline: PipelineArg,
+    version: Annotated[
+        int | None, typer.Option(help="Delta version of the views to publish (default: the newest).")
+    ] = None,
+) -> None:
+    """Republish the Cassandra batch tables from a Delta version of the views, as a new batch version."""
+    from batch.restore import restore
+    from lambdalake.spark.session import spark_session
+
+    settings = get_settings()
+    p = _pipeline(pipeline, settings)
+    with console.status("restoring from the Delta views..."):
+        run = restore(settings, p, spark_session(settings, f"lambdalake-restore-{p.name}"), version=version)
+    console.print(
+        f"[green]✔[/] {p.name}: batch version {run.batch_version} active, from run {run.run_id} "
+        f"(Delta versions {run.delta_versions}, horizon epoch {run.horizon})"
+    )
+
+
 def main() -> None:
     try:
         app()

@@ -5,6 +5,10 @@ exactly the events with ingest epoch <= horizon."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,9 +27,9 @@ from lambdalake.errors import ConfigurationError
 from lambdalake.pipeline import Pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
-from lambdalake.settings import Settings
+from lambdalake.settings import PROJECT_ROOT, Settings
 from speed.job import SpeedJob
-from tests.conftest import isolated, pipeline_named
+from tests.conftest import env_for, isolated, pipeline_named
 from tests.reference import batch_differences, batch_views, cassandra_rows, topic_events
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -159,3 +163,76 @@ def test_dry_run_writes_nothing(archived: dict, spark, tmp_path: Path) -> None:
     result = BatchJob(settings=settings, pipeline=pipeline, spark=spark).run(dry_run=True)
     assert result.outcome == "dry run" and result.rows[view] > 0
     assert DeltaTable(views_path(settings.storage_root, pipeline.name, view)).version() == before
+
+
+def test_restore_republishes_the_cassandra_rows_from_delta(archived: dict, spark) -> None:
+    """The serving store can be rebuilt from the system of record: drop the active tables, restore."""
+    from batch.restore import restore
+
+    settings, pipeline = archived["settings"], archived["pipeline"]
+    session = connect(settings.cassandra)
+    active = active_batch(session, settings.cassandra.keyspace, pipeline.name)
+    assert active is not None
+    for view in pipeline.views:
+        table = batch_table_def(pipeline, view, active.version).name
+        session.execute(f'DROP TABLE "{settings.cassandra.keyspace}"."{table}"')
+    restored = restore(settings, pipeline, spark)
+    assert restored.batch_version == active.version + 1 and restored.horizon == active.horizon
+    events, _ = topic_events(settings, pipeline)
+    want = batch_views(events, pipeline, restored.horizon)
+    assert batch_differences(pipeline, want, published_rows(settings, pipeline)[1]) == []
+
+
+def test_a_publish_killed_half_way_leaves_serving_on_the_previous_version(
+    archived: dict, spark, tmp_path: Path
+) -> None:
+    """kill -9 of `lambdalake batch run` while it writes the new version's rows: the active version
+    is still the previous complete one; the next run publishes cleanly."""
+    settings, pipeline = archived["settings"], archived["pipeline"]
+    session = connect(settings.cassandra)
+    keyspace = settings.cassandra.keyspace
+    before = active_batch(session, keyspace, pipeline.name)
+    assert before is not None
+    # The CLI reads the pipeline from a file: write this test's one (its topic and short epochs).
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    text = (PROJECT_ROOT / "pipelines" / "offers.toml").read_text()
+    text = text.replace('[topic]\nname = "offers"', f'[topic]\nname = "{pipeline.topic.name}"')
+    layers = pipeline.layers
+    text = text.replace('epoch = "1 hour"', f'epoch = "{layers.epoch}"')
+    text = text.replace(
+        'dedup_delay = "10 minutes"', f'dedup_delay = "{layers.dedup_delay}"\ngrace = "{layers.grace}"'
+    )
+    (pipelines / "offers.toml").write_text(text)
+    env = {
+        **env_for(settings),
+        "LAMBDALAKE_PIPELINES_DIR": str(pipelines),
+        # One row per request: a publish slow enough to be killed in the middle.
+        "LAMBDALAKE_CASSANDRA__BATCH_ROWS": "1",
+    }
+    job = subprocess.Popen(
+        [sys.executable, "-m", "lambdalake", "batch", "run", "offers", "--horizon", str(before.horizon)],
+        env=env, cwd=PROJECT_ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    target = batch_table_def(pipeline, pipeline.views[0], before.version + 1).name
+    deadline = time.monotonic() + 300
+    while True:
+        assert job.poll() is None, job.stdout.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "the publish never started"
+        try:
+            if session.execute(f'SELECT * FROM "{keyspace}"."{target}" LIMIT 1').one() is not None:
+                break
+        except Exception:  # the table does not exist yet
+            pass
+        time.sleep(0.05)
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait(30)
+    after = active_batch(session, keyspace, pipeline.name)
+    assert after == before, "a half-written version became active"
+    events, _ = topic_events(settings, pipeline)
+    want = batch_views(events, pipeline, before.horizon)
+    assert batch_differences(pipeline, want, published_rows(settings, pipeline)[1]) == []
+    # The next run takes a higher version than the killed one and publishes cleanly.
+    rerun = BatchJob(settings=settings, pipeline=pipeline, spark=spark).run(horizon=before.horizon)
+    assert rerun.batch_version == before.version + 2
+    assert batch_differences(pipeline, want, published_rows(settings, pipeline)[1]) == []

@@ -1,0 +1,61 @@
+"""Republishing Cassandra batch tables from a Delta version of the views: the serving store can
+always be rebuilt from the system of record."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from batch.job import BatchRun, views_path
+from batch.publish import Publisher
+from lambdalake.delta import open_table
+from lambdalake.errors import ConfigurationError
+from lambdalake.pipeline import Pipeline
+from lambdalake.settings import Settings
+
+
+def restore(
+    settings: Settings, pipeline: Pipeline, spark: SparkSession, *, version: int | None = None
+) -> BatchRun:
+    """Publish the views as Delta ``version`` holds them (default the newest) as a new batch version.
+
+    Every run writes every view, so one Delta version names one run across the views; a version
+    whose views come from different runs is refused.
+
+    Raises:
+        ConfigurationError: no views yet, no such version, or views of different runs.
+    """
+    commits = {}
+    for view in pipeline.views:
+        path = views_path(settings.storage_root, pipeline.name, view.name)
+        table = open_table(path)
+        if table is None:
+            raise ConfigurationError(
+                f"view {view.name!r} of {pipeline.name!r} has no Delta table at {path}",
+                fix=f"run `lambdalake batch run {pipeline.name}` first",
+            )
+        wanted = table.version() if version is None else version
+        entry = next((e for e in table.history() if e.get("version") == wanted), None)
+        if entry is None or "lambdalake.run_id" not in entry:
+            raise ConfigurationError(
+                f"view {view.name!r} has no batch run at Delta version {wanted} (newest: {table.version()})",
+                fix="pick a version from the view's history (deltalake's DeltaTable(path).history())",
+            )
+        commits[view.name] = (wanted, entry)
+    runs = {entry["lambdalake.run_id"] for _, entry in commits.values()}
+    if len(runs) != 1:
+        raise ConfigurationError(
+            f"Delta version {version} holds views of different batch runs ({sorted(runs)})",
+            fix="restore a version every view got from the same run",
+        )
+    _, entry = next(iter(commits.values()))
+    run = BatchRun(
+        pipeline=pipeline.name,
+        run_id=entry["lambdalake.run_id"],
+        horizon=int(entry["lambdalake.horizon"]),
+        horizon_end_ms=int(entry["lambdalake.horizon_end_ms"]),
+        bronze_version=int(entry["lambdalake.bronze_version"]),
+        delta_versions={name: v for name, (v, _) in commits.items()},
+        outcome="restored",
+    )
+    run.batch_version = Publisher(settings, pipeline, spark).publish(run)
+    return run
