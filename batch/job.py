@@ -75,6 +75,7 @@ class BatchRun:
     delta_versions: dict[str, int] = field(default_factory=dict)
     batch_version: int | None = None
     outcome: str = "running"
+    quality_report: str | None = None
     stages: dict[str, float] = field(default_factory=dict)
 
 
@@ -142,18 +143,25 @@ class BatchJob:
             with clock("read+dedup"):
                 progress(f"reading {len(files)} bronze files and deduplicating")
                 covered = self._covered(files, found, run)
+            outputs = {}
             for view in self.pipeline.views:
                 with clock(f"view {view.name}"):
                     progress(f"computing {view.name}")
-                    out = self.compute(covered, view)
-                    if dry_run:
-                        run.rows[view.name] = out.count()
-                        continue
-                    run.delta_versions[view.name], run.rows[view.name] = self._write_view(out, view.name, run)
-            covered.unpersist()
+                    outputs[view.name] = self.compute(covered, view).persist()
+                    run.rows[view.name] = outputs[view.name].count()
             if dry_run:
+                covered.unpersist()
                 run.outcome = "dry run"
                 return run
+            with clock("quality gate"):
+                progress("checking the quality gate")
+                self._gate(covered, outputs, run)
+            for view in self.pipeline.views:
+                with clock(f"delta {view.name}"):
+                    progress(f"writing the Delta view {view.name}")
+                    run.delta_versions[view.name], _ = self._write_view(outputs[view.name], view.name, run)
+                outputs[view.name].unpersist()
+            covered.unpersist()
             if publish:
                 from batch.publish import Publisher
 
@@ -190,6 +198,26 @@ class BatchJob:
         covered = firsts.filter(F.col(INGEST_EPOCH) <= horizon.epoch).drop(COPIES)
         return covered
 
+    def _gate(self, covered: DataFrame, outputs: dict[str, DataFrame], run: BatchRun) -> None:
+        """The quality gate on the bronze slice and every view (raises before anything is written)."""
+        from batch.quality import QualityGate, bronze_expectations, view_expectations
+
+        gate = QualityGate(self.pipeline, self.settings.pipelines_dir)
+        gate.check("bronze", covered, bronze_expectations(self.pipeline))
+        for view in self.pipeline.views:
+            previous = self._previous_rows(view.name)
+            gate.check(view.name, outputs[view.name], view_expectations(view, previous, gate.tolerance))
+        root = self.settings.storage_root.rstrip("/")
+        run.quality_report = f"{root}/reports/{self.pipeline.name}/{run.run_id}-quality.md"
+        gate.finish(run.quality_report)
+
+    def _previous_rows(self, view: str) -> int | None:
+        table = open_table(views_path(self.settings.storage_root, self.pipeline.name, view))
+        if table is None:
+            return None
+        rows = table.history(1)[0].get("lambdalake.rows")
+        return int(rows) if rows is not None else None
+
     def compute(self, covered: DataFrame, view) -> DataFrame:
         """One view's batch rows (the speed layer's view functions; ``latest`` rows with their rank)."""
         if isinstance(view, LatestView):
@@ -211,6 +239,7 @@ class BatchJob:
                 "lambdalake.horizon_end_ms": str(run.horizon_end_ms),
                 "lambdalake.bronze_version": str(run.bronze_version),
                 "lambdalake.epoch_ms": str(self.pipeline.layers.epoch_seconds * 1000),
+                "lambdalake.rows": str(run.rows[view]),
             },
         )  # fmt: skip
         return version, rows

@@ -10,10 +10,12 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
@@ -236,3 +238,33 @@ def test_a_publish_killed_half_way_leaves_serving_on_the_previous_version(
     rerun = BatchJob(settings=settings, pipeline=pipeline, spark=spark).run(horizon=before.horizon)
     assert rerun.batch_version == before.version + 2
     assert batch_differences(pipeline, want, published_rows(settings, pipeline)[1]) == []
+
+
+def test_a_planted_fault_fails_the_gate_and_serving_keeps_the_previous_version(archived: dict, spark) -> None:
+    """A negative price written straight into bronze (around the producer's and the speed layer's
+    checks): the run stops naming the expectation, and the active batch version does not move.
+    Last in the module: it leaves bronze faulty."""
+    from batch.quality import QualityGateFailed
+    from lambdalake.master import MasterDataset, table_path, write_event_files
+
+    settings, pipeline = archived["settings"], archived["pipeline"]
+    session = connect(settings.cassandra)
+    before = active_batch(session, settings.cassandra.keyspace, pipeline.name)
+    assert before is not None
+    bronze = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    existing = bronze.read().drop_columns(["event_date"])
+    row = existing.slice(0, 1).to_pylist()[0]
+    epoch_ms = pipeline.layers.epoch_seconds * 1000
+    ingest = datetime.fromtimestamp(((before.horizon + 1) * epoch_ms - 1000) / 1000, tz=UTC)
+    row.update(offer_id="planted-fault", version=1, price_cents=-5, _offset=10**12, _ingest_ts=ingest)
+    row["_epoch"] = before.horizon  # inside the horizon the next run covers
+    planted = pa.Table.from_pylist([row], schema=existing.schema)
+    files = write_event_files(planted, path=bronze.path, event_time=pipeline.event.time, name="planted-fault")
+    bronze.commit(files, app_id="test-planted-fault", batch_id=0, layers=pipeline.layers)
+    with pytest.raises(QualityGateFailed) as failed:
+        BatchJob(settings=settings, pipeline=pipeline, spark=spark).run(horizon=before.horizon)
+    message = str(failed.value)
+    assert "bronze: expect_column_values_to_be_between(price_cents)" in message, message
+    assert active_batch(session, settings.cassandra.keyspace, pipeline.name) == before
+    report = Path(message.split("read ", 1)[1].split(";", 1)[0])
+    assert "**FAIL**" in report.read_text() and "price_cents" in report.read_text()

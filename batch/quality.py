@@ -1,0 +1,215 @@
+"""The quality gate: a Great Expectations suite per pipeline, run on the bronze slice a batch covers
+and on each rebuilt view before anything is committed or published.
+
+The suite is derived from the pipeline definition (columns, nulls, the rules' ranges and allowed
+values, each view's key uniqueness, row counts against the previous version) plus what the file
+``pipelines/<pipeline>.expectations.json`` beside the definition adds::
+
+    {"row_count_tolerance": 0.5,
+     "bronze": [{"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "title"}}],
+     "views": {"offer_latest": [{"type": "...", "kwargs": {...}}]}}
+
+A failed expectation stops the run before the Delta commits and the publish (serving keeps the
+previous version); a Markdown report under ``<storage_root>/reports/<pipeline>/`` names each one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame
+
+from lambdalake.errors import LambdalakeError
+from lambdalake.pipeline import AllowedRule, LatestView, Pipeline, RangeRule, RequiredRule, WindowedView
+from lambdalake.spark.views import INGEST_TS
+from lambdalake.storage import write_text
+from lambdalake.views import WINDOW_START, view_components
+
+log = logging.getLogger("lambdalake.batch")
+
+#: A row count may move this much (as a share) from the previous version's before the gate fails.
+DEFAULT_ROW_COUNT_TOLERANCE = 0.5
+
+Spec = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    dataset: str
+    expectation: str
+    column: str | None
+    success: bool
+    detail: str
+
+
+@dataclass
+class GateReport:
+    outcomes: list[Outcome] = field(default_factory=list)
+    path: str | None = None
+
+    @property
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.outcomes if not o.success]
+
+
+class QualityGateFailed(LambdalakeError):
+    """Expectations failed: the run stopped before committing or publishing anything."""
+
+
+def suite_file(pipelines_dir: Path, pipeline: str) -> Path:
+    return pipelines_dir / f"{pipeline}.expectations.json"
+
+
+def _extra(pipelines_dir: Path, pipeline: str) -> dict[str, Any]:
+    path = suite_file(pipelines_dir, pipeline)
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise LambdalakeError(
+            f"{path} is not JSON: {exc}", fix="correct the file (see batch/quality.py)"
+        ) from None
+
+
+def bronze_expectations(pipeline: Pipeline) -> list[Spec]:
+    """Schema, nulls and the pipeline's rules, on the events a batch covers."""
+    out: list[Spec] = [
+        {"type": "expect_column_to_exist", "kwargs": {"column": c}}
+        for c in [*pipeline.reader_fields, INGEST_TS, "_partition", "_offset"]
+    ]
+    required = [pipeline.event.key, pipeline.event.time, *pipeline.event.identity, INGEST_TS, "_offset"]
+    required += [r.field for r in pipeline.rules if isinstance(r, RequiredRule)]
+    out += [
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": c}}
+        for c in dict.fromkeys(required)
+    ]
+    for rule in pipeline.rules:
+        if isinstance(rule, RangeRule):
+            kwargs: dict[str, Any] = {"column": rule.field, "min_value": rule.min, "max_value": rule.max}
+            if not rule.max_inclusive:
+                kwargs["strict_max"] = True
+            out.append({"type": "expect_column_values_to_be_between", "kwargs": kwargs})
+        elif isinstance(rule, AllowedRule):
+            out.append(
+                {
+                    "type": "expect_column_values_to_be_in_set",
+                    "kwargs": {"column": rule.field, "value_set": rule.values},
+                }
+            )
+    return out
+
+
+def view_expectations(
+    view: LatestView | WindowedView, previous_rows: int | None, tolerance: float
+) -> list[Spec]:
+    """Key uniqueness and non-null keys; counts of at least 1; row count near the previous version's."""
+    key = [*view.key] if isinstance(view, LatestView) else [*view.key, WINDOW_START]
+    out: list[Spec] = [{"type": "expect_column_values_to_not_be_null", "kwargs": {"column": c}} for c in key]
+    if len(key) == 1:
+        out.append({"type": "expect_column_values_to_be_unique", "kwargs": {"column": key[0]}})
+    else:
+        out.append({"type": "expect_compound_columns_to_be_unique", "kwargs": {"column_list": key}})
+    if isinstance(view, WindowedView):
+        for c in view_components(view):
+            if c.fn == "count" and c.source is None:
+                out.append(
+                    {
+                        "type": "expect_column_values_to_be_between",
+                        "kwargs": {"column": c.column, "min_value": 1},
+                    }
+                )
+    if previous_rows:
+        low, high = int(previous_rows * (1 - tolerance)), int(previous_rows * (1 + tolerance)) + 1
+        out.append(
+            {"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": low, "max_value": high}}
+        )
+    return out
+
+
+class QualityGate:
+    """Runs the pipeline's suite on Spark DataFrames with Great Expectations (an ephemeral context).
+
+    Args:
+        pipeline: The pipeline (its rules and views define the suite).
+        pipelines_dir: Where ``<pipeline>.expectations.json`` is looked for.
+    """
+
+    def __init__(self, pipeline: Pipeline, pipelines_dir: Path) -> None:
+        import great_expectations as gx
+        from great_expectations.data_context.types.base import ProgressBarsConfig
+
+        self.pipeline = pipeline
+        self.extra = _extra(pipelines_dir, pipeline.name)
+        self.tolerance = float(self.extra.get("row_count_tolerance", DEFAULT_ROW_COUNT_TOLERANCE))
+        self._gx = gx
+        self._context = gx.get_context(mode="ephemeral")
+        self._context.variables.progress_bars = ProgressBarsConfig(globally=False)
+        self._source = self._context.data_sources.add_spark(name="lambdalake")
+        self.report = GateReport()
+
+    def check(self, dataset: str, df: DataFrame, specs: list[Spec]) -> None:
+        """Validate ``df`` against ``specs`` and the file's extras for ``dataset``; record outcomes."""
+        from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+
+        extra = (
+            self.extra.get("bronze", [])
+            if dataset == "bronze"
+            else self.extra.get("views", {}).get(dataset, [])
+        )
+        suite = self._gx.ExpectationSuite(name=f"{self.pipeline.name}-{dataset}")
+        for spec in [*specs, *extra]:
+            suite.add_expectation(
+                ExpectationConfiguration(type=spec["type"], kwargs=spec["kwargs"]).to_domain_obj()
+            )
+        asset = self._source.add_dataframe_asset(name=dataset)
+        batch = asset.add_batch_definition_whole_dataframe("all").get_batch(
+            batch_parameters={"dataframe": df}
+        )
+        result = batch.validate(suite)
+        for r in result.results:
+            config = r.expectation_config
+            detail = {
+                k: v
+                for k, v in (r.result or {}).items()
+                if k in ("observed_value", "unexpected_count", "partial_unexpected_list")
+            }
+            self.report.outcomes.append(
+                Outcome(
+                    dataset,
+                    config.type,
+                    config.kwargs.get("column"),
+                    bool(r.success),
+                    json.dumps(detail, default=str)[:300],
+                )
+            )
+
+    def finish(self, report_path: str) -> GateReport:
+        """Write the report; raise :class:`QualityGateFailed` naming every failed expectation."""
+        lines = [
+            f"# Quality gate: {self.pipeline.name}",
+            "",
+            "| dataset | expectation | column | result | detail |",
+            "|---|---|---|---|---|",
+        ]
+        for o in self.report.outcomes:
+            verdict = "pass" if o.success else "**FAIL**"
+            lines.append(f"| {o.dataset} | {o.expectation} | {o.column or ''} | {verdict} | `{o.detail}` |")
+        write_text(report_path, "\n".join(lines) + "\n")
+        self.report.path = report_path
+        failed = self.report.failed
+        if failed:
+            names = "; ".join(
+                f"{o.dataset}: {o.expectation}({o.column or ''}) {o.detail}" for o in failed[:10]
+            )
+            raise QualityGateFailed(
+                f"quality gate failed, {len(failed)} expectation(s): {names}",
+                fix=f"read {report_path}; correct the data (or the expectation in "
+                f"pipelines/{self.pipeline.name}.expectations.json), then run the batch again; serving keeps "
+                "the previous version",
+            )
+        return self.report
