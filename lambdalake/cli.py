@@ -641,6 +641,44 @@ def batch_restore(
     )
 
 
+@batch_app.command("schedule")
+def batch_schedule(
+    pipeline: Annotated[
+        list[str] | None, typer.Option("--pipeline", "-p", help="Only this pipeline; repeatable.")
+    ] = None,
+    once: Annotated[bool, typer.Option("--once", help="Run what is due now, then stop (for cron).")] = False,
+) -> None:
+    """Run each pipeline's batch when its [batch] schedule (cron, UTC) comes due; SIGTERM stops."""
+    import logging
+    import threading
+
+    from batch.job import BatchJob
+    from batch.schedule import Scheduler
+    from lambdalake.spark.session import spark_session
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("lambdalake").setLevel(logging.INFO)
+    settings = get_settings()
+    chosen = [_pipeline(name, settings) for name in (pipeline or list_pipelines(settings.pipelines_dir))]
+    spark = None
+
+    def run(p: Pipeline) -> str:
+        nonlocal spark
+        spark = spark or spark_session(settings, "lambdalake-batch-schedule")
+        return BatchJob(settings=settings, pipeline=p, spark=spark).run().outcome
+
+    scheduler = Scheduler(settings=settings, pipelines=chosen, runner=run)
+    if once:
+        for name, outcome in scheduler.run_due().items():
+            console.print(f"{name}: {outcome}")
+        return
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    console.print(f"scheduling {', '.join(f'{p.name} ({p.batch.schedule})' for p in chosen)}; SIGTERM stops")
+    scheduler.run_forever(stop)
+
+
 def main() -> None:
     try:
         app()

@@ -274,6 +274,22 @@ class LayersSpec(Strict):
         return interval_seconds(self.grace) if self.grace is not None else self.dedup_delay_seconds
 
 
+class BatchSpec(Strict):
+    """When the batch layer rebuilds the views (``lambdalake batch schedule``)."""
+
+    #: A cron expression in UTC (minute hour day-of-month month day-of-week). Default: nightly.
+    schedule: str = "30 2 * * *"
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        from croniter import croniter
+
+        if not croniter.is_valid(value):
+            raise ValueError(f"batch.schedule {value!r} is not a cron expression (e.g. '30 2 * * *')")
+        return value
+
+
 class Pipeline(Strict):
     name: str = Field(pattern=NAME_PATTERN, max_length=30)
     description: str = ""
@@ -283,6 +299,7 @@ class Pipeline(Strict):
     rules: list[Rule] = Field(default_factory=list)
     generator: GeneratorSpec | None = None
     layers: LayersSpec = Field(default_factory=LayersSpec)
+    batch: BatchSpec = Field(default_factory=BatchSpec)
     views: list[View] = Field(default_factory=list)
     #: Where the schema files live (set by the loader, not the file).
     schemas_dir: Path = Field(default=Path("schemas"), exclude=True)

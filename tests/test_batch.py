@@ -62,6 +62,24 @@ def published_rows(settings: Settings, pipeline: Pipeline) -> tuple[int, dict[st
     return active.version, {name: cassandra_rows(settings, table) for name, table in tables.items()}
 
 
+def pipeline_file(tmp_path: Path, pipeline: Pipeline, *, schedule: str | None = None) -> Path:
+    """A pipelines folder with this test's offers.toml (its topic and short epochs): the CLI reads
+    pipelines from files."""
+    folder = tmp_path / "pipelines"
+    folder.mkdir(exist_ok=True)
+    text = (PROJECT_ROOT / "pipelines" / "offers.toml").read_text()
+    text = text.replace('[topic]\nname = "offers"', f'[topic]\nname = "{pipeline.topic.name}"')
+    layers = pipeline.layers
+    text = text.replace('epoch = "1 hour"', f'epoch = "{layers.epoch}"')
+    text = text.replace(
+        'dedup_delay = "10 minutes"', f'dedup_delay = "{layers.dedup_delay}"\ngrace = "{layers.grace}"'
+    )
+    if schedule is not None:
+        text = text.replace('schedule = "30 2 * * *"', f'schedule = "{schedule}"')
+    (folder / "offers.toml").write_text(text)
+    return folder
+
+
 def wait_for_epoch_end(pipeline: Pipeline) -> None:
     """Sleep until the current ingest epoch has ended and its grace has passed."""
     epoch_ms = pipeline.layers.epoch_seconds * 1000
@@ -195,20 +213,9 @@ def test_a_publish_killed_half_way_leaves_serving_on_the_previous_version(
     keyspace = settings.cassandra.keyspace
     before = active_batch(session, keyspace, pipeline.name)
     assert before is not None
-    # The CLI reads the pipeline from a file: write this test's one (its topic and short epochs).
-    pipelines = tmp_path / "pipelines"
-    pipelines.mkdir()
-    text = (PROJECT_ROOT / "pipelines" / "offers.toml").read_text()
-    text = text.replace('[topic]\nname = "offers"', f'[topic]\nname = "{pipeline.topic.name}"')
-    layers = pipeline.layers
-    text = text.replace('epoch = "1 hour"', f'epoch = "{layers.epoch}"')
-    text = text.replace(
-        'dedup_delay = "10 minutes"', f'dedup_delay = "{layers.dedup_delay}"\ngrace = "{layers.grace}"'
-    )
-    (pipelines / "offers.toml").write_text(text)
     env = {
         **env_for(settings),
-        "LAMBDALAKE_PIPELINES_DIR": str(pipelines),
+        "LAMBDALAKE_PIPELINES_DIR": str(pipeline_file(tmp_path, pipeline)),
         # One row per request: a publish slow enough to be killed in the middle.
         "LAMBDALAKE_CASSANDRA__BATCH_ROWS": "1",
     }
@@ -238,6 +245,25 @@ def test_a_publish_killed_half_way_leaves_serving_on_the_previous_version(
     rerun = BatchJob(settings=settings, pipeline=pipeline, spark=spark).run(horizon=before.horizon)
     assert rerun.batch_version == before.version + 2
     assert batch_differences(pipeline, want, published_rows(settings, pipeline)[1]) == []
+
+
+def test_the_schedule_runs_a_due_pipeline(archived: dict, tmp_path: Path) -> None:
+    settings, pipeline = archived["settings"], archived["pipeline"]
+    session = connect(settings.cassandra)
+    before = active_batch(session, settings.cassandra.keyspace, pipeline.name)
+    assert before is not None
+    env = {
+        **env_for(settings),
+        "LAMBDALAKE_PIPELINES_DIR": str(pipeline_file(tmp_path, pipeline, schedule="* * * * *")),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "lambdalake", "batch", "schedule", "--once", "--pipeline", "offers"],
+        env=env, cwd=PROJECT_ROOT, capture_output=True, timeout=600,
+    )  # fmt: skip
+    out = (result.stdout + result.stderr).decode()
+    assert result.returncode == 0 and "offers: published" in out, out[-3000:]
+    after = active_batch(session, settings.cassandra.keyspace, pipeline.name)
+    assert after is not None and after.version > before.version
 
 
 def test_a_planted_fault_fails_the_gate_and_serving_keeps_the_previous_version(archived: dict, spark) -> None:
