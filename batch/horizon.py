@@ -99,7 +99,13 @@ def find_horizon(
     Raises:
         ConfigurationError: ``requested`` is open, or not archived; or no epoch is closed yet.
     """
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    real_now = int(time.time() * 1000)
+    if now_ms is not None and now_ms > real_now:
+        raise ConfigurationError(
+            f"--as-of {now_ms} is in the future: an epoch closed then may still take events now",
+            fix="give a time in the past, or leave --as-of out to take the newest epoch closed now",
+        )
+    now_ms = real_now if now_ms is None else now_ms
     epoch_ms = pipeline.layers.epoch_seconds * 1000
     newest = newest_closed_by_time(pipeline, now_ms)
     if requested is not None and requested > newest:

@@ -60,3 +60,24 @@ def test_a_value_of_the_wrong_type_is_refused_at_once(
     values = ["o-1"] + ["not a number"] * (len(table.column_names) - 1)
     with pytest.raises(WriteRefused):
         upsert([values], table=table, settings=settings.cassandra, give_up_after_s=600)
+
+
+def test_speed_rows_of_windowed_views_expire_with_the_pipelines_ttl(
+    services: Settings, tmp_path: Path, unique: str
+) -> None:
+    settings = isolated(services, tmp_path, unique)
+    pipeline = pipeline_named(settings, "offers", speed_ttl="4 days")
+    session = connect(settings.cassandra)
+    deploy_speed_tables(session, settings.cassandra, pipeline)
+
+    def ttl(view: str) -> int:
+        name = speed_table_def(pipeline, pipeline.view(view)).name
+        session.cluster.refresh_table_metadata(settings.cassandra.keyspace, name)
+        options = session.cluster.metadata.keyspaces[settings.cassandra.keyspace].tables[name].options
+        return int(options.get("default_time_to_live") or 0)
+
+    assert ttl("merchant_offers_hourly") == 4 * 86400
+    assert ttl("offer_latest") == 0  # a latest row stays until a higher version replaces it
+    shorter = pipeline_named(settings, "offers", speed_ttl="3 days")
+    deploy_speed_tables(session, settings.cassandra, shorter)  # an existing table follows the file
+    assert ttl("merchant_offers_hourly") == 3 * 86400

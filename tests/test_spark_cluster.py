@@ -19,7 +19,7 @@ import pytest
 from infra.process import port_open
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
-from lambdalake.settings import Settings
+from lambdalake.settings import PROJECT_ROOT, Settings
 from tests.conftest import isolated, pipeline_named
 from tests.test_speed_faults import start_job, wait_equal
 
@@ -121,3 +121,58 @@ def test_speed_job_on_standalone_cluster(
         job.send_signal(signal.SIGTERM)
         job.wait(90)
     assert job.returncode == 0, log.read_text()[-3000:]
+
+
+def test_batch_job_on_standalone_cluster(
+    services: Settings, standalone: str, tmp_path: Path, unique: str
+) -> None:
+    """The speed job archives on the cluster, then `lambdalake batch run` rebuilds and publishes on it:
+    the published rows equal the pandas reference for the horizon (as a local run's do, test_batch)."""
+    from batch.publish import active_batch
+    from lambdalake.cassandra.session import connect
+    from lambdalake.cassandra.tables import batch_table_def
+    from tests.conftest import run_cli
+    from tests.reference import batch_differences, batch_views, cassandra_rows, topic_events
+
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    text = (PROJECT_ROOT / "pipelines" / "telemetry.toml").read_text()
+    text = text.replace('epoch = "1 hour"', 'epoch = "10 seconds"').replace(
+        'dedup_delay = "10 minutes"', 'dedup_delay = "10 minutes"\ngrace = "1 second"'
+    )
+    (pipelines / "telemetry.toml").write_text(text)
+    settings = isolated(services, tmp_path, unique)
+    settings = settings.model_copy(
+        update={
+            "topic_prefix": f"{unique}-",
+            "pipelines_dir": pipelines,
+            "spark": settings.spark.model_copy(update={"master": standalone}),
+        }
+    )
+    pipeline = pipeline_named(settings, "telemetry")
+    assert pipeline.layers.epoch_seconds == 10
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    for record in generate("telemetry", 10_000, seed=18, mix=Mix(duplicates=0.05, late=0.05)):
+        producer.send(record)
+    assert producer.flush().unacknowledged == 0
+    log = tmp_path / "speed.log"
+    job = start_job(settings, "telemetry", log)
+    try:
+        assert wait_equal(settings, pipeline, timeout=300) == [], log.read_text()[-3000:]
+    finally:
+        job.send_signal(signal.SIGTERM)
+        job.wait(90)
+    time.sleep(12)  # the events' epochs close (10 s epochs, 1 s grace)
+    result = run_cli(settings, "batch", "run", "telemetry")
+    assert result.returncode == 0, (result.stdout + result.stderr).decode()[-3000:]
+    active = active_batch(connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name)
+    assert active is not None
+    events, _ = topic_events(settings, pipeline)
+    want = batch_views(events, pipeline, active.horizon)
+    rows = {
+        v.name: cassandra_rows(settings, batch_table_def(pipeline, v, active.version).name)
+        for v in pipeline.views
+    }
+    assert all(rows.values())
+    assert batch_differences(pipeline, want, rows) == []
+    assert list((tmp_path / "work").glob("app-*/*/stderr")), "no executor ran on the worker"
