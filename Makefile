@@ -56,6 +56,7 @@ demo: setup
 bench: setup
 	$(BIN)/python -m bench.produce
 	$(BIN)/python -m bench.speed
+	$(BIN)/python -m bench.batch
 
 clean: down
 	rm -rf .lambdalake

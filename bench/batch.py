@@ -1,0 +1,170 @@
+"""Batch rebuild rate: ``BatchJob.run`` over N events in bronze, against a plain Spark job doing the
+same dedup and aggregations straight to Parquet (the compute stage's overhead), in one run.
+
+Bronze is written directly (synthetic offers with 2 % duplicates, ingest times spread over the last
+two days, so every epoch but the newest is closed): producing 10M events through Kafka and the speed
+job would take most of the bench's time without telling anything about the batch layer.
+
+    python -m bench.batch [--events 2000000 10000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+import uuid
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import functions as F
+
+from batch.job import BatchJob
+from bench.common import bench_settings, write_result
+from infra.services import running
+from lambdalake.kafka.admin import ensure_pipeline_topics
+from lambdalake.master import MasterDataset, table_path, write_event_files
+from lambdalake.pipeline import load_pipeline
+from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec
+from lambdalake.spark.session import spark_session
+
+CHUNK = 1_000_000
+KEYS = 200_000
+EPOCH_MS = 3_600_000
+
+
+def synthetic_bronze(n: int, schema: pa.Schema, topic: str, seed: int) -> list[pa.Table]:
+    """``n`` offers events as bronze rows, in chunks; 2 % are later copies of earlier events."""
+    rng = np.random.default_rng(seed)
+    now_ms = int(time.time() * 1000)
+    start_ms = (now_ms // EPOCH_MS - 48) * EPOCH_MS
+    span = now_ms - 2 * EPOCH_MS - start_ms  # every event in a closed epoch
+    chunks = []
+    for lo in range(0, n, CHUNK):
+        size = min(CHUNK, n - lo)
+        idx = np.arange(lo, lo + size)
+        copies = rng.random(size) < 0.02
+        original = np.where(copies, np.maximum(idx - rng.integers(1, 5000, size), 0), idx)
+        key = original % KEYS
+        ingest = start_ms + (idx * span // n)
+        cols = {
+            "offer_id": pa.array([f"offer-{k:06d}" for k in key]),
+            "merchant_id": pa.array([f"merchant-{k % 500:04d}" for k in key]),
+            "title": pa.array(["Lamp"] * size),
+            "price_cents": pa.array(rng.integers(100, 1_000_000, size)),
+            "currency": pa.array(["EUR"] * size),
+            "stock": pa.array(rng.integers(0, 500, size).astype(np.int32)),
+            "status": pa.array(["active"] * size),
+            "version": pa.array(original // KEYS + 1),
+            "updated_at": pa.array(ingest - rng.integers(0, 60_000, size), pa.timestamp("ms", tz="UTC")),
+            "promo_code": pa.nulls(size, pa.string()),
+            "_topic": pa.array([topic] * size),
+            "_partition": pa.array((key % 2).astype(np.int32)),
+            "_offset": pa.array(idx),
+            "_ingest_ts": pa.array(ingest, pa.timestamp("ms", tz="UTC")),
+            "_epoch": pa.array(ingest // EPOCH_MS),
+            "_schema_id": pa.array(np.ones(size, np.int32)),
+        }
+        chunks.append(pa.table({f.name: pa.array(cols[f.name]).cast(f.type) for f in schema}))
+    return chunks
+
+
+def plain_spark(spark, files: list[str], out: str) -> float:
+    """The same dedup and aggregations, written the plain way, straight to Parquet (seconds)."""
+    t0 = time.perf_counter()
+    df = spark.read.parquet(*files)
+    first = F.min_by(
+        F.struct(*[F.col(c) for c in df.columns]), F.struct("_ingest_ts", "_partition", "_offset")
+    )
+    events = df.groupBy("offer_id", "version").agg(first.alias("e")).select("e.*")
+    events.cache()
+    winner = F.max_by(
+        F.struct(*[F.col(c) for c in events.columns]), F.struct("version", F.col("_offset") * -1)
+    )
+    events.groupBy("offer_id").agg(winner.alias("w")).select("w.*").write.parquet(f"{out}/latest")
+    window = F.timestamp_seconds(F.floor(F.unix_seconds("updated_at") / 3600) * 3600).alias("window_start")
+    events.groupBy("merchant_id", window).agg(
+        F.count(F.lit(1)).alias("updates"), F.sum("price_cents").alias("price_sum"),
+        F.min("price_cents").alias("price_min"), F.max("price_cents").alias("price_max"),
+        F.count("price_cents").alias("price_avg_count"), F.sum("stock").alias("stock_sum"),
+    ).write.parquet(f"{out}/hourly")  # fmt: skip
+    events.unpersist()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, nargs="+", default=[2_000_000, 10_000_000])
+    args = parser.parse_args()
+    settings = bench_settings()
+    results = []
+    with running(settings):
+        spark = spark_session(settings, "lambdalake-bench-batch")
+        for n in args.events:
+            run_id = uuid.uuid4().hex[:6]
+            base = load_pipeline(
+                "offers", pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir
+            )
+            topic = base.topic.model_copy(update={"name": f"bench-batch-{run_id}"})
+            pipeline = base.model_copy(update={"topic": topic})
+            ensure_pipeline_topics(settings, pipeline)
+            root = f"{settings.storage_root}/batch-{run_id}"
+            run_settings = settings.model_copy(update={"storage_root": root})
+            schema = DecodeSpec.of(pipeline, settings).output_schema
+            schema = pa.schema([f for f in schema if f.name not in ERROR_FIELDS])
+            bronze = MasterDataset(table_path(root, pipeline.name), event_time=pipeline.event.time)
+            t0 = time.perf_counter()
+            for i, chunk in enumerate(synthetic_bronze(n, schema, topic.name, seed=n)):
+                files = write_event_files(chunk, path=bronze.path, event_time="updated_at", name=f"bench-{i}")
+                bronze.commit(files, app_id="bench", batch_id=i, layers=pipeline.layers)
+            written_s = time.perf_counter() - t0
+            files = bronze.file_uris()
+            # Plain Spark before and after the job (the first query of a session pays JVM warm-up):
+            # the faster of the two is the baseline.
+            plain_first = plain_spark(spark, files, f"{root}/plain-1")
+            t0 = time.perf_counter()
+            run = BatchJob(settings=run_settings, pipeline=pipeline, spark=spark).run()
+            total_s = time.perf_counter() - t0
+            plain_s = min(plain_first, plain_spark(spark, files, f"{root}/plain-2"))
+            stages = run.stages
+            compute_s = sum(v for k, v in stages.items() if k.startswith(("read", "view", "delta")))
+            published = sum(run.rows.values())
+            result = {
+                "events": n,
+                "outcome": run.outcome,
+                "events_read": run.events_read,
+                "duplicates": run.duplicates,
+                "rows": run.rows,
+                "bronze_written_s": round(written_s, 1),
+                "end_to_end_s": round(total_s, 1),
+                "end_to_end_events_per_s": round(run.events_read / total_s),
+                "stages_s": stages,
+                "compute_s": round(compute_s, 1),
+                "plain_spark_s": round(plain_s, 1),
+                "compute_overhead": round(compute_s / plain_s, 2),
+                "publish_rows_per_s": round(published / stages["publish"]) if stages.get("publish") else None,
+            }
+            results.append(result)
+            print(
+                f"{n:,} events: end to end {total_s:.1f}s ({result['end_to_end_events_per_s']:,} ev/s); "
+                f"compute {compute_s:.1f}s vs plain Spark {plain_s:.1f}s (x{result['compute_overhead']}); "
+                f"gate {stages.get('quality gate', 0):.1f}s; publish {published:,} rows in "
+                f"{stages.get('publish', 0):.1f}s ({result['publish_rows_per_s']:,} rows/s)",
+                flush=True,
+            )
+            shutil.rmtree(root, ignore_errors=True)
+        spark.stop()
+    path = write_result(
+        "batch",
+        {
+            "runs": results,
+            "targets": {"events_per_s": 100_000, "compute_overhead": 1.3, "publish_rows_per_s": 30_000},
+        },
+    )
+    print(f"-> {path}")
+
+
+if __name__ == "__main__":
+    main()
