@@ -51,6 +51,27 @@ def consume_all(settings: Settings, topic: str) -> list[Message]:
         consumer.close()
 
 
+def send_generated(producer: Any, kind: str, n: int, *, seed: int, mix: Any) -> None:
+    """Send ``n`` generated events through ``producer`` and require every one acknowledged."""
+    from lambdalake.produce.generator import generate
+
+    for record in generate(kind, n, seed=seed, mix=mix):
+        producer.send(record)
+    assert producer.flush().unacknowledged == 0
+
+
+def run_speed_once(settings: Settings, pipeline: Pipeline, spark: Any, **options: Any) -> None:
+    """Run the pipeline's speed job in-process until it has processed what the topic holds."""
+    from speed.job import SpeedJob, SpeedOptions
+
+    job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark, options=SpeedOptions(**options))
+    job.start()
+    try:
+        job.catch_up()
+    finally:
+        job.stop()
+
+
 def stop_job(job: subprocess.Popen, timeout: float = 90) -> None:
     """SIGTERM a job started in its own session; SIGKILL its group if it has not stopped in time."""
     if job.poll() is None:

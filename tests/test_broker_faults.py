@@ -27,9 +27,8 @@ from lambdalake.errors import LambdalakeError
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer, ProducerFailed
 from lambdalake.settings import PROJECT_ROOT, Settings
-from speed.job import SpeedJob, SpeedOptions
 from tests.conftest import env_for, isolated, pipeline_named
-from tests.helpers import bronze_coordinates, consume_all, stop_job
+from tests.helpers import bronze_coordinates, consume_all, run_speed_once, send_generated, stop_job
 from tests.reference import differences, topic_events
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -148,18 +147,7 @@ def restore_after_kill(settings: Settings, snapshot: Path) -> None:
 
 def send(settings: Settings, pipeline, n: int, seed: int) -> None:
     producer = EventProducer(settings=settings, pipeline=pipeline, prepare=False)
-    for record in generate(pipeline.name, n, seed=seed, mix=Mix(duplicates=0, invalid=0, late=0)):
-        producer.send(record)
-    assert producer.flush().unacknowledged == 0
-
-
-def run_once(settings: Settings, pipeline, spark, **options) -> None:
-    job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark, options=SpeedOptions(**options))
-    job.start()
-    try:
-        job.catch_up()
-    finally:
-        job.stop()
+    send_generated(producer, pipeline.name, n, seed=seed, mix=Mix(duplicates=0, invalid=0, late=0))
 
 
 @pytest.mark.parametrize("refill", [False, True], ids=["log-end-behind", "offsets-reused"])
@@ -175,13 +163,13 @@ def test_offsets_lost_by_the_broker_are_never_skipped_silently(
     shutil.copytree(broker.data_dir, snapshot)
     broker.start()
     send(own_kafka, pipeline, 600, seed=2)
-    run_once(own_kafka, pipeline, spark)
+    run_speed_once(own_kafka, pipeline, spark)
     assert len(bronze_coordinates(own_kafka, pipeline)) == 1600
     restore_after_kill(own_kafka, snapshot)
     if refill:
         send(own_kafka, pipeline, 1500, seed=3)  # new records take the lost offsets and more
     with pytest.raises(LambdalakeError) as stopped:
-        run_once(own_kafka, pipeline, spark)
+        run_speed_once(own_kafka, pipeline, spark)
     message = str(stopped.value)
     assert "DATA LOSS" in message and "offers-" in message and "offset" in message, message
     if not refill:
@@ -195,7 +183,7 @@ def test_offsets_lost_by_the_broker_are_never_skipped_silently(
         archived: dict[int, int] = {}
         for p, o in bronze_coordinates(own_kafka, pipeline):
             archived[p] = max(archived.get(p, -1), o)
-        run_once(own_kafka, pipeline, spark, fail_on_data_loss=False)
+        run_speed_once(own_kafka, pipeline, spark, fail_on_data_loss=False)
         coords = bronze_coordinates(own_kafka, pipeline)
         assert len(coords) == len(set(coords))
         topic = {(m.partition(), m.offset()) for m in consume_all(own_kafka, pipeline.topic.name)}

@@ -17,10 +17,11 @@ import pyspark
 import pytest
 
 from infra.process import port_open
-from lambdalake.produce.generator import Mix, generate
+from lambdalake.produce.generator import Mix
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
 from tests.conftest import isolated, pipeline_named
+from tests.helpers import send_generated
 from tests.test_speed_faults import start_job, wait_equal
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -107,9 +108,7 @@ def test_speed_job_on_standalone_cluster(
     )
     pipeline = pipeline_named(settings, "telemetry")
     producer = EventProducer(settings=settings, pipeline=pipeline)
-    for record in generate("telemetry", 20_000, seed=8, mix=Mix(duplicates=0.03, late=0.03)):
-        producer.send(record)
-    assert producer.flush().unacknowledged == 0
+    send_generated(producer, "telemetry", 20_000, seed=8, mix=Mix(duplicates=0.03, late=0.03))
     log = tmp_path / "speed.log"
     job = start_job(settings, "telemetry", log)
     try:
@@ -152,9 +151,7 @@ def test_batch_job_on_standalone_cluster(
     pipeline = pipeline_named(settings, "telemetry")
     assert pipeline.layers.epoch_seconds == 10
     producer = EventProducer(settings=settings, pipeline=pipeline)
-    for record in generate("telemetry", 10_000, seed=18, mix=Mix(duplicates=0.05, late=0.05)):
-        producer.send(record)
-    assert producer.flush().unacknowledged == 0
+    send_generated(producer, "telemetry", 10_000, seed=18, mix=Mix(duplicates=0.05, late=0.05))
     log = tmp_path / "speed.log"
     job = start_job(settings, "telemetry", log)
     try:

@@ -25,7 +25,7 @@ from lambdalake.settings import Settings
 from lambdalake.views import speed_table
 from speed.job import SpeedJob
 from tests.conftest import isolated, pipeline_named
-from tests.helpers import consume_all
+from tests.helpers import consume_all, run_speed_once, send_generated
 from tests.reference import cassandra_rows, differences, topic_events
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -228,9 +228,7 @@ def test_a_second_windowed_view_gets_a_query_of_its_own(services: Settings, spar
     # Its own name too: query names are unique per Spark session, and the module's jobs still run.
     pipeline = base.model_copy(update={"name": "telemetry_two", "views": [*base.views, hourly]})
     producer = EventProducer(settings=settings, pipeline=pipeline)
-    for r in generate("telemetry", 20_000, seed=11, mix=Mix(duplicates=0.03, invalid=0.01, late=0.03)):
-        producer.send(r)
-    assert producer.flush().unacknowledged == 0
+    send_generated(producer, "telemetry", 20_000, seed=11, mix=Mix(duplicates=0.03, invalid=0.01, late=0.03))
     job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
     job.start()
     try:
@@ -295,15 +293,8 @@ def test_speed_status_counts_every_row_across_restarts(services: Settings, spark
     )
     producer = EventProducer(settings=settings, pipeline=pipeline)
     for n, seed in ((4950, 1), (15, 2)):
-        for record in generate("telemetry", n, seed=seed, mix=Mix(duplicates=0, invalid=0, late=0)):
-            producer.send(record)
-        assert producer.flush().unacknowledged == 0
-        job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
-        job.start()
-        try:
-            job.catch_up()
-        finally:
-            job.stop()
+        send_generated(producer, "telemetry", n, seed=seed, mix=Mix(duplicates=0, invalid=0, late=0))
+        run_speed_once(settings, pipeline, spark)
     result = run_cli(settings, "speed", "status", "--json")
     assert result.returncode == 0, result.stderr.decode()
     main = json.loads(result.stdout)["telemetry_status-main"]
