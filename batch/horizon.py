@@ -42,7 +42,7 @@ class Horizon:
 
 def newest_closed_by_time(pipeline: Pipeline, now_ms: int) -> int:
     """The newest epoch whose end plus grace has passed at ``now_ms``."""
-    epoch_ms = pipeline.layers.epoch_seconds * 1000
+    epoch_ms = pipeline.layers.epoch_ms
     return (now_ms - pipeline.layers.grace_seconds * 1000) // epoch_ms - 1
 
 
@@ -106,7 +106,7 @@ def find_horizon(
             fix="give a time in the past, or leave --as-of out to take the newest epoch closed now",
         )
     now_ms = real_now if now_ms is None else now_ms
-    epoch_ms = pipeline.layers.epoch_seconds * 1000
+    epoch_ms = pipeline.layers.epoch_ms
     newest = newest_closed_by_time(pipeline, now_ms)
     if requested is not None and requested > newest:
         raise ConfigurationError(

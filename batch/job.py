@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from batch.horizon import Horizon, find_horizon
 from lambdalake.delta import commit_files, open_table
 from lambdalake.errors import ConfigurationError
-from lambdalake.master import MasterDataset, table_path
+from lambdalake.master import EPOCH_MS, MasterDataset, table_path
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.session import spark_session
@@ -238,7 +238,7 @@ class BatchJob:
                 "lambdalake.run_id": run.run_id, "lambdalake.horizon": str(run.horizon),
                 "lambdalake.horizon_end_ms": str(run.horizon_end_ms),
                 "lambdalake.bronze_version": str(run.bronze_version),
-                "lambdalake.epoch_ms": str(self.pipeline.layers.epoch_seconds * 1000),
+                EPOCH_MS: str(self.pipeline.layers.epoch_ms),
                 "lambdalake.rows": str(run.rows[view]),
             },
         )  # fmt: skip

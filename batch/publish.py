@@ -106,7 +106,7 @@ class Publisher:
     def _activate(self, session: Session, version: int, run: BatchRun) -> None:
         values: dict[str, Any] = {
             "pipeline": self.pipeline.name, "version": version, "horizon": run.horizon,
-            "epoch_ms": self.pipeline.layers.epoch_seconds * 1000, "bronze_version": run.bronze_version,
+            "epoch_ms": self.pipeline.layers.epoch_ms, "bronze_version": run.bronze_version,
             "views": json.dumps(run.delta_versions, sort_keys=True), "published_at": int(time.time() * 1000),
         }  # fmt: skip
         cols = ", ".join(f'"{c}"' for c in values)

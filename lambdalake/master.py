@@ -36,6 +36,11 @@ PARTITIONS = "lambdalake.partitions"
 log = logging.getLogger("lambdalake.master")
 
 
+def recorded_values(layers: LayersSpec) -> dict[str, int]:
+    """What each bronze commit records of the layers (and :meth:`MasterDataset.check_layers` compares)."""
+    return {EPOCH_MS: layers.epoch_ms, DEDUP_DELAY_MS: layers.dedup_delay_seconds * 1000}
+
+
 def table_path(storage_root: str, pipeline: str) -> str:
     return f"{storage_root.rstrip('/')}/master/{pipeline}"
 
@@ -119,8 +124,7 @@ class MasterDataset:
             metadata={
                 "lambdalake.batch_id": str(batch_id),
                 "lambdalake.app_id": app_id,
-                EPOCH_MS: str(layers.epoch_seconds * 1000),
-                DEDUP_DELAY_MS: str(layers.dedup_delay_seconds * 1000),
+                **{k: str(v) for k, v in recorded_values(layers).items()},
                 PARTITIONS: json.dumps(dict(partitions or {}), sort_keys=True),
             },
         )  # fmt: skip
@@ -147,7 +151,7 @@ class MasterDataset:
         recorded = self.recorded_layers()
         if recorded is None:
             return
-        wanted = {EPOCH_MS: layers.epoch_seconds * 1000, DEDUP_DELAY_MS: layers.dedup_delay_seconds * 1000}
+        wanted = recorded_values(layers)
         differ = {k: (recorded[k], wanted[k]) for k in wanted if recorded[k] != wanted[k]}
         if differ:
             names = {EPOCH_MS: "epoch", DEDUP_DELAY_MS: "dedup_delay"}

@@ -262,6 +262,10 @@ class LayersSpec(Strict):
         return interval_seconds(self.epoch)
 
     @property
+    def epoch_ms(self) -> int:
+        return self.epoch_seconds * 1000
+
+    @property
     def dedup_delay_seconds(self) -> int:
         return interval_seconds(self.dedup_delay)
 
