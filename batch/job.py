@@ -40,6 +40,7 @@ from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.views import INGEST_EPOCH, deduplicate, latest, latest_order, windowed
+from lambdalake.status import batch_status_file
 from lambdalake.storage import list_files, write_text
 from lambdalake.views import RANK
 
@@ -51,11 +52,6 @@ COPIES = "_copies"
 def views_path(storage_root: str, pipeline: str, view: str) -> str:
     """Where a view's Delta table lives."""
     return f"{storage_root.rstrip('/')}/views/{pipeline}/{view}"
-
-
-def status_file(storage_root: str, pipeline: str) -> str:
-    """The last batch run's summary (read by ``lambdalake status``)."""
-    return f"{storage_root.rstrip('/')}/status/batch-{pipeline}.json"
 
 
 @dataclass
@@ -94,7 +90,7 @@ class BatchJob:
     def __init__(self, *, settings: Settings, pipeline: Pipeline, spark: SparkSession | None = None) -> None:
         self.settings = settings
         self.pipeline = pipeline
-        self.spark = spark or spark_session(settings, f"lambdalake-batch-{pipeline.name}")
+        self.spark = spark or spark_session(settings, f"lambdalake-batch-{pipeline.name}", workload="batch")
         self.bronze = MasterDataset(
             table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
         )
@@ -176,7 +172,7 @@ class BatchJob:
         finally:
             if not dry_run:
                 write_text(
-                    status_file(self.settings.storage_root, self.pipeline.name), json.dumps(asdict(run))
+                    batch_status_file(self.settings.storage_root, self.pipeline.name), json.dumps(asdict(run))
                 )
 
     def _covered(self, files: list[str], horizon: Horizon, run: BatchRun) -> DataFrame:

@@ -13,12 +13,12 @@ import json
 import logging
 import re
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cassandra.cluster import Session
 from pyspark.sql import SparkSession
 
+from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import BATCH_META, batch_table_def, create_keyspace, ensure_table
 from lambdalake.delta import open_table
@@ -33,32 +33,6 @@ log = logging.getLogger("lambdalake.batch")
 
 #: Published versions kept besides the active one (older ones are dropped).
 KEEP_PREVIOUS = 1
-
-
-@dataclass(frozen=True)
-class ActiveBatch:
-    """What serving reads: the active version, its horizon epoch and the epoch length."""
-
-    version: int
-    horizon: int
-    epoch_ms: int
-    bronze_version: int
-    views: dict[str, int]
-
-
-def active_batch(session: Session, keyspace: str, pipeline: str) -> ActiveBatch | None:
-    """The pipeline's active batch version (None before the first publish)."""
-    try:
-        row = session.execute(
-            f'SELECT * FROM "{keyspace}"."{BATCH_META.name}" WHERE pipeline = %s', [pipeline]
-        ).one()
-    except Exception as exc:  # no metadata table yet: nothing published
-        if "unconfigured" in str(exc).lower() or "does not exist" in str(exc).lower():
-            return None
-        raise
-    if row is None:
-        return None
-    return ActiveBatch(row.version, row.horizon, row.epoch_ms, row.bronze_version, json.loads(row.views))
 
 
 class Publisher:

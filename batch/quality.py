@@ -131,6 +131,10 @@ def view_expectations(
     return out
 
 
+def _identify(config: Any) -> str:
+    return json.dumps([config.type, config.kwargs], sort_keys=True, default=str)
+
+
 class QualityGate:
     """Runs the pipeline's suite on Spark DataFrames with Great Expectations (an ephemeral context).
 
@@ -161,18 +165,24 @@ class QualityGate:
             if dataset == "bronze"
             else self.extra.get("views", {}).get(dataset, [])
         )
-        suite = self._gx.ExpectationSuite(name=f"{self.pipeline.name}-{dataset}")
-        for spec in [*specs, *extra]:
-            suite.add_expectation(
-                ExpectationConfiguration(type=spec["type"], kwargs=spec["kwargs"]).to_domain_obj()
-            )
+        configs = [
+            ExpectationConfiguration(type=spec["type"], kwargs=spec["kwargs"]) for spec in [*specs, *extra]
+        ]
         asset = self._source.add_dataframe_asset(name=dataset)
         batch = asset.add_batch_definition_whole_dataframe("all").get_batch(
             batch_parameters={"dataframe": df}
         )
-        result = batch.validate(suite)
-        for r in result.results:
-            config = r.expectation_config
+        # Pass or fail first (no unexpected-value samples: those cost Spark jobs of their own per
+        # expectation), then the details of the failed ones only, for the report.
+        verdicts = batch.validate(self._suite(dataset, configs), result_format="BOOLEAN_ONLY").results
+        failed = [r.expectation_config for r in verdicts if not r.success]
+        details = {}
+        if failed:
+            rerun = batch.validate(self._suite(dataset, failed), result_format="BASIC").results
+            details = {_identify(r.expectation_config): r for r in rerun}
+        for verdict in verdicts:
+            config = verdict.expectation_config
+            r = details.get(_identify(config), verdict)
             detail = {
                 k: v
                 for k, v in (r.result or {}).items()
@@ -183,10 +193,16 @@ class QualityGate:
                     dataset,
                     config.type,
                     config.kwargs.get("column"),
-                    bool(r.success),
+                    bool(verdict.success),
                     json.dumps(detail, default=str)[:300],
                 )
             )
+
+    def _suite(self, dataset: str, configs: list) -> Any:
+        suite = self._gx.ExpectationSuite(name=f"{self.pipeline.name}-{dataset}")
+        for config in configs:
+            suite.add_expectation(config.to_domain_obj())
+        return suite
 
     def finish(self, report_path: str) -> GateReport:
         """Write the report; raise :class:`QualityGateFailed` naming every failed expectation."""

@@ -101,7 +101,7 @@ def main() -> None:
     settings = bench_settings()
     results = []
     with running(settings):
-        spark = spark_session(settings, "lambdalake-bench-batch")
+        spark = spark_session(settings, "lambdalake-bench-batch", workload="batch")
         for n in args.events:
             run_id = uuid.uuid4().hex[:6]
             base = load_pipeline(

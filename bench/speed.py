@@ -41,7 +41,7 @@ from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT
-from speed.job import status_file
+from lambdalake.status import speed_status_file
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -84,7 +84,7 @@ def main() -> None:
     with running(settings):
         p = configured_pipeline("telemetry", settings)
         producer = EventProducer(settings=settings, pipeline=p)
-        status = Path(status_file(settings.storage_root, "telemetry"))
+        status = Path(speed_status_file(settings.storage_root, "telemetry"))
 
         def start_job(log_file: Path, *options: str) -> subprocess.Popen[bytes]:
             command = ["speed", "run", "telemetry", "--log-level", "DEBUG", *options]

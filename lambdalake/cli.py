@@ -117,13 +117,25 @@ def down(only: OnlyOpt = None) -> None:
 
 
 @app.command()
-def status(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
-    """Show each service, its address and health. Exits 1 if any is unhealthy."""
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    services_only: Annotated[bool, typer.Option("--services", help="Only the services.")] = False,
+) -> None:
+    """Show each service (address, health), then per pipeline: stream lag per partition, freshness
+    of each speed view, DLQ records, the active batch version and horizon, and the last batch run.
+    Exits 1 if any service is unhealthy."""
     from infra.services import all_services
+    from lambdalake.cli_serving import pipeline_statuses, print_pipeline_statuses
 
-    statuses = [s.status() for s in all_services(get_settings())]
+    settings = get_settings()
+    statuses = [s.status() for s in all_services(settings)]
+    healthy = all(s.healthy for s in statuses)
+    pipelines = pipeline_statuses(settings) if healthy and not services_only else []
     if as_json:
-        out.print_json(json.dumps([s.to_dict() for s in statuses]))
+        services = [s.to_dict() for s in statuses]
+        out.print_json(
+            json.dumps(services if services_only else {"services": services, "pipelines": pipelines})
+        )
     else:
         table = Table("service", "address", "mode", "pid", "health")
         for s in statuses:
@@ -132,10 +144,8 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="Machine-readabl
                 s.name, s.address, "embedded" if s.embedded else "external", str(s.pid or "-"), health
             )
         out.print(table)
-    raise typer.Exit(0 if all(s.healthy for s in statuses) else 1)
-
-
-# --- pipelines, topics, schemas ----------------------------------------------------------------
+        print_pipeline_statuses(pipelines)
+    raise typer.Exit(0 if healthy else 1)
 
 
 @app.command()
@@ -634,7 +644,8 @@ def batch_restore(
     settings = get_settings()
     p = _pipeline(pipeline, settings)
     with console.status("restoring from the Delta views..."):
-        run = restore(settings, p, spark_session(settings, f"lambdalake-restore-{p.name}"), version=version)
+        spark = spark_session(settings, f"lambdalake-restore-{p.name}", workload="batch")
+        run = restore(settings, p, spark, version=version)
     console.print(
         f"[green]✔[/] {p.name}: batch version {run.batch_version} active, from run {run.run_id} "
         f"(Delta versions {run.delta_versions}, horizon epoch {run.horizon})"
@@ -664,7 +675,7 @@ def batch_schedule(
 
     def run(p: Pipeline) -> str:
         nonlocal spark
-        spark = spark or spark_session(settings, "lambdalake-batch-schedule")
+        spark = spark or spark_session(settings, "lambdalake-batch-schedule", workload="batch")
         return BatchJob(settings=settings, pipeline=p, spark=spark).run().outcome
 
     scheduler = Scheduler(settings=settings, pipelines=chosen, runner=run)
@@ -677,6 +688,10 @@ def batch_schedule(
         signal.signal(sig, lambda *_: stop.set())
     console.print(f"scheduling {', '.join(f'{p.name} ({p.batch.schedule})' for p in chosen)}; SIGTERM stops")
     scheduler.run_forever(stop)
+
+
+# Commands kept in modules of their own register on ``app`` when imported.
+from lambdalake import cli_serving  # noqa: E402, F401
 
 
 def main() -> None:

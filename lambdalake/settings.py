@@ -181,6 +181,17 @@ class SparkSettings(BaseModel):
         return value
 
 
+class ServingSettings(BaseModel):
+    """The HTTP API (``lambdalake serve``)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535, description="a port number 1-65535", examples=["8080"])
+    #: Bearer token every request but ``/health`` must carry; None (default) leaves the API open.
+    token: SecretStr | None = None
+    #: Seconds the active-batch row is cached before it is read again.
+    meta_ttl_s: float = Field(1.0, ge=0, description="seconds, 0 or more", examples=["1.0"])
+
+
 class Settings(BaseSettings):
     """All of lambdalake's configuration. Build it with :func:`get_settings` or directly in tests."""
 
@@ -192,6 +203,7 @@ class Settings(BaseSettings):
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     cassandra: CassandraSettings = Field(default_factory=CassandraSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
+    serving: ServingSettings = Field(default_factory=ServingSettings)
     #: Where embedded services keep data, PID files and logs.
     state_dir: Path = PROJECT_ROOT / ".lambdalake"
     #: Installed service files (Cassandra's distribution), shared by every state folder.

@@ -47,6 +47,7 @@ from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decode
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.sinks import upsert_view
 from lambdalake.spark.views import INGEST_TS, windowed
+from lambdalake.status import speed_status_file
 from lambdalake.storage import read_text, write_text
 from lambdalake.views import windowed_inputs
 from speed.dedup import DedupLog
@@ -82,11 +83,6 @@ class SpeedOptions:
     starting_offsets: str = "earliest"
     broker_wait_s: float = 120.0
     fail_on_data_loss: bool = True
-
-
-def status_file(storage_root: str, pipeline: str) -> str:
-    """Where a pipeline's speed job keeps its status (read by ``lambdalake speed status``)."""
-    return f"{storage_root.rstrip('/')}/status/speed-{pipeline}.json"
 
 
 @dataclass
@@ -236,7 +232,7 @@ class SpeedJob:
             table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
         )
         self.checkpoints = f"{settings.storage_root.rstrip('/')}/checkpoints/{pipeline.name}"
-        self.progress = ProgressLog(status_file(settings.storage_root, pipeline.name))
+        self.progress = ProgressLog(speed_status_file(settings.storage_root, pipeline.name))
         self.queries: list[StreamingQuery] = []
         self.windowed_views = [v for v in pipeline.views if isinstance(v, WindowedView)]
         self.primary = self.windowed_views[0] if self.windowed_views else None

@@ -102,7 +102,7 @@ def test_up_status_down_cycle(tmp_path) -> None:
         assert run_cli(own, "up").returncode == 0
         status = run_cli(own, "status", "--json")
         assert status.returncode == 0, status.stderr.decode()
-        services = json.loads(status.stdout)
+        services = json.loads(status.stdout)["services"]
         assert [s["name"] for s in services] == ["broker", "registry", "cassandra"]
         assert all(s["healthy"] and s["pid"] for s in services), services
         again = run_cli(own, "up")
@@ -115,7 +115,7 @@ def test_up_status_down_cycle(tmp_path) -> None:
         assert _gone(pid), f"process {pid} still runs after `lambdalake down`"
     after = run_cli(own, "status", "--json")
     assert after.returncode == 1
-    assert not any(s["healthy"] for s in json.loads(after.stdout))
+    assert not any(s["healthy"] for s in json.loads(after.stdout)["services"])
 
 
 @pytest.mark.slow

@@ -127,7 +127,7 @@ def test_batch_job_on_standalone_cluster(
 ) -> None:
     """The speed job archives on the cluster, then `lambdalake batch run` rebuilds and publishes on it:
     the published rows equal the pandas reference for the horizon (as a local run's do, test_batch)."""
-    from batch.publish import active_batch
+    from lambdalake.cassandra.active import active_batch
     from lambdalake.cassandra.session import connect
     from lambdalake.cassandra.tables import batch_table_def
     from tests.conftest import run_cli

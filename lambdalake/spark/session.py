@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Literal
 
 from pyspark.sql import SparkSession
 
@@ -39,9 +40,31 @@ SPARK_DEFAULTS = {
     "spark.driver.memory": "2g",
 }
 
+#: A batch rebuild is one large query instead of many small ones: it wants shuffle partitions that
+#: fit in memory (AQE coalesces the small ones), the full JIT, and room to cache the master dataset.
+BATCH_DEFAULTS = {
+    "spark.sql.shuffle.partitions": "16",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    # The identities delivered more than once are few: broadcast them instead of shuffling every event.
+    "spark.sql.adaptive.autoBroadcastJoinThreshold": "64MB",
+    "spark.driver.memory": "6g",
+}
 
-def spark_session(settings: Settings, app_name: str = "lambdalake") -> SparkSession:
-    """The active session, created with the settings' master and conf if there is none."""
+Workload = Literal["stream", "batch"]
+
+
+def spark_session(
+    settings: Settings, app_name: str = "lambdalake", *, workload: Workload = "stream"
+) -> SparkSession:
+    """The active session, created with the settings' master and conf if there is none.
+
+    Args:
+        settings: Master and ``spark.conf`` overrides (applied last, so they win).
+        app_name: The application's name.
+        workload: ``"stream"`` (default: small micro-batches, few shuffle partitions, cheap JIT) or
+            ``"batch"`` (:data:`BATCH_DEFAULTS`: one large query). Only a new session takes it.
+    """
     # Executors must run the interpreter that has lambdalake installed (the venv's).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -50,13 +73,14 @@ def spark_session(settings: Settings, app_name: str = "lambdalake") -> SparkSess
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name).master(settings.spark.master)
     driver_opts = f"-Dlog4j.configurationFile=file:{LOG4J}"
-    if settings.spark.master.startswith("local"):
+    if workload == "stream" and settings.spark.master.startswith("local"):
         # Every micro-batch runs freshly generated code, and with the C2 compiler on, JIT compiling it
         # took a third of the JVM's CPU time on a 2-core machine (measured: C2 thread 30 s of 80 s).
         # C1 alone compiles far cheaper; on clusters the driver keeps the JVM's default.
         driver_opts += " -XX:TieredStopAtLevel=1"
     log4j = {"spark.driver.extraJavaOptions": driver_opts}
-    for key, value in {**SPARK_DEFAULTS, **log4j, **settings.spark.conf}.items():
+    defaults = {**SPARK_DEFAULTS, **(BATCH_DEFAULTS if workload == "batch" else {})}
+    for key, value in {**defaults, **log4j, **settings.spark.conf}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

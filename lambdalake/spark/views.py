@@ -8,6 +8,8 @@ functions to the whole master dataset. No view logic exists anywhere else.
 
 from __future__ import annotations
 
+from functools import reduce
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
@@ -83,8 +85,30 @@ def deduplicate(df: DataFrame, pipeline: Pipeline, *, copies: str | None = None)
     by (ingest time, partition, offset). Ingest time is the broker's append time (LogAppendTime), so
     within a partition this is the first in its log, the copy the speed layer keeps; across
     partitions (copies written before partitions were added) the earlier ingest time wins.
-    ``copies`` names a column to count each identity's deliveries in (none by default)."""
+    ``copies`` names a column to count each identity's deliveries in (none by default).
+
+    Copies are rare, so only the identities delivered more than once pay for picking a whole row
+    (``min_by`` over a struct cannot use Spark's hash aggregation): a narrow count per identity finds
+    them, and the events of every other identity pass through a (usually broadcast) anti-join.
+    """
+    identity = list(pipeline.event.identity)
+    n = copies or "_copies"
+    repeated = df.groupBy(*identity).agg(F.count(F.lit(1)).alias(n)).filter(F.col(n) > 1)
+    events, seen = df.alias("_events"), repeated.alias("_repeated")
+    # Null-safe: a null identity component is one value, as groupBy treats it.
+    on = reduce(
+        lambda a, b: a & b,
+        [F.col(f"_events.{c}").eqNullSafe(F.col(f"_repeated.{c}")) for c in identity],
+    )
+    singles = events.join(seen, on, "left_anti")
+    if copies:
+        singles = singles.withColumn(copies, F.lit(1).cast("long"))
     first = F.min_by(F.struct(*[F.col(c) for c in df.columns]), F.struct(INGEST_TS, "_partition", "_offset"))
     counted = [F.count(F.lit(1)).alias(copies)] if copies else []
-    out = df.groupBy(*pipeline.event.identity).agg(first.alias("_e"), *counted)
-    return out.select("_e.*", *([copies] if copies else []))
+    picked = (
+        events.join(seen, on, "left_semi")
+        .groupBy(*identity)
+        .agg(first.alias("_e"), *counted)
+        .select("_e.*", *([copies] if copies else []))
+    )
+    return singles.unionByName(picked)

@@ -1,0 +1,161 @@
+"""``lambdalake query``, ``serve`` and the per-pipeline half of ``status`` (registered on the one
+``lambdalake`` app; layers are imported inside each command)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from lambdalake.cli import PipelineArg, app, console, out
+from lambdalake.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from serving.answers import Answer
+
+
+class Format(StrEnum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+@app.command()
+def query(
+    pipeline: PipelineArg,
+    view: Annotated[str, typer.Argument(help="View name (see `lambdalake pipelines`).")],
+    key: Annotated[
+        str, typer.Option(help="The key; a composite key's values separated by commas, in key order.")
+    ],
+    start: Annotated[
+        str | None,
+        typer.Option("--from", help="Windows starting at or after this (ISO-8601 or epoch ms)."),
+    ] = None,
+    end: Annotated[
+        str | None, typer.Option("--to", help="Windows starting before this (ISO-8601 or epoch ms).")
+    ] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+) -> None:
+    """The merged answer for one key: the active batch version's row combined with the speed rows of
+    later ingest epochs, with its provenance. Exits 1 when the key has no rows."""
+    from serving import ServingClient
+
+    settings = get_settings()
+    answer = ServingClient(settings=settings).query(pipeline, view, key, start=start, end=end)
+    if fmt is Format.json:
+        out.print_json(json.dumps(answer.to_dict()))
+    elif fmt is Format.csv:
+        out.print(answer_csv(answer), end="", markup=False, highlight=False)
+    else:
+        print_answer(answer)
+    if not answer.found:
+        raise typer.Exit(1)
+
+
+def answer_rows(answer: Answer) -> list[dict[str, Any]]:
+    """One flat dict per row (a ``latest`` answer has one), provenance columns included."""
+    if answer.latest is not None:
+        return [{**answer.latest.values, "_source": answer.latest.source, "_rank": answer.latest.rank}]
+    return [
+        {"window_start": w.window_start.isoformat().replace("+00:00", "Z"), **w.values,
+         "_from_batch": w.from_batch, "_speed_epochs": " ".join(map(str, w.speed_epochs))}
+        for w in answer.windows
+    ]  # fmt: skip
+
+
+def answer_csv(answer: Answer) -> str:
+    rows = answer_rows(answer)
+    buffer = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def print_answer(answer: Answer) -> None:
+    key = ", ".join(f"{k}={v}" for k, v in answer.key.items())
+    out.print(f"[bold]{answer.pipeline}/{answer.view}[/] {key}: {answer.provenance.summary}")
+    rows = answer_rows(answer)
+    if not rows:
+        out.print("(no rows for this key)")
+        return
+    table = Table(*rows[0].keys())
+    for row in rows:
+        table.add_row(*[_cell(v) for v in row.values()])
+    out.print(table)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "" if value is None else str(value)
+
+
+@app.command()
+def serve(
+    host: Annotated[
+        str | None, typer.Option(help="Address to bind (default LAMBDALAKE_SERVING__HOST).")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default LAMBDALAKE_SERVING__PORT, 8080).")] = None,
+) -> None:
+    """Serve the merged query over HTTP until Ctrl-C/SIGTERM: /v1/pipelines/{p}/views/{v}/keys/{k},
+    /health, /metrics, OpenAPI docs at /docs. LAMBDALAKE_SERVING__TOKEN requires a bearer token."""
+    import uvicorn
+
+    from serving.http import make_app
+
+    settings = get_settings()
+    host = host or settings.serving.host
+    port = port or settings.serving.port
+    auth = "bearer token required" if settings.serving.token else "no token configured: open to anyone"
+    console.print(f"serving on http://{host}:{port} (docs at /docs; {auth})")
+    uvicorn.run(make_app(settings), host=host, port=port, log_level="warning")
+
+
+def pipeline_statuses(settings: Settings) -> list[dict[str, Any]]:
+    """Every valid pipeline's status as dicts (a broken pipeline file is listed with its error)."""
+    from lambdalake.errors import LambdalakeError
+    from lambdalake.pipeline import configured_pipeline, list_pipelines
+    from lambdalake.status import pipeline_status
+
+    found = []
+    for name in list_pipelines(settings.pipelines_dir):
+        try:
+            found.append(pipeline_status(settings, configured_pipeline(name, settings)).to_dict())
+        except LambdalakeError as exc:
+            found.append({"pipeline": name, "problems": [exc.message]})
+    return found
+
+
+def print_pipeline_statuses(statuses: list[dict[str, Any]]) -> None:
+    for s in statuses:
+        out.print(f"\n[bold]{s['pipeline']}[/]" + (f" (topic {s['topic']})" if s.get("topic") else ""))
+        for problem in s.get("problems", []):
+            out.print(f"  [red]![/] {problem}")
+        if "partitions" not in s:
+            continue
+        lags = ", ".join(f"p{p['partition']}: {p['lag']:,}" for p in s["partitions"]) or "-"
+        out.print(f"  stream lag (records not archived yet): {lags}")
+        if s["dlq_records"] is not None:
+            out.print(f"  dead-letter records: {s['dlq_records']:,}")
+        table = Table("speed view", "query", "last micro-batch", "ago", "lag then")
+        for v in s["views"]:
+            ago = f"{v['seconds_since']:.0f}s" if v["seconds_since"] is not None else "-"
+            table.add_row(v["view"], v["query"], v["last_batch_at"] or "never", ago, _cell(v["lag"]))
+        out.print(table)
+        if s["batch_version"] is None:
+            out.print("  batch: none published yet (answers come from the speed layer alone)")
+        else:
+            out.print(f"  batch: version {s['batch_version']} active, horizon epoch {s['horizon']}")
+        last = s.get("last_batch")
+        if last:
+            out.print(
+                f"  last batch run {last.get('run_id')}: {last.get('outcome')}"
+                f" (horizon {last.get('horizon')}, {sum((last.get('stages') or {}).values()):.0f}s)"
+            )

@@ -1,0 +1,158 @@
+"""What a pipeline is doing, gathered from where each layer leaves it: stream lag per partition
+(the broker's log end against what bronze archived), speed queries' last micro-batches, the
+dead-letter topic, the active batch version and the last batch run. Read by ``lambdalake status``
+and serving's ``/metrics``; every source that cannot be read is reported, never raised."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from lambdalake.pipeline import LatestView, Pipeline
+from lambdalake.settings import Settings
+from lambdalake.storage import read_text
+
+
+def speed_status_file(storage_root: str, pipeline: str) -> str:
+    """Where a pipeline's speed job keeps its status (per streaming query)."""
+    return f"{storage_root.rstrip('/')}/status/speed-{pipeline}.json"
+
+
+def batch_status_file(storage_root: str, pipeline: str) -> str:
+    """The last batch run's summary."""
+    return f"{storage_root.rstrip('/')}/status/batch-{pipeline}.json"
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    """One partition: the broker's log end, the next offset bronze lacks, the records between."""
+
+    partition: int
+    end: int
+    archived: int
+    lag: int
+
+
+@dataclass(frozen=True)
+class ViewFreshness:
+    """A speed view: the query writing it, when its last micro-batch ran, and the lag it saw."""
+
+    view: str
+    query: str
+    last_batch_at: str | None
+    seconds_since: float | None
+    lag: int | None
+
+
+@dataclass
+class PipelineStatus:
+    pipeline: str
+    topic: str
+    partitions: list[PartitionLag] = field(default_factory=list)
+    views: list[ViewFreshness] = field(default_factory=list)
+    dlq_records: int | None = None
+    batch_version: int | None = None
+    horizon: int | None = None
+    published_at_ms: int | None = None
+    last_batch: dict[str, Any] | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def lag(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"lag": self.lag}
+
+
+def pipeline_status(settings: Settings, pipeline: Pipeline, *, session: Any = None) -> PipelineStatus:
+    """Everything ``status`` shows for one pipeline (``session``: a Cassandra session to reuse)."""
+    status = PipelineStatus(pipeline.name, pipeline.topic.name)
+    _stream(settings, pipeline, status)
+    _speed_views(settings, pipeline, status)
+    _batch(settings, pipeline, status, session)
+    return status
+
+
+def _stream(settings: Settings, pipeline: Pipeline, status: PipelineStatus) -> None:
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    from lambdalake.master import MasterDataset, table_path
+
+    config = {**settings.kafka.client_config(), "group.id": f"lambdalake-status-{uuid.uuid4().hex[:8]}",
+              "enable.auto.commit": False}  # fmt: skip
+    consumer = Consumer(config)
+    timeout = settings.kafka.connect_timeout_s
+    try:
+        topics = consumer.list_topics(timeout=timeout).topics
+        meta = topics.get(pipeline.topic.name)
+        if meta is None or meta.error is not None:
+            status.problems.append(f"topic {pipeline.topic.name} does not exist (run `lambdalake deploy`)")
+            return
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(pipeline.topic.name, p), timeout=timeout)[1]
+            for p in sorted(meta.partitions)
+        }
+        bronze = MasterDataset(
+            table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
+        )
+        try:
+            read = bronze.read_progress([f"{pipeline.topic.name}/{p}" for p in ends])
+        except Exception as exc:  # storage unreadable: report, show the broker side anyway
+            status.problems.append(f"master dataset unreadable: {exc}")
+            read = {}
+        for p, end in ends.items():
+            archived = read.get(f"{pipeline.topic.name}/{p}", -1) + 1
+            status.partitions.append(PartitionLag(p, end, archived, max(0, end - archived)))
+        dlq = topics.get(pipeline.topic.dlq)
+        if dlq is not None and dlq.error is None:
+            status.dlq_records = sum(
+                hi - lo
+                for lo, hi in (
+                    consumer.get_watermark_offsets(TopicPartition(pipeline.topic.dlq, p), timeout=timeout)
+                    for p in dlq.partitions
+                )
+            )
+    except KafkaException as exc:
+        status.problems.append(f"Kafka at {settings.kafka.bootstrap_servers} unreachable: {exc}")
+    finally:
+        consumer.close()
+
+
+def _speed_views(settings: Settings, pipeline: Pipeline, status: PipelineStatus) -> None:
+    queries = json.loads(read_text(speed_status_file(settings.storage_root, pipeline.name)) or "{}")
+    now = time.time()
+    for view in pipeline.views:
+        # The main query writes the latest views and the first windowed one; others have their own.
+        name = f"{pipeline.name}-{view.name}"
+        if name not in queries or isinstance(view, LatestView):
+            name = f"{pipeline.name}-main"
+        last = queries.get(name, {}).get("last_batch", {})
+        at = last.get("at")
+        since = None
+        if at:
+            since = round(now - datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp(), 1)
+        status.views.append(ViewFreshness(view.name, name, at, since, last.get("lag")))
+
+
+def _batch(settings: Settings, pipeline: Pipeline, status: PipelineStatus, session: Any) -> None:
+    from lambdalake.cassandra.active import active_batch
+    from lambdalake.cassandra.session import connect
+
+    status.last_batch = json.loads(
+        read_text(batch_status_file(settings.storage_root, pipeline.name)) or "null"
+    )
+    try:
+        active = active_batch(
+            session or connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name
+        )
+    except Exception as exc:  # Cassandra down: report it
+        status.problems.append(f"Cassandra unreachable: {str(exc).splitlines()[0]}")
+        return
+    if active is not None:
+        status.batch_version, status.horizon = active.version, active.horizon
+        status.published_at_ms = active.published_at_ms

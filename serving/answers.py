@@ -1,0 +1,102 @@
+"""What a merged query returns: typed rows with their provenance (which layer gave which epochs)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where an answer came from.
+
+    Attributes:
+        batch_version: The active batch version read (None: no batch published yet, speed alone).
+        horizon: The newest ingest epoch the batch covers (None without a batch).
+        horizon_end_ms: When the horizon epoch ended (epoch ms): events ingested before it come from
+            the batch, later ones from the speed layer.
+        epoch_ms: The ingest epoch length.
+        speed_epochs: The ingest epochs (> horizon) whose speed rows were merged in.
+    """
+
+    batch_version: int | None
+    horizon: int | None
+    horizon_end_ms: int | None
+    epoch_ms: int
+    speed_epochs: tuple[int, ...] = ()
+
+    @property
+    def summary(self) -> str:
+        speed = (
+            f"speed epochs {', '.join(map(str, self.speed_epochs))}" if self.speed_epochs else "no speed rows"
+        )
+        if self.batch_version is None:
+            return f"speed layer only (no batch published yet); {speed}"
+        return f"batch v{self.batch_version} (epochs <= {self.horizon}) + {speed}"
+
+
+@dataclass(frozen=True)
+class WindowRow:
+    """One (key, window) of a windowed view: merged aggregates and what contributed.
+
+    Attributes:
+        window_start: The window's start (UTC).
+        values: Each aggregate by name (averages derived from the merged sum and count), plus the
+            stored components (``<avg>_sum``, ``<avg>_count``).
+        from_batch: Whether the batch row contributed.
+        speed_epochs: The ingest epochs whose speed rows contributed.
+    """
+
+    window_start: datetime
+    values: dict[str, Any]
+    from_batch: bool
+    speed_epochs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LatestRow:
+    """The winning row of a ``latest`` view and the layer it came from.
+
+    Attributes:
+        values: The row's columns.
+        rank: Its :func:`lambdalake.views.latest_rank` (the higher wins).
+        source: ``"batch"`` or ``"speed"``.
+    """
+
+    values: dict[str, Any]
+    rank: int
+    source: Literal["batch", "speed"]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The merged answer for one key of one view."""
+
+    pipeline: str
+    view: str
+    kind: Literal["latest", "windowed"]
+    key: dict[str, Any]
+    provenance: Provenance
+    latest: LatestRow | None = None
+    windows: list[WindowRow] = field(default_factory=list)
+
+    @property
+    def found(self) -> bool:
+        return self.latest is not None or bool(self.windows)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (timestamps as ISO-8601 strings)."""
+        return _jsonable(
+            asdict(self) | {"provenance": asdict(self.provenance) | {"summary": self.provenance.summary}}
+        )
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    return value

@@ -1,0 +1,273 @@
+"""The merged query as a Python API: reads the active batch version, then the batch and speed rows
+of one key with prepared statements, and merges them exactly (``serving.merge``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+from cassandra import InvalidRequest
+from cassandra.cluster import Session
+from cassandra.query import PreparedStatement
+
+from lambdalake.cassandra.active import ActiveBatch, active_batch
+from lambdalake.cassandra.session import connect
+from lambdalake.errors import ConfigurationError, LambdalakeError
+from lambdalake.event_schema import event_schema
+from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_pipeline, list_pipelines
+from lambdalake.settings import Settings
+from lambdalake.views import RANK, WINDOW_START, batch_table, speed_table
+from serving.answers import Answer, LatestRow, Provenance
+from serving.merge import merge_windows, pick_latest
+
+#: Window bounds when a query gives none (Cassandra timestamps are epoch milliseconds).
+EARLIEST_MS, LATEST_MS = -(2**62), 2**62
+
+#: The ``latest`` speed row's rank is the write timestamp of a column every row has.
+RANKED_COLUMN = "_ingest_ts"
+
+
+class NotFound(LambdalakeError):
+    """An unknown pipeline or view (HTTP 404)."""
+
+
+class BadQuery(LambdalakeError, ValueError):
+    """A key or time the view cannot take (HTTP 422)."""
+
+
+Moment = datetime | int | str
+
+
+class ServingClient:
+    """Merged answers for the views of every pipeline under ``settings.pipelines_dir``.
+
+    Thread-safe: one client serves concurrent requests (the driver's session is shared).
+
+    Args:
+        settings: Where Cassandra and the pipeline definitions are.
+        meta_ttl_s: How long the active-batch row is cached before it is read again (default 1 s):
+            a new batch version is served at most this long after its publish.
+        session: A Cassandra session to use (default: one from ``settings``).
+    """
+
+    def __init__(
+        self, *, settings: Settings, meta_ttl_s: float = 1.0, session: Session | None = None
+    ) -> None:
+        self.settings = settings
+        self.keyspace = settings.cassandra.keyspace
+        self.meta_ttl_s = meta_ttl_s
+        self._session = session
+        self._pipelines: dict[str, Pipeline] = {}
+        self._active: dict[str, tuple[float, ActiveBatch | None]] = {}
+        self._prepared: dict[str, PreparedStatement] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def session(self) -> Session:
+        if self._session is None:
+            self._session = connect(self.settings.cassandra)
+        return self._session
+
+    # --- definitions ------------------------------------------------------------------------
+
+    def pipeline_names(self) -> list[str]:
+        return list_pipelines(self.settings.pipelines_dir)
+
+    def pipeline(self, name: str) -> Pipeline:
+        """The pipeline ``name`` (cached); :class:`NotFound` if there is no such file."""
+        if name not in self._pipelines:
+            if name not in self.pipeline_names():
+                raise NotFound(f"no pipeline named {name!r}", fix=f"use one of {self.pipeline_names()}")
+            self._pipelines[name] = configured_pipeline(name, self.settings)
+        return self._pipelines[name]
+
+    def view(self, pipeline: str, view: str) -> tuple[Pipeline, LatestView | WindowedView]:
+        p = self.pipeline(pipeline)
+        found = next((v for v in p.views if v.name == view), None)
+        if found is None:
+            raise NotFound(
+                f"pipeline {pipeline!r} has no view {view!r}", fix=f"use one of {[v.name for v in p.views]}"
+            )
+        return p, found
+
+    def active(self, pipeline: str, *, refresh: bool = False) -> ActiveBatch | None:
+        """The active batch version, cached for ``meta_ttl_s``."""
+        now = time.monotonic()
+        cached = self._active.get(pipeline)
+        if refresh or cached is None or now - cached[0] > self.meta_ttl_s:
+            cached = (now, active_batch(self.session, self.keyspace, pipeline))
+            self._active[pipeline] = cached
+        return cached[1]
+
+    # --- the query --------------------------------------------------------------------------
+
+    def query(
+        self,
+        pipeline: str,
+        view: str,
+        key: str | Sequence[Any],
+        *,
+        start: Moment | None = None,
+        end: Moment | None = None,
+    ) -> Answer:
+        """The merged answer for ``key`` of ``view``.
+
+        Args:
+            pipeline: The pipeline's name.
+            view: The view's name.
+            key: The key's value; a composite key as a sequence in the view's key order (or one
+                string with the values separated by commas).
+            start: Windows starting at or after this (windowed views; datetime, epoch ms or ISO-8601).
+            end: Windows starting before this.
+
+        Raises:
+            NotFound: Unknown pipeline or view.
+            BadQuery: A key value or time the view cannot take.
+        """
+        p, v = self.view(pipeline, view)
+        values = key_values(p, v, key)
+        active = self.active(pipeline)
+        try:
+            return self._query(p, v, values, active, start, end)
+        except InvalidRequest as exc:
+            if active is not None and batch_table(p, v, active.version) in str(exc):
+                # The cached version was retired meanwhile: read the metadata row again, once.
+                return self._query(p, v, values, self.active(pipeline, refresh=True), start, end)
+            if speed_table(p, v) in str(exc):
+                raise ConfigurationError(
+                    f"the view tables of {p.name!r} do not exist in keyspace {self.keyspace!r}",
+                    fix=f"run `lambdalake deploy --pipeline {p.name}`",
+                ) from None
+            raise
+
+    def _query(
+        self,
+        p: Pipeline,
+        v: LatestView | WindowedView,
+        values: list[Any],
+        active: ActiveBatch | None,
+        start: Moment | None,
+        end: Moment | None,
+    ) -> Answer:
+        epoch_ms = active.epoch_ms if active else p.layers.epoch_ms
+        horizon = active.horizon if active else None
+        key = dict(zip(v.key, values, strict=True))
+        if isinstance(v, LatestView):
+            speed_f = self.session.execute_async(self._statement(p, v, None), values)
+            batch_f = (
+                self.session.execute_async(self._statement(p, v, active.version), values) if active else None
+            )
+            speed_row = next(iter(speed_f.result()), None)
+            speed = None
+            if speed_row is not None:
+                *cols, rank = speed_row
+                speed = LatestRow(_values(speed_row._fields[:-1], cols), int(rank), "speed")
+            batch = None
+            if batch_f is not None and (row := next(iter(batch_f.result()), None)) is not None:
+                data = _values(row._fields, row)
+                batch = LatestRow({k: x for k, x in data.items() if k != RANK}, int(data[RANK]), "batch")
+            winner = pick_latest(batch, speed)
+            epochs = (winner.values.get("_epoch"),) if winner is speed and winner is not None else ()
+            provenance = _provenance(active, epoch_ms, tuple(e for e in epochs if e is not None))
+            return Answer(p.name, v.name, "latest", key, provenance, latest=winner)
+        bounds = [_ms(start, "from") if start is not None else EARLIEST_MS,
+                  _ms(end, "to") if end is not None else LATEST_MS]  # fmt: skip
+        speed_f = self.session.execute_async(self._statement(p, v, None), [*values, *bounds])
+        batch_f = (
+            self.session.execute_async(self._statement(p, v, active.version), [*values, *bounds])
+            if active
+            else None
+        )
+        speed_rows = [_values(r._fields, r) for r in speed_f.result()]
+        batch_rows = [_values(r._fields, r) for r in batch_f.result()] if batch_f is not None else []
+        windows = merge_windows(batch_rows, speed_rows, v, horizon=horizon)
+        epochs = tuple(sorted({e for w in windows for e in w.speed_epochs}))
+        return Answer(p.name, v.name, "windowed", key, _provenance(active, epoch_ms, epochs), windows=windows)
+
+    def _statement(self, p: Pipeline, v: LatestView | WindowedView, version: int | None) -> PreparedStatement:
+        table = speed_table(p, v) if version is None else batch_table(p, v, version)
+        where = " AND ".join(f'"{k}" = ?' for k in v.key)
+        if isinstance(v, WindowedView):
+            window = f'"{WINDOW_START}" >= ? AND "{WINDOW_START}" < ?'
+            cql = f'SELECT * FROM "{self.keyspace}"."{table}" WHERE {where} AND {window}'
+        elif version is None:
+            cql = f'SELECT *, WRITETIME("{RANKED_COLUMN}") FROM "{self.keyspace}"."{table}" WHERE {where}'
+        else:
+            cql = f'SELECT * FROM "{self.keyspace}"."{table}" WHERE {where}'
+        with self._lock:
+            stmt = self._prepared.get(cql)
+        if stmt is None:
+            stmt = self.session.prepare(cql)
+            with self._lock:
+                self._prepared[cql] = stmt
+        return stmt
+
+
+def _provenance(active: ActiveBatch | None, epoch_ms: int, epochs: tuple[int, ...]) -> Provenance:
+    if active is None:
+        return Provenance(None, None, None, epoch_ms, epochs)
+    return Provenance(
+        active.version, active.horizon, (active.horizon + 1) * active.epoch_ms, epoch_ms, epochs
+    )
+
+
+def _values(fields: Sequence[str], row: Sequence[Any]) -> dict[str, Any]:
+    # The driver returns timestamps as naive UTC datetimes.
+    return {
+        f: (x.replace(tzinfo=UTC) if isinstance(x, datetime) and x.tzinfo is None else x)
+        for f, x in zip(fields, row, strict=True)
+    }
+
+
+def key_values(p: Pipeline, v: LatestView | WindowedView, key: str | Sequence[Any]) -> list[Any]:
+    """The key as the table's column types (raises :class:`BadQuery` naming the column)."""
+    parts = list(key) if not isinstance(key, str) else ([key] if len(v.key) == 1 else key.split(","))
+    if len(parts) != len(v.key):
+        raise BadQuery(
+            f"view {v.name!r} is keyed by {list(v.key)}: got {len(parts)} value(s)",
+            fix="give one value per key column, separated by commas",
+        )
+    types = {f.name: f.type for f in event_schema(p.reader_schema)}
+    return [_typed(column, types[column], value) for column, value in zip(v.key, parts, strict=True)]
+
+
+def _typed(column: str, t: pa.DataType, value: Any) -> Any:
+    try:
+        if pa.types.is_integer(t):
+            return int(value)
+        if pa.types.is_floating(t):
+            return float(value)
+        if pa.types.is_boolean(t):
+            if str(value).lower() not in ("true", "false"):
+                raise ValueError(value)
+            return str(value).lower() == "true"
+        if pa.types.is_timestamp(t):
+            return _ms(value, column)
+    except (TypeError, ValueError):
+        raise BadQuery(
+            f"key column {column!r} is {t}: {value!r} is not one", fix=f"give a {t} value"
+        ) from None
+    return str(value)
+
+
+def _ms(value: Moment, what: str) -> int:
+    """Epoch milliseconds from a datetime, a number of ms or ISO-8601 text."""
+    if isinstance(value, datetime):
+        return int((value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp() * 1000)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = str(value).strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise BadQuery(
+            f"{what} {value!r} is not a time",
+            fix="give ISO-8601 (2026-11-23T02:00:00Z) or epoch milliseconds",
+        ) from None
+    return int((parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp() * 1000)

@@ -1,0 +1,128 @@
+"""The merged query over HTTP (FastAPI; OpenAPI at ``/docs``), with ``/health`` and ``/metrics``.
+
+    GET /v1/pipelines/{pipeline}/views/{view}/keys/{key}?from=&to=
+
+A bearer token is required on every route but ``/health`` when ``settings.serving.token`` is set;
+it is compared in constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from lambdalake.errors import LambdalakeError
+from lambdalake.settings import Settings
+from serving.client import BadQuery, NotFound, ServingClient
+from serving.metrics import make_registry
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+def make_app(settings: Settings, *, client: ServingClient | None = None) -> FastAPI:
+    """The API for ``settings`` (``client``: a :class:`ServingClient` to share; default a new one)."""
+    client = client or ServingClient(settings=settings, meta_ttl_s=settings.serving.meta_ttl_s)
+    registry, latency = make_registry(settings, client)
+    token = settings.serving.token.get_secret_value().encode() if settings.serving.token else None
+    app = FastAPI(
+        title="lambdalake serving",
+        description="Exact answers merging each view's batch rows (ingest epochs up to the horizon) "
+        "with its speed rows (later epochs).",
+        version="1",
+    )
+
+    def authorized(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+        if token is None:
+            return
+        given = credentials.credentials.encode() if credentials is not None else b""
+        if credentials is None or not hmac.compare_digest(given, token):
+            raise _Unauthorized()
+
+    @app.exception_handler(_Unauthorized)
+    async def _unauthorized(_request: Request, _exc: _Unauthorized) -> JSONResponse:
+        return JSONResponse(
+            {"detail": "a valid bearer token is required (Authorization: Bearer <token>)"},
+            status_code=401, headers={"WWW-Authenticate": "Bearer"},
+        )  # fmt: skip
+
+    @app.middleware("http")
+    async def _timed(request: Request, call_next: Any) -> Response:
+        t0 = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        latency.labels(getattr(route, "path", "unmatched"), str(response.status_code)).observe(
+            time.perf_counter() - t0
+        )
+        return response
+
+    @app.get("/health", summary="Liveness and Cassandra reachability")
+    def health() -> JSONResponse:
+        try:
+            client.session.execute("SELECT release_version FROM system.local", timeout=5)
+        except Exception as exc:  # unhealthy, not an error page
+            return JSONResponse(
+                {"status": "unavailable", "detail": str(exc).splitlines()[0]}, status_code=503
+            )
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics", summary="Prometheus metrics", dependencies=[Depends(authorized)])
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get(
+        "/v1/pipelines/{pipeline}/views/{view}/keys/{key}",
+        summary="The merged answer for one key of a view",
+        dependencies=[Depends(authorized)],
+        responses={401: {"description": "Token missing or wrong"}, 404: {"description": "Unknown "
+                   "pipeline, view or key"}, 422: {"description": "A key or time the view cannot take"}},
+    )  # fmt: skip
+    def query(
+        pipeline: str,
+        view: str,
+        key: str,
+        start: Annotated[
+            str | None, Query(alias="from", description="Windows starting at or after (ISO-8601 or epoch ms)")
+        ] = None,
+        end: Annotated[
+            str | None, Query(alias="to", description="Windows starting before (ISO-8601 or epoch ms)")
+        ] = None,
+    ) -> JSONResponse:
+        try:
+            answer = client.query(pipeline, view, key, start=start, end=end)
+        except NotFound as exc:
+            return _error(404, exc)
+        except BadQuery as exc:
+            return _error(422, exc)
+        if start is not None and end is not None and _after(start, end):
+            return JSONResponse({"detail": f"from ({start}) is after to ({end})"}, status_code=400)
+        if not answer.found:
+            return JSONResponse(
+                {
+                    "detail": f"no rows for key {key!r} in {pipeline}/{view}",
+                    "provenance": answer.to_dict()["provenance"],
+                },
+                status_code=404,
+            )
+        return JSONResponse(answer.to_dict())
+
+    return app
+
+
+class _Unauthorized(Exception):
+    pass
+
+
+def _error(status: int, exc: LambdalakeError) -> JSONResponse:
+    return JSONResponse({"detail": exc.message, "fix": exc.fix}, status_code=status)
+
+
+def _after(start: str, end: str) -> bool:
+    from serving.client import _ms
+
+    return _ms(start, "from") > _ms(end, "to")
