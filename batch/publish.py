@@ -71,7 +71,15 @@ class Publisher:
                                version=run.delta_versions[view.name])  # fmt: skip
             assert delta is not None
             rows = self.spark.read.parquet(*delta.file_uris()) if delta.file_uris() else None
-            written = 0 if rows is None else upsert_view(rows, table=table, cassandra=self.settings.cassandra)
+            written = 0
+            if rows is not None:
+                # Rows of a version are written once, in bulk, while Cassandra serves nothing from
+                # them yet: larger batches and fewer requests in flight than the speed layer's
+                # (measured on 2 cores: 100 rows x 8 requests ~1.5x the rate of 32 x 16).
+                written = upsert_view(
+                    rows, table=table, cassandra=self.settings.cassandra,
+                    batch_rows=self.settings.cassandra.publish_batch_rows, concurrency=8,
+                )  # fmt: skip
             log.info("batch v%d: %d rows to %s", version, written, table.name)
         self._activate(session, version, run)
         self._retire(session, version)

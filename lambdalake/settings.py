@@ -157,6 +157,9 @@ class CassandraSettings(BaseModel):
     #: request per row cost ~9x more here (4.4k vs 38.7k rows/s, Cassandra 2.1 on 2 cores); 1 sends
     #: every row alone.
     batch_rows: int = Field(default=32, ge=1, le=500)
+    #: Rows per unlogged batch when the batch layer publishes a version (a bulk load: larger batches
+    #: pay off; a batch over the cluster's size limit is split and sent again).
+    publish_batch_rows: int = Field(default=100, ge=1, le=1000)
     #: Embedded server only.
     heap: str = "512M"
     storage_port: int = Field(7000, ge=1, le=65535, description="a port number 1-65535", examples=["7000"])

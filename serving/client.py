@@ -11,11 +11,12 @@ from typing import Any
 
 import pyarrow as pa
 from cassandra import InvalidRequest
-from cassandra.cluster import Session
+from cassandra.cluster import ResponseFuture, Session
 from cassandra.query import PreparedStatement
 
 from lambdalake.cassandra.active import ActiveBatch, active_batch
 from lambdalake.cassandra.session import connect
+from lambdalake.cassandra.tables import speed_table_def
 from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_pipeline, list_pipelines
@@ -161,14 +162,12 @@ class ServingClient:
             batch_f = (
                 self.session.execute_async(self._statement(p, v, active.version), values) if active else None
             )
-            speed_row = next(iter(speed_f.result()), None)
             speed = None
-            if speed_row is not None:
-                *cols, rank = speed_row
-                speed = LatestRow(_values(speed_row._fields[:-1], cols), int(rank), "speed")
+            for data in _rows(speed_f):
+                rank = data.pop(list(data)[-1])  # the WRITETIME column, selected last
+                speed = LatestRow(data, int(rank), "speed")
             batch = None
-            if batch_f is not None and (row := next(iter(batch_f.result()), None)) is not None:
-                data = _values(row._fields, row)
+            for data in _rows(batch_f) if batch_f is not None else []:
                 batch = LatestRow({k: x for k, x in data.items() if k != RANK}, int(data[RANK]), "batch")
             winner = pick_latest(batch, speed)
             epochs = (winner.values.get("_epoch"),) if winner is speed and winner is not None else ()
@@ -182,8 +181,8 @@ class ServingClient:
             if active
             else None
         )
-        speed_rows = [_values(r._fields, r) for r in speed_f.result()]
-        batch_rows = [_values(r._fields, r) for r in batch_f.result()] if batch_f is not None else []
+        speed_rows = _rows(speed_f)
+        batch_rows = _rows(batch_f) if batch_f is not None else []
         windows = merge_windows(batch_rows, speed_rows, v, horizon=horizon)
         epochs = tuple(sorted({e for w in windows for e in w.speed_epochs}))
         return Answer(p.name, v.name, "windowed", key, _provenance(active, epoch_ms, epochs), windows=windows)
@@ -195,7 +194,10 @@ class ServingClient:
             window = f'"{WINDOW_START}" >= ? AND "{WINDOW_START}" < ?'
             cql = f'SELECT * FROM "{self.keyspace}"."{table}" WHERE {where} AND {window}'
         elif version is None:
-            cql = f'SELECT *, WRITETIME("{RANKED_COLUMN}") FROM "{self.keyspace}"."{table}" WHERE {where}'
+            # CQL 2.1 takes no `*` beside a function: the columns by name.
+            cols = ", ".join(f'"{c}"' for c in speed_table_def(p, v).column_names)
+            rank = f'WRITETIME("{RANKED_COLUMN}")'
+            cql = f'SELECT {cols}, {rank} FROM "{self.keyspace}"."{table}" WHERE {where}'
         else:
             cql = f'SELECT * FROM "{self.keyspace}"."{table}" WHERE {where}'
         with self._lock:
@@ -215,12 +217,18 @@ def _provenance(active: ActiveBatch | None, epoch_ms: int, epochs: tuple[int, ..
     )
 
 
-def _values(fields: Sequence[str], row: Sequence[Any]) -> dict[str, Any]:
-    # The driver returns timestamps as naive UTC datetimes.
-    return {
-        f: (x.replace(tzinfo=UTC) if isinstance(x, datetime) and x.tzinfo is None else x)
-        for f, x in zip(fields, row, strict=True)
-    }
+def _rows(future: ResponseFuture) -> list[dict[str, Any]]:
+    """A query's rows as dicts by the real column names (the driver's namedtuples rename columns
+    that start with ``_``); timestamps as aware UTC datetimes (the driver returns naive UTC)."""
+    result = future.result()
+    names = result.column_names
+    return [
+        {
+            f: (x.replace(tzinfo=UTC) if isinstance(x, datetime) and x.tzinfo is None else x)
+            for f, x in zip(names, row, strict=True)
+        }
+        for row in result
+    ]
 
 
 def key_values(p: Pipeline, v: LatestView | WindowedView, key: str | Sequence[Any]) -> list[Any]:

@@ -10,13 +10,14 @@ import math
 import os
 import signal
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from lambdalake.master import MasterDataset, table_path
-from lambdalake.pipeline import Pipeline
-from lambdalake.settings import Settings
+from lambdalake.pipeline import Pipeline, configured_pipeline
+from lambdalake.settings import PROJECT_ROOT, Settings
 
 CURRENCIES = {"EUR", "USD", "GBP", "INR", "JPY", "CHF"}
 
@@ -90,6 +91,32 @@ def bronze_coordinates(settings: Settings, pipeline: Pipeline) -> list[tuple[int
     except FileNotFoundError:
         return []
     return list(zip(table.column("_partition").to_pylist(), table.column("_offset").to_pylist(), strict=True))
+
+
+def pipelines_folder(tmp_path: Path, *pipelines: Pipeline, schedule: str | None = None) -> Path:
+    """A pipelines folder holding these pipelines' files as the tests changed them (their topics and
+    ``[layers]``): what the CLI and the serving client read definitions from."""
+    folder = tmp_path / "pipelines"
+    folder.mkdir(exist_ok=True)
+    for pipeline in pipelines:
+        source = PROJECT_ROOT / "pipelines" / f"{pipeline.name}.toml"
+        text = source.read_text()
+        original = configured_pipeline(pipeline.name, Settings(pipelines_dir=source.parent))
+        text = text.replace(
+            f'[topic]\nname = "{original.topic.name}"', f'[topic]\nname = "{pipeline.topic.name}"'
+        )
+        layers = pipeline.layers
+        text = text.replace(f'epoch = "{original.layers.epoch}"', f'epoch = "{layers.epoch}"')
+        grace = f'\ngrace = "{layers.grace}"' if layers.grace else ""
+        text = text.replace(
+            f'dedup_delay = "{original.layers.dedup_delay}"', f'dedup_delay = "{layers.dedup_delay}"{grace}'
+        )
+        if schedule is not None:
+            text = text.replace(f'schedule = "{original.batch.schedule}"', f'schedule = "{schedule}"')
+        (folder / source.name).write_text(text)
+        for extra in source.parent.glob(f"{pipeline.name}.*.json"):
+            (folder / extra.name).write_text(extra.read_text())
+    return folder
 
 
 def _num(v: Any) -> bool:

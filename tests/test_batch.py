@@ -33,6 +33,7 @@ from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
 from speed.job import SpeedJob, SpeedOptions
 from tests.conftest import env_for, isolated, pipeline_named
+from tests.helpers import pipelines_folder
 from tests.reference import batch_differences, batch_views, cassandra_rows, topic_events
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -61,24 +62,6 @@ def published_rows(settings: Settings, pipeline: Pipeline) -> tuple[int, dict[st
     assert active is not None
     tables = {v.name: batch_table_def(pipeline, v, active.version).name for v in pipeline.views}
     return active.version, {name: cassandra_rows(settings, table) for name, table in tables.items()}
-
-
-def pipeline_file(tmp_path: Path, pipeline: Pipeline, *, schedule: str | None = None) -> Path:
-    """A pipelines folder with this test's offers.toml (its topic and short epochs): the CLI reads
-    pipelines from files."""
-    folder = tmp_path / "pipelines"
-    folder.mkdir(exist_ok=True)
-    text = (PROJECT_ROOT / "pipelines" / "offers.toml").read_text()
-    text = text.replace('[topic]\nname = "offers"', f'[topic]\nname = "{pipeline.topic.name}"')
-    layers = pipeline.layers
-    text = text.replace('epoch = "1 hour"', f'epoch = "{layers.epoch}"')
-    text = text.replace(
-        'dedup_delay = "10 minutes"', f'dedup_delay = "{layers.dedup_delay}"\ngrace = "{layers.grace}"'
-    )
-    if schedule is not None:
-        text = text.replace('schedule = "30 2 * * *"', f'schedule = "{schedule}"')
-    (folder / "offers.toml").write_text(text)
-    return folder
 
 
 def wait_for_epoch_end(pipeline: Pipeline) -> None:
@@ -231,9 +214,9 @@ def test_a_publish_killed_half_way_leaves_serving_on_the_previous_version(
     assert before is not None
     env = {
         **env_for(settings),
-        "LAMBDALAKE_PIPELINES_DIR": str(pipeline_file(tmp_path, pipeline)),
+        "LAMBDALAKE_PIPELINES_DIR": str(pipelines_folder(tmp_path, pipeline)),
         # One row per request: a publish slow enough to be killed in the middle.
-        "LAMBDALAKE_CASSANDRA__BATCH_ROWS": "1",
+        "LAMBDALAKE_CASSANDRA__PUBLISH_BATCH_ROWS": "1",
     }
     job = subprocess.Popen(
         [sys.executable, "-m", "lambdalake", "batch", "run", "offers", "--horizon", str(before.horizon)],
@@ -270,7 +253,7 @@ def test_the_schedule_runs_a_due_pipeline(archived: dict, tmp_path: Path) -> Non
     assert before is not None
     env = {
         **env_for(settings),
-        "LAMBDALAKE_PIPELINES_DIR": str(pipeline_file(tmp_path, pipeline, schedule="* * * * *")),
+        "LAMBDALAKE_PIPELINES_DIR": str(pipelines_folder(tmp_path, pipeline, schedule="* * * * *")),
     }
     result = subprocess.run(
         [sys.executable, "-m", "lambdalake", "batch", "schedule", "--once", "--pipeline", "offers"],

@@ -73,6 +73,7 @@ def upsert(
     table: TableDef,
     settings: CassandraSettings,
     write_timestamp_index: int | None = None,
+    batch_rows: int | None = None,
     concurrency: int = 16,
     give_up_after_s: float = 900.0,
 ) -> int:
@@ -88,6 +89,8 @@ def upsert(
         settings: Cluster settings.
         write_timestamp_index: Position in each row of the value to use as the write timestamp
             (``USING TIMESTAMP``); the value itself is not a column.
+        batch_rows: Rows per unlogged batch (default ``settings.batch_rows``). A batch the cluster
+            refuses as too large is split in halves and sent again.
         concurrency: Requests (batches) in flight.
         give_up_after_s: Keep retrying failed writes (e.g. Cassandra restarting) this long, then
             raise so the micro-batch fails and is retried from the checkpoint. Default 15 minutes.
@@ -97,7 +100,7 @@ def upsert(
         return 0
     key = [table.column_names.index(c) for c in table.partition_key]
     params.sort(key=lambda p: tuple(_sortable(p[i]) for i in key))
-    size = settings.batch_rows
+    size = batch_rows or settings.batch_rows
     groups = [params[i : i + size] for i in range(0, len(params), size)]
     for start in range(0, len(groups), CHUNK):
         _write_groups(
@@ -160,6 +163,13 @@ def _write_groups(
         if not failed:
             return
         refused = next((e for e in errors if isinstance(e, PERMANENT)), None)
+        if refused is not None and "too large" in str(refused).lower() and any(len(g) > 1 for g in failed):
+            # Over the cluster's batch_size_fail_threshold: the same rows in smaller batches.
+            log.warning("batches to %s too large for the cluster; halving them", table.name)
+            pending = [
+                half for g in failed for half in (g[: (len(g) + 1) // 2], g[(len(g) + 1) // 2 :]) if half
+            ]
+            continue
         if refused is not None:
             raise WriteRefused(table, refused)
         if time.monotonic() > deadline:
@@ -178,6 +188,11 @@ def _write_groups(
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
         pending = failed
+
+
+def _halves(group: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    middle = (len(group) + 1) // 2
+    return group[:middle], group[middle:]
 
 
 def cassandra_values(table: pa.Table | pa.RecordBatch, columns: list[str]) -> list[list[Any]]:

@@ -11,8 +11,23 @@ from lambdalake.cassandra.tables import TableDef
 from lambdalake.settings import CassandraSettings
 
 
-def upsert_view(df: DataFrame, *, table: TableDef, cassandra: CassandraSettings) -> int:
-    """Upsert ``df``'s rows (absolute values) into ``table`` from the executors; returns rows written."""
+def upsert_view(
+    df: DataFrame,
+    *,
+    table: TableDef,
+    cassandra: CassandraSettings,
+    batch_rows: int | None = None,
+    concurrency: int = 16,
+) -> int:
+    """Upsert ``df``'s rows (absolute values) into ``table`` from the executors; returns rows written.
+
+    Args:
+        df: Rows with (at least) the table's columns.
+        table: The target table.
+        cassandra: The cluster.
+        batch_rows: Rows per unlogged batch (default ``cassandra.batch_rows``).
+        concurrency: Requests in flight per task (default 16).
+    """
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from lambdalake.cassandra.writer import cassandra_values, upsert
@@ -20,7 +35,9 @@ def upsert_view(df: DataFrame, *, table: TableDef, cassandra: CassandraSettings)
         written = 0
         for batch in batches:
             rows = zip(*cassandra_values(batch, table.column_names), strict=True)
-            written += upsert(rows, table=table, settings=cassandra)
+            written += upsert(
+                rows, table=table, settings=cassandra, batch_rows=batch_rows, concurrency=concurrency
+            )
         yield pa.RecordBatch.from_pydict({"rows": [written]})
 
     return sum(r["rows"] for r in df.select(*table.column_names).mapInArrow(write, "rows long").collect())

@@ -1,0 +1,349 @@
+"""The merged query end to end, for both pipelines: events spread across the horizon (duplicates on
+both sides of it, late events ingested after a batch for windows the batch covers) give answers
+equal to an independent reference over everything sent, before and after a second batch moves the
+horizon, and while a publish is killed half-way. Then the HTTP API against a running server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import SecretStr
+
+from batch.job import BatchJob
+from lambdalake.cassandra.active import active_batch
+from lambdalake.cassandra.session import connect
+from lambdalake.cassandra.tables import batch_table_def
+from lambdalake.pipeline import LatestView, Pipeline
+from lambdalake.produce.generator import Mix, generate
+from lambdalake.produce.producer import EventProducer
+from lambdalake.settings import PROJECT_ROOT, Settings
+from lambdalake.views import speed_table
+from serving import ServingClient
+from speed.job import SpeedJob
+from tests.conftest import env_for, isolated, pipeline_named
+from tests.helpers import pipelines_folder
+from tests.reference import batch_views, cassandra_rows, compare, topic_events
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+NAMES = ("offers", "telemetry")
+EVERYTHING = 2**62  # a horizon past every epoch: the reference over all events
+#: How each wave makes its identities new: (late, fresh, edge) version or millisecond shifts.
+SHIFTS = {"offers": (1_000_000, 2_000_000, 3_000_000), "telemetry": (3, 5, 7)}
+
+
+def epoch_of(pipeline: Pipeline, ms: float) -> int:
+    return int(ms // pipeline.layers.epoch_ms)
+
+
+def sleep_until(ms: float) -> None:
+    time.sleep(max(0.0, (ms - time.time() * 1000) / 1000))
+
+
+def revisit(kind: str, record: dict[str, Any], shift: int) -> dict[str, Any] | None:
+    """A new event (a new identity) with ``record``'s key and window: offers get a higher version,
+    readings a later millisecond in the same minute. None for records that are not valid events."""
+    try:
+        if kind == "offers":
+            return {**record, "version": int(record["version"]) + shift}
+        if int(record["event_time"]) % 60_000 < 60_000 - shift:
+            return {**record, "event_time": int(record["event_time"]) + shift}
+    except (KeyError, TypeError, ValueError):
+        pass
+    return None
+
+
+def distinct(kind: str, records: list[dict[str, Any]], shift: int) -> list[dict[str, Any]]:
+    """``records`` with identities no earlier wave used (the generator starts offer versions at 1 in
+    every run): a copy further apart than the dedup delay would count twice in speed rows until the
+    next batch, by design (README), and this test is about the merge."""
+    return [r for r in (revisit(kind, r, shift) for r in records) if r is not None]
+
+
+def as_ms(value: Any) -> Any:
+    return round(value.timestamp() * 1000) if isinstance(value, datetime) else value
+
+
+def merged_rows(client: ServingClient, pipeline: Pipeline, view, keys: set[tuple]) -> list[dict]:
+    """Every key's merged answer as stored-style rows (timestamps as epoch ms) for ``compare``."""
+    rows = []
+    for key in keys:
+        answer = client.query(pipeline.name, view.name, list(key))
+        if isinstance(view, LatestView):
+            if answer.latest is not None:
+                rows.append({k: as_ms(v) for k, v in answer.latest.values.items()})
+            continue
+        for w in answer.windows:
+            rows.append({**answer.key, "window_start": as_ms(w.window_start), **w.values})
+    return rows
+
+
+def stored_keys(settings: Settings, pipeline: Pipeline, view) -> set[tuple]:
+    """Keys the speed table and the active batch table hold (to catch answers the reference lacks)."""
+    tables = [speed_table(pipeline, view)]
+    active = active_batch(connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name)
+    if active is not None:
+        tables.append(batch_table_def(pipeline, view, active.version).name)
+    return {tuple(r[k] for k in view.key) for t in tables for r in cassandra_rows(settings, t)}
+
+
+def differences(settings: Settings, client: ServingClient, pipelines: dict[str, Pipeline]) -> list[str]:
+    """How merged answers differ from the reference over every valid event sent (empty when equal)."""
+    problems = []
+    for pipeline in pipelines.values():
+        events, _ = topic_events(settings, pipeline)
+        want = batch_views(events, pipeline, EVERYTHING)
+        for view in pipeline.views:
+            keys = {k[: len(view.key)] for k in want[view.name]} | stored_keys(settings, pipeline, view)
+            got = merged_rows(client, pipeline, view, keys)
+            problems += compare(pipeline, view, want[view.name], got, epoch=False)
+    return problems
+
+
+def test_no_batch_yet_answers_come_from_speed_alone(services: Settings, spark, tmp_path: Path) -> None:
+    unique = f"n{int(time.time() * 1000) % 10**8}"
+    settings = isolated(services, tmp_path, unique)
+    pipeline = pipeline_named(settings, "telemetry", topic=f"telemetry-{unique}")
+    settings = settings.model_copy(update={"pipelines_dir": pipelines_folder(tmp_path, pipeline)})
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    for r in generate("telemetry", 300, seed=7, mix=Mix(duplicates=0.05, invalid=0, late=0)):
+        producer.send(r)
+    assert producer.flush().unacknowledged == 0
+    job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
+    job.start()
+    try:
+        job.catch_up()
+    finally:
+        job.stop()
+    client = ServingClient(settings=settings)
+    events, _ = topic_events(settings, pipeline)
+    want = batch_views(events, pipeline, EVERYTHING)
+    for view in pipeline.views:
+        keys = {k[: len(view.key)] for k in want[view.name]}
+        assert (
+            compare(pipeline, view, want[view.name], merged_rows(client, pipeline, view, keys), epoch=False)
+            == []
+        )
+    answer = client.query("telemetry", pipeline.views[0].name, sorted(keys)[0][0])
+    assert answer.provenance.batch_version is None and "speed layer only" in answer.provenance.summary
+
+
+@pytest.fixture(scope="module")
+def served(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    unique = f"s{int(time.time() * 1000) % 10**8}"
+    tmp = tmp_path_factory.mktemp("serving")
+    base = isolated(services, tmp, unique)
+    pipelines = {
+        name: pipeline_named(
+            base,
+            name,
+            topic=f"{name}-{unique}",
+            epoch="10 seconds",
+            dedup_delay="3 seconds",
+            grace="1 second",
+        )
+        for name in NAMES
+    }
+    settings = base.model_copy(update={"pipelines_dir": pipelines_folder(tmp, *pipelines.values())})
+    producers = {n: EventProducer(settings=settings, pipeline=p) for n, p in pipelines.items()}
+    jobs = {n: SpeedJob(settings=settings, pipeline=p, spark=spark) for n, p in pipelines.items()}
+
+    def send(records: dict[str, list[dict]]) -> None:
+        for name, batch in records.items():
+            for r in batch:
+                producers[name].send(dict(r))
+            assert producers[name].flush().unacknowledged == 0
+
+    def catch_up() -> None:
+        for job in jobs.values():
+            job.catch_up()
+
+    for job in jobs.values():
+        job.start()
+    mix = Mix(duplicates=0.05, invalid=0.01, late=0.05)
+    first = {n: list(generate(n, 1500, seed=41 + i, mix=mix)) for i, n in enumerate(NAMES)}
+    # Many offers of their own (2,000 keys): a publish long enough to be killed in the middle.
+    bulk = generate("offers", 2000, seed=71, mix=Mix(0, 0, 0))
+    first["offers"] += [{**r, "offer_id": f"bulk-{i:05d}"} for i, r in enumerate(bulk)]
+    send(first)
+    catch_up()
+    # Duplicates on both sides of the horizon: copies sent just before an epoch ends and again just
+    # after (closer than the dedup delay), so the batch holds the first copy and speed skips the second.
+    offers = pipelines["offers"]
+    boundary = (epoch_of(offers, time.time() * 1000) + 1) * offers.layers.epoch_ms
+    if boundary - time.time() * 1000 < 2500:
+        boundary += offers.layers.epoch_ms
+    edge = {
+        n: distinct(n, list(generate(n, 200, seed=51 + i, mix=Mix(0, 0, 0))), 7) for i, n in enumerate(NAMES)
+    }
+    sleep_until(boundary - 1200)
+    send(edge)
+    sleep_until(boundary + 300)
+    send(edge)
+    catch_up()
+    sleep_until(boundary + 1500)  # the epoch before the boundary has closed (grace 1 s)
+    as_of = int(time.time() * 1000)
+    assert as_of < boundary + offers.layers.epoch_ms, "the machine was too slow for the epoch layout"
+    runs = {
+        n: BatchJob(settings=settings, pipeline=p, spark=spark).run(as_of_ms=as_of)
+        for n, p in pipelines.items()
+    }
+    for run in runs.values():
+        assert run.outcome == "published" and run.horizon == epoch_of(offers, boundary) - 1, run
+    # Late events ingested after the batch, for windows the batch covers, and fresh ones.
+    late = {n: distinct(n, first[n][:300], SHIFTS[n][0]) for n in NAMES}
+    fresh = {n: distinct(n, list(generate(n, 500, seed=61 + i, mix=mix)), SHIFTS[n][1])
+             for i, n in enumerate(NAMES)}  # fmt: skip
+    send(late)
+    send(fresh)
+    catch_up()
+    yield {"settings": settings, "pipelines": pipelines, "jobs": jobs, "runs": runs, "send": send,
+           "catch_up": catch_up, "tmp": tmp}  # fmt: skip
+    for job in jobs.values():
+        job.stop()
+
+
+def test_merged_answers_equal_the_reference_across_the_horizon(served: Any, spark) -> None:
+    settings, pipelines = served["settings"], served["pipelines"]
+    client = ServingClient(settings=settings, meta_ttl_s=0)
+    assert differences(settings, client, pipelines) == []
+    # The answers visibly combine both layers: windows with a batch row and speed rows of later epochs.
+    offers = pipelines["offers"]
+    hourly = next(v for v in offers.views if not isinstance(v, LatestView))
+    answers = [client.query("offers", hourly.name, k[0]) for k in stored_keys(settings, offers, hourly)]
+    mixed = [w for a in answers for w in a.windows if w.from_batch and w.speed_epochs]
+    assert mixed, "no window merged a batch row with speed rows"
+    horizon = served["runs"]["offers"].horizon
+    assert all(e > horizon for w in mixed for e in w.speed_epochs)
+    assert answers[0].provenance.batch_version == served["runs"]["offers"].batch_version
+    assert answers[0].provenance.horizon == horizon
+
+    # A second batch moves the horizon over the speed epochs: the answers stay equal.
+    epoch_ms = offers.layers.epoch_ms
+    sleep_until((time.time() * 1000 // epoch_ms + 1) * epoch_ms + 1500)
+    for name, p in pipelines.items():
+        run = BatchJob(settings=settings, pipeline=p, spark=spark).run()
+        assert run.outcome == "published" and run.horizon > served["runs"][name].horizon, run
+    assert differences(settings, client, pipelines) == []
+    moved = client.query("offers", hourly.name, answers[0].key[hourly.key[0]])
+    assert moved.provenance.horizon > horizon
+
+
+def test_answers_stay_exact_while_a_publish_is_killed_half_way(served: Any) -> None:
+    settings, pipelines = served["settings"], served["pipelines"]
+    client = ServingClient(settings=settings, meta_ttl_s=0)
+    session = connect(settings.cassandra)
+    offers = pipelines["offers"]
+    before = active_batch(session, settings.cassandra.keyspace, "offers")
+    assert before is not None
+    env = {**env_for(settings), "LAMBDALAKE_CASSANDRA__PUBLISH_BATCH_ROWS": "1"}
+    job = subprocess.Popen(
+        [sys.executable, "-m", "lambdalake", "batch", "run", "offers"],
+        env=env, cwd=PROJECT_ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    target = batch_table_def(offers, offers.views[0], before.version + 1).name
+    deadline = time.monotonic() + 300
+    while True:
+        assert job.poll() is None, job.stdout.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "the publish never started"
+        try:
+            if session.execute(f'SELECT * FROM "{settings.cassandra.keyspace}"."{target}" LIMIT 1').one():
+                break
+        except Exception:  # the table does not exist yet
+            pass
+        time.sleep(0.05)
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait(30)
+    assert active_batch(session, settings.cassandra.keyspace, "offers") == before
+    assert differences(settings, client, pipelines) == []
+
+
+@pytest.fixture(scope="module")
+def server(served: Any) -> Any:
+    """``lambdalake serve``'s app on a free port, with a bearer token configured."""
+    from serving.http import make_app
+
+    settings = served["settings"]
+    token = "s3cret-token"
+    secured = settings.model_copy(
+        update={"serving": settings.serving.model_copy(update={"token": SecretStr(token), "meta_ttl_s": 0})}
+    )
+    config = uvicorn.Config(make_app(secured), host="127.0.0.1", port=0, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    port = srv.servers[0].sockets[0].getsockname()[1]
+    yield {"url": f"http://127.0.0.1:{port}", "token": token, "settings": settings}
+    srv.should_exit = True
+    thread.join(10)
+
+
+def test_http_api_answers_like_the_python_api(served: Any, server: Any) -> None:
+    settings, pipelines = served["settings"], served["pipelines"]
+    client = ServingClient(settings=settings, meta_ttl_s=0)
+    auth = {"Authorization": f"Bearer {server['token']}"}
+    with httpx.Client(base_url=server["url"], timeout=30) as http:
+        for pipeline in pipelines.values():
+            for view in pipeline.views:
+                key = sorted(stored_keys(settings, pipeline, view))[0][0]
+                url = f"/v1/pipelines/{pipeline.name}/views/{view.name}/keys/{key}"
+                response = http.get(url, headers=auth)
+                assert response.status_code == 200, response.text
+                assert response.json() == client.query(pipeline.name, view.name, key).to_dict()
+                # Auth: none, and a wrong token.
+                assert http.get(url).status_code == 401
+                assert http.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        hourly = "/v1/pipelines/offers/views/merchant_offers_hourly/keys"
+        key = sorted(stored_keys(settings, pipelines["offers"], pipelines["offers"].views[1]))[0][0]
+        # A time range: only windows starting inside it.
+        whole = http.get(f"{hourly}/{key}", headers=auth).json()["windows"]
+        first = whole[0]["window_start"]
+        ranged = http.get(f"{hourly}/{key}", params={"from": first, "to": first}, headers=auth)
+        assert ranged.status_code == 404  # an empty range: no rows
+        one = http.get(f"{hourly}/{key}", params={"from": first}, headers=auth).json()["windows"]
+        assert one == whole
+        # Bad parameters and unknown names.
+        assert http.get(f"{hourly}/{key}", params={"from": "yesterday"}, headers=auth).status_code == 422
+        backwards = {"from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z"}
+        assert http.get(f"{hourly}/{key}", params=backwards, headers=auth).status_code == 400
+        assert http.get("/v1/pipelines/nope/views/x/keys/k", headers=auth).status_code == 404
+        assert http.get("/v1/pipelines/offers/views/nope/keys/k", headers=auth).status_code == 404
+        missing = http.get(f"{hourly}/no-such-merchant", headers=auth)
+        assert missing.status_code == 404 and "no rows" in missing.json()["detail"]
+        # Health is open; OpenAPI is served; metrics need the token and parse.
+        assert http.get("/health").json() == {"status": "ok"}
+        spec = http.get("/openapi.json").json()
+        assert "/v1/pipelines/{pipeline}/views/{view}/keys/{key}" in spec["paths"]
+        assert http.get("/docs").status_code == 200
+        assert http.get("/metrics").status_code == 401
+        text = http.get("/metrics", headers=auth).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["lambdalake_request_seconds"].samples
+    versions = {s.labels["pipeline"]: s.value for s in families["lambdalake_batch_active_version"].samples}
+    assert set(versions) == set(NAMES) and all(v >= 1 for v in versions.values())
+    lags = families["lambdalake_stream_lag_records"].samples
+    assert {s.labels["pipeline"] for s in lags} == set(NAMES)
+    assert all(s.value >= 0 for s in lags)
+    assert {s.labels["pipeline"] for s in families["lambdalake_dlq_records"].samples} == set(NAMES)
+
+
+def test_serving_imports_no_pyspark() -> None:
+    code = "import sys, serving, serving.http; assert 'pyspark' not in sys.modules, 'pyspark imported'"
+    result = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr.decode()
