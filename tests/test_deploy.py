@@ -1,0 +1,84 @@
+"""`lambdalake deploy` makes the platform match the definitions: a second run reports no changes, an
+incompatible schema version is refused before anything changes, `undeploy` stops the jobs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from infra.deploy import scheduler_process, speed_process
+from lambdalake.cassandra.session import connect
+from lambdalake.cassandra.tables import speed_table_def
+from lambdalake.registry import client
+from lambdalake.settings import PROJECT_ROOT, Settings
+from tests.conftest import isolated, pipeline_named, run_cli
+from tests.helpers import pipelines_folder
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+def incompatible_version(schemas: Path) -> str:
+    """A telemetry v3 that adds a field without a default: old records cannot be read with it."""
+    v2 = json.loads((schemas / "telemetry" / "v2.avsc").read_text())
+    v2["fields"].append({"name": "recall_code", "type": "string"})
+    (schemas / "telemetry" / "v3.avsc").write_text(json.dumps(v2))
+    return "telemetry/v3.avsc"
+
+
+def test_deploy_twice_then_an_incompatible_schema_then_undeploy(services: Settings, tmp_path: Path) -> None:
+    unique = f"d{int(time.time() * 1000) % 10**8}"
+    base = isolated(services, tmp_path, unique)
+    pipeline = pipeline_named(base, "telemetry", topic=f"telemetry-{unique}")
+    schemas = tmp_path / "schemas"
+    shutil.copytree(PROJECT_ROOT / "schemas", schemas)
+    settings = base.model_copy(
+        update={"pipelines_dir": pipelines_folder(tmp_path, pipeline), "schemas_dir": schemas,
+                "state_dir": tmp_path / "state"}
+    )  # fmt: skip
+    subject = f"telemetry-{unique}-value"
+    # The subject is the pipeline file's: give this test its own so other tests' versions do not count.
+    toml = settings.pipelines_dir / "telemetry.toml"
+    toml.write_text(
+        toml.read_text().replace('subject = "telemetry-value"', f'subject = "telemetry-{unique}-value"')
+    )
+    try:
+        first = run_cli(settings, "deploy", "telemetry")
+        assert first.returncode == 0, first.stdout.decode() + first.stderr.decode()
+        text = first.stdout.decode()
+        assert "created" in text and "started" in text, text
+        job = speed_process(settings, "telemetry")
+        pid = job.pid()
+        assert pid is not None and scheduler_process(settings).pid() is not None
+        topics = AdminClient(settings.kafka.client_config()).list_topics(timeout=10).topics
+        assert pipeline.topic.name in topics and pipeline.topic.dlq in topics
+        session = connect(settings.cassandra)
+        for view in pipeline.views:
+            table = speed_table_def(pipeline, view).name
+            session.execute(f'SELECT * FROM "{settings.cassandra.keyspace}"."{table}" LIMIT 1')
+
+        second = run_cli(settings, "deploy", "telemetry")
+        assert second.returncode == 0, second.stdout.decode() + second.stderr.decode()
+        assert "no changes" in second.stdout.decode(), second.stdout.decode()
+        assert job.pid() == pid
+
+        # An incompatible version: refused with the reason, before anything changes.
+        versions = client(settings).get_versions(subject)
+        v3 = incompatible_version(schemas)
+        toml.write_text(toml.read_text().replace('"telemetry/v2.avsc"]', f'"telemetry/v2.avsc", "{v3}"]'))
+        refused = run_cli(settings, "deploy", "telemetry")
+        output = refused.stdout.decode() + refused.stderr.decode()
+        assert refused.returncode == 2, output
+        assert "incompatible" in output and "v3.avsc" in output and "Traceback" not in output, output
+        assert client(settings).get_versions(subject) == versions
+        assert job.pid() == pid, "the job was restarted by a refused deploy"
+    finally:
+        stopped = run_cli(settings, "undeploy")
+    assert stopped.returncode == 0, stopped.stdout.decode() + stopped.stderr.decode()
+    assert "stopped" in stopped.stdout.decode()
+    assert speed_process(settings, "telemetry").pid() is None
+    assert scheduler_process(settings).pid() is None
