@@ -738,7 +738,7 @@ def batch_schedule(
 
 
 # Commands kept in modules of their own register on ``app`` when imported.
-from lambdalake import cli_serving  # noqa: E402, F401
+from lambdalake import cli_ops, cli_serving  # noqa: E402, F401
 
 
 def main() -> None:

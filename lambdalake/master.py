@@ -182,6 +182,15 @@ class MasterDataset:
                 break
         return found
 
+    def archived_offsets(self) -> dict[str, int]:
+        """The highest offset any commit recorded, per ``"topic/partition"`` (the whole history)."""
+        table = open_table(self.path)
+        found: dict[str, int] = {}
+        for entry in [] if table is None else table.history():
+            for key, (offset, _ingest) in json.loads(entry.get(PARTITIONS) or "{}").items():
+                found[key] = max(found.get(key, -1), offset)
+        return found
+
     def clear_staging(self, prefix: str) -> int:
         """Delete the staging files whose names start with ``prefix`` (a run id: files of attempts
         killed mid-write; a live attempt moves its file out at once). Call it before the run's

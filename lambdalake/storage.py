@@ -58,3 +58,12 @@ def list_files(folder_uri: str, *, prefix: str = "", suffix: str = "") -> list[s
         if i.type == pafs.FileType.File and i.base_name.startswith(prefix) and i.base_name.endswith(suffix)
     )  # fmt: skip
     return [f"{base}/{name}" for name in names]
+
+
+def delete_folder(folder_uri: str) -> bool:
+    """Delete ``folder_uri`` and everything under it; returns whether it existed."""
+    filesystem, path = pafs.FileSystem.from_uri(folder_uri)
+    if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+        return False
+    filesystem.delete_dir(path)
+    return True

@@ -85,6 +85,15 @@ class SpeedOptions:
     fail_on_data_loss: bool = True
 
 
+def checkpoints_path(storage_root: str, pipeline: str) -> str:
+    """The folder of a pipeline's streaming checkpoints (one per query)."""
+    return f"{storage_root.rstrip('/')}/checkpoints/{pipeline}"
+
+
+#: Written by ``speed reset`` beside the checkpoints: the starting offsets of the rebuilt queries.
+RESET_FILE = "starting-offsets.json"
+
+
 @dataclass
 class QueryStats:
     batches: int = 0
@@ -232,7 +241,7 @@ class SpeedJob:
         self.master = MasterDataset(
             table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
         )
-        self.checkpoints = f"{settings.storage_root.rstrip('/')}/checkpoints/{pipeline.name}"
+        self.checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
         self.progress = ProgressLog(speed_status_file(settings.storage_root, pipeline.name))
         self.queries: list[StreamingQuery] = []
         self.windowed_views = [v for v in pipeline.views if isinstance(v, WindowedView)]
@@ -248,6 +257,18 @@ class SpeedJob:
         session = connect(self.settings.cassandra)
         deploy_speed_tables(session, self.settings.cassandra, self.pipeline)
 
+    def _archived(self) -> dict[int, int]:
+        """Per partition, the highest offset bronze holds (what a rebuilt checkpoint re-reads)."""
+        topic = self.pipeline.topic.name
+        every = self.master.archived_offsets()
+        return {int(k.rsplit("/", 1)[1]): v for k, v in every.items() if k.rsplit("/", 1)[0] == topic}
+
+    def starting_offsets(self) -> str:
+        """Where queries without a checkpoint start: ``speed reset`` leaves its choice beside the
+        checkpoints; otherwise the options' (default ``earliest``)."""
+        chosen = read_text(f"{self.checkpoints}/{RESET_FILE}")
+        return chosen.strip() if chosen else self.options.starting_offsets
+
     def records(self) -> DataFrame:
         """The pipeline's topic as a stream of Kafka records (the Kafka source's columns)."""
         reader = self.spark.readStream.format("lambdalake_kafka")
@@ -255,7 +276,7 @@ class SpeedJob:
             reader = reader.option(f"kafka.{key}", str(value))
         return (
             reader.option("subscribe", self.pipeline.topic.name)
-            .option("startingOffsets", self.options.starting_offsets)
+            .option("startingOffsets", self.starting_offsets())
             .option("maxOffsetsPerTrigger", str(self.options.max_offsets_per_trigger))
             .option("failOnDataLoss", str(self.options.fail_on_data_loss).lower())
             .option("fetchOffset.numRetries", str(max(1, int(self.options.broker_wait_s))))
@@ -323,6 +344,7 @@ class SpeedJob:
             progress=self.read_progress,
             passthrough=tuple(self._windowed_inputs(self.primary)) if self.primary is not None else (),
             dedup=self._dedup("main") if self.primary is not None else None,
+            archived=self._archived(),
         )
         archived = self.records().mapInArrow(sink, from_arrow_schema(sink.output_schema))
         return self._windowed(archived, self.primary) if self.primary is not None else archived

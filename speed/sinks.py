@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -188,6 +188,9 @@ class ArchiveSink:
     passthrough: tuple[str, ...]
     dedup: DedupLog | None = None
     progress: Accumulator | None = None
+    #: Per partition, the highest offset bronze holds already (a checkpoint rebuilt by ``speed reset``
+    #: re-reads records bronze archived): those are not archived or dead-lettered again.
+    archived: dict[int, int] = field(default_factory=dict)
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -205,15 +208,17 @@ class ArchiveSink:
         if self.progress is not None:
             self.progress.add(partition_progress(table))
         failed = pc.is_valid(table.column("_error_rule"))
+        new = self._not_archived(table)
         send_dead_letters(
-            table.filter(failed), kafka_config=self.kafka_config, topic=self.dlq_topic,
+            table.filter(pc.and_(failed, new)), kafka_config=self.kafka_config, topic=self.dlq_topic,
             pipeline=self.decode.pipeline,
         )  # fmt: skip
         events = table.filter(pc.invert(failed)).drop_columns(list(ERROR_FIELDS))
+        to_archive = events.filter(self._not_archived(events)) if self.archived else events
         self.files.add(
             frozenset(
                 write_event_files(
-                    events, path=self.master_path, event_time=self.event_time, name=self._file_name(table)
+                    to_archive, path=self.master_path, event_time=self.event_time, name=self._file_name(table)
                 )
             )
         )
@@ -230,6 +235,14 @@ class ArchiveSink:
             if self.dedup is not None:
                 events = events.filter(pa.array(self.dedup.fresh(events)))
             yield from events.select(list(self.passthrough)).to_batches()
+
+    def _not_archived(self, table: pa.Table) -> pa.Array:
+        """Which rows are past what bronze holds for their partition."""
+        if not self.archived:
+            return pa.array(np.ones(table.num_rows, dtype=bool))
+        parts = table.column("_partition").to_numpy(zero_copy_only=False)
+        limits = np.array([self.archived.get(int(p), -1) for p in parts], dtype=np.int64)
+        return pa.array(table.column("_offset").to_numpy(zero_copy_only=False) > limits)
 
     def _file_name(self, table: pa.Table) -> str:
         """Unique to the records: the run, the Kafka partition and the task's offset range."""

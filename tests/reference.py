@@ -10,7 +10,7 @@ ingest epoch).
 from __future__ import annotations
 
 import logging
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
 import pandas as pd
@@ -19,6 +19,9 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from lambdalake.cassandra.active import active_batch
+from lambdalake.cassandra.session import connect
+from lambdalake.cassandra.tables import batch_table_def
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import Settings
 from lambdalake.views import speed_table
@@ -195,4 +198,48 @@ def compare(
                     problems.append(f"{view.name} {key} {c}: want {a!r}, got {b!r}")
     if bad:
         problems.append(f"{view.name}: {bad} values differ")
+    return problems
+
+
+#: A horizon past every epoch: :func:`batch_views` over every event.
+EVERYTHING = 2**62
+
+
+def as_ms(value: Any) -> Any:
+    return round(value.timestamp() * 1000) if isinstance(value, datetime) else value
+
+
+def merged_rows(client: Any, pipeline: Pipeline, view, keys: set[tuple]) -> list[dict]:
+    """Every key's merged answer as stored-style rows (timestamps as epoch ms) for ``compare``."""
+    rows = []
+    for key in keys:
+        answer = client.query(pipeline.name, view.name, list(key))
+        if isinstance(view, LatestView):
+            if answer.latest is not None:
+                rows.append({k: as_ms(v) for k, v in answer.latest.values.items()})
+            continue
+        for w in answer.windows:
+            rows.append({**answer.key, "window_start": as_ms(w.window_start), **w.values})
+    return rows
+
+
+def stored_keys(settings: Settings, pipeline: Pipeline, view) -> set[tuple]:
+    """Keys the speed table and the active batch table hold (to catch answers the reference lacks)."""
+    tables = [speed_table(pipeline, view)]
+    active = active_batch(connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name)
+    if active is not None:
+        tables.append(batch_table_def(pipeline, view, active.version).name)
+    return {tuple(r[k] for k in view.key) for t in tables for r in cassandra_rows(settings, t)}
+
+
+def merged_differences(settings: Settings, client: Any, pipelines: dict[str, Pipeline]) -> list[str]:
+    """How merged answers differ from the reference over every valid event sent (empty when equal)."""
+    problems = []
+    for pipeline in pipelines.values():
+        events, _ = topic_events(settings, pipeline)
+        want = batch_views(events, pipeline, EVERYTHING)
+        for view in pipeline.views:
+            keys = {k[: len(view.key)] for k in want[view.name]} | stored_keys(settings, pipeline, view)
+            got = merged_rows(client, pipeline, view, keys)
+            problems += compare(pipeline, view, want[view.name], got, epoch=False)
     return problems

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +28,23 @@ from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
-from lambdalake.views import speed_table
 from serving import ServingClient
 from speed.job import SpeedJob
 from tests.conftest import env_for, isolated, pipeline_named
 from tests.helpers import pipelines_folder
-from tests.reference import batch_views, cassandra_rows, compare, topic_events
+from tests.reference import (
+    EVERYTHING,
+    batch_views,
+    compare,
+    merged_differences,
+    merged_rows,
+    stored_keys,
+    topic_events,
+)
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 NAMES = ("offers", "telemetry")
-EVERYTHING = 2**62  # a horizon past every epoch: the reference over all events
 #: How each wave makes its identities new: (late, fresh, edge) version or millisecond shifts.
 SHIFTS = {"offers": (1_000_000, 2_000_000, 3_000_000), "telemetry": (3, 5, 7)}
 
@@ -70,46 +75,6 @@ def distinct(kind: str, records: list[dict[str, Any]], shift: int) -> list[dict[
     every run): a copy further apart than the dedup delay would count twice in speed rows until the
     next batch, by design (README), and this test is about the merge."""
     return [r for r in (revisit(kind, r, shift) for r in records) if r is not None]
-
-
-def as_ms(value: Any) -> Any:
-    return round(value.timestamp() * 1000) if isinstance(value, datetime) else value
-
-
-def merged_rows(client: ServingClient, pipeline: Pipeline, view, keys: set[tuple]) -> list[dict]:
-    """Every key's merged answer as stored-style rows (timestamps as epoch ms) for ``compare``."""
-    rows = []
-    for key in keys:
-        answer = client.query(pipeline.name, view.name, list(key))
-        if isinstance(view, LatestView):
-            if answer.latest is not None:
-                rows.append({k: as_ms(v) for k, v in answer.latest.values.items()})
-            continue
-        for w in answer.windows:
-            rows.append({**answer.key, "window_start": as_ms(w.window_start), **w.values})
-    return rows
-
-
-def stored_keys(settings: Settings, pipeline: Pipeline, view) -> set[tuple]:
-    """Keys the speed table and the active batch table hold (to catch answers the reference lacks)."""
-    tables = [speed_table(pipeline, view)]
-    active = active_batch(connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name)
-    if active is not None:
-        tables.append(batch_table_def(pipeline, view, active.version).name)
-    return {tuple(r[k] for k in view.key) for t in tables for r in cassandra_rows(settings, t)}
-
-
-def differences(settings: Settings, client: ServingClient, pipelines: dict[str, Pipeline]) -> list[str]:
-    """How merged answers differ from the reference over every valid event sent (empty when equal)."""
-    problems = []
-    for pipeline in pipelines.values():
-        events, _ = topic_events(settings, pipeline)
-        want = batch_views(events, pipeline, EVERYTHING)
-        for view in pipeline.views:
-            keys = {k[: len(view.key)] for k in want[view.name]} | stored_keys(settings, pipeline, view)
-            got = merged_rows(client, pipeline, view, keys)
-            problems += compare(pipeline, view, want[view.name], got, epoch=False)
-    return problems
 
 
 def test_no_batch_yet_answers_come_from_speed_alone(services: Settings, spark, tmp_path: Path) -> None:
@@ -218,7 +183,7 @@ def served(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory) 
 def test_merged_answers_equal_the_reference_across_the_horizon(served: Any, spark) -> None:
     settings, pipelines = served["settings"], served["pipelines"]
     client = ServingClient(settings=settings, meta_ttl_s=0)
-    assert differences(settings, client, pipelines) == []
+    assert merged_differences(settings, client, pipelines) == []
     # The answers visibly combine both layers: windows with a batch row and speed rows of later epochs.
     offers = pipelines["offers"]
     hourly = next(v for v in offers.views if not isinstance(v, LatestView))
@@ -236,7 +201,7 @@ def test_merged_answers_equal_the_reference_across_the_horizon(served: Any, spar
     for name, p in pipelines.items():
         run = BatchJob(settings=settings, pipeline=p, spark=spark).run()
         assert run.outcome == "published" and run.horizon > served["runs"][name].horizon, run
-    assert differences(settings, client, pipelines) == []
+    assert merged_differences(settings, client, pipelines) == []
     moved = client.query("offers", hourly.name, answers[0].key[hourly.key[0]])
     assert moved.provenance.horizon > horizon
 
@@ -267,7 +232,7 @@ def test_answers_stay_exact_while_a_publish_is_killed_half_way(served: Any) -> N
     os.killpg(job.pid, signal.SIGKILL)
     job.wait(30)
     assert active_batch(session, settings.cassandra.keyspace, "offers") == before
-    assert differences(settings, client, pipelines) == []
+    assert merged_differences(settings, client, pipelines) == []
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,74 @@
+"""``lambdalake speed reset``: rebuild the speed layer after its checkpoint was lost, from bronze
+first and the topic only for what bronze cannot hold yet.
+
+A compacted topic may have lost older records that bronze still holds, so closed epochs are never
+rebuilt from the topic: every closed epoch after the batch horizon is recomputed from bronze (as
+``replay`` does). Epochs not closed yet are re-read from the topic by the restarted job, which keeps
+them in its state; the records of those epochs bronze already holds are not archived again.
+
+Steps: the speed tables are truncated (no tombstones: ``latest`` rows written with their rank as the
+write timestamp stay writable), the old checkpoints are deleted, the start offsets of the new ones
+(the first offset of the oldest open epoch, per partition) are written beside them, and the closed
+epochs after the horizon are recomputed from bronze. The next ``speed run`` (or ``deploy``) starts there.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from lambdalake.cassandra.active import active_batch
+from lambdalake.cassandra.session import connect
+from lambdalake.cassandra.tables import deploy_speed_tables
+from lambdalake.kafka.offsets import offset_consumer, offsets_at
+from lambdalake.pipeline import Pipeline
+from lambdalake.settings import Settings
+from lambdalake.spark.views import INGEST_EPOCH
+from lambdalake.storage import delete_folder, write_text
+from speed.job import RESET_FILE, checkpoints_path
+from speed.replay import Replayer
+
+
+@dataclass
+class ResetResult:
+    horizon: int | None
+    first_open_epoch: int
+    starting_offsets: dict[int, int]
+    rebuilt_epochs: list[int] = field(default_factory=list)
+    cells: dict[str, int] = field(default_factory=dict)
+
+
+def reset_speed(
+    settings: Settings, pipeline: Pipeline, spark: SparkSession, *, now_ms: int | None = None
+) -> ResetResult:
+    """Rebuild the speed layer's rows and checkpoints (the speed job must be stopped)."""
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    layers = pipeline.layers
+    first_open = (now_ms - layers.grace_seconds * 1000) // layers.epoch_ms
+    session = connect(settings.cassandra)
+    active = active_batch(session, settings.cassandra.keyspace, pipeline.name)
+    horizon = active.horizon if active is not None else None
+    with offset_consumer(settings) as consumer:
+        starts = offsets_at(consumer, pipeline.topic.name, first_open * layers.epoch_ms)
+    for table in deploy_speed_tables(session, settings.cassandra, pipeline):
+        session.execute(f'TRUNCATE "{settings.cassandra.keyspace}"."{table.name}"', timeout=120)
+    checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
+    delete_folder(checkpoints)
+    offsets = {pipeline.topic.name: {str(p): o for p, o in starts.items()}}
+    write_text(f"{checkpoints}/{RESET_FILE}", json.dumps(offsets))
+    result = ResetResult(horizon, first_open, starts)
+    replayer = Replayer(settings=settings, pipeline=pipeline, spark=spark)
+    files = replayer.bronze.file_uris()
+    if files:
+        epochs = spark.read.parquet(*files).select(INGEST_EPOCH).distinct()
+        epochs = epochs.filter(F.col(INGEST_EPOCH) < first_open)
+        if horizon is not None:
+            epochs = epochs.filter(F.col(INGEST_EPOCH) > horizon)
+        result.rebuilt_epochs = sorted(r[0] for r in epochs.collect())
+        if result.rebuilt_epochs:
+            result.cells = replayer.recompute(result.rebuilt_epochs)
+    return result
