@@ -5,6 +5,7 @@ checkpoint rebuilds the speed layer from bronze."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -52,7 +53,11 @@ def replayed(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory
         dedup_delay="3 seconds",
         grace="1 second",
     )
-    settings = base.model_copy(update={"pipelines_dir": pipelines_folder(tmp, pipeline)})
+    folder = pipelines_folder(tmp, pipeline)
+    # The waves of this test double the views from one batch to the next: not an anomaly here.
+    suite = json.loads((folder / "offers.expectations.json").read_text())
+    (folder / "offers.expectations.json").write_text(json.dumps({**suite, "row_count_tolerance": 10}))
+    settings = base.model_copy(update={"pipelines_dir": folder})
     producer = EventProducer(settings=settings, pipeline=pipeline)
     job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
     job.start()
