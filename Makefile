@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup up down status test demo lint bench clean
+.PHONY: setup up down status deploy undeploy test demo lint bench clean
 
 setup: $(STAMP) .lambdalake/.apt .lambdalake/.cassandra
 
@@ -42,6 +42,13 @@ down:
 
 status: setup
 	$(BIN)/lambdalake status
+
+# Topics, schemas, tables, speed jobs, batch scheduler and serving API for every pipelines/*.toml.
+deploy: up
+	$(BIN)/lambdalake deploy
+
+undeploy: setup
+	$(BIN)/lambdalake undeploy
 
 test: setup
 	$(BIN)/python -m pytest

@@ -28,6 +28,8 @@ Action = Literal["created", "updated", "started", "restarted", "stopped", "uncha
 
 #: The process that runs every deployed pipeline's batch on its schedule.
 SCHEDULER = "batch-schedule"
+#: The serving API's process (``lambdalake serve``).
+SERVING = "serving-api"
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,13 @@ def scheduler_process(settings: Settings) -> ManagedProcess:
     return ManagedProcess(
         name=SCHEDULER, run_dir=settings.state_dir / "run", log_dir=settings.state_dir / "logs",
         marker="batch schedule",
+    )  # fmt: skip
+
+
+def serving_process(settings: Settings) -> ManagedProcess:
+    return ManagedProcess(
+        name=SERVING, run_dir=settings.state_dir / "run", log_dir=settings.state_dir / "logs",
+        marker="lambdalake serve",
     )  # fmt: skip
 
 
@@ -146,6 +155,7 @@ class Deployer:
                 changes.append(self._speed_job(p))
         if self.start_jobs:
             changes.append(self._scheduler())
+            changes.append(self._serving())
         return changes
 
     def _topics(self, p: Pipeline) -> list[Change]:
@@ -213,6 +223,20 @@ class Deployer:
             scheduler_process(self.settings), "batch scheduler", wanted.hexdigest()[:16], argv
         )
 
+    def _serving(self) -> Change:
+        """The HTTP API over every pipeline (it reads the definitions at start: restarted on changes)."""
+        digest = hashlib.sha256(json.dumps([deployed_pipelines(self.settings), self.settings.to_env(),
+                                            [fingerprint(self.settings, p) for p in self._deployed()]],
+                                           sort_keys=True).encode())  # fmt: skip
+        what = f"serving API http://{self.settings.serving.host}:{self.settings.serving.port}"
+        argv = [sys.executable, "-m", "lambdalake", "serve"]
+        return self._ensure_process(serving_process(self.settings), what, digest.hexdigest()[:16], argv)
+
+    def _deployed(self) -> list[Pipeline]:
+        from lambdalake.pipeline import configured_pipeline
+
+        return [configured_pipeline(name, self.settings) for name in deployed_pipelines(self.settings)]
+
     def _ensure_process(self, proc: ManagedProcess, what: str, wanted: str, argv: list[str]) -> Change:
         record = _record_file(self.settings, proc.name.removeprefix("speed-"))
         previous = json.loads(record.read_text()) if record.exists() else {}
@@ -241,7 +265,8 @@ class Deployer:
 
 def deployed_pipelines(settings: Settings) -> list[str]:
     """Pipelines whose speed jobs deploy started (and undeploy has not stopped)."""
-    return sorted(p.stem for p in (settings.state_dir / "deploy").glob("*.json") if p.stem != SCHEDULER)
+    folder = settings.state_dir / "deploy"
+    return sorted(p.stem for p in folder.glob("*.json") if p.stem not in (SCHEDULER, SERVING))
 
 
 def undeploy(settings: Settings, pipelines: list[str]) -> list[Change]:
@@ -255,12 +280,17 @@ def undeploy(settings: Settings, pipelines: list[str]) -> list[Change]:
         changes.append(Change(f"speed job {name}", "stopped" if stopped else "unchanged"))
     remaining = deployed_pipelines(settings)
     scheduler = scheduler_process(settings)
-    if scheduler.pid() is not None and not remaining:
-        scheduler.stop(timeout=60)
-        _record_file(settings, SCHEDULER).unlink(missing_ok=True)
-        changes.append(Change("batch scheduler", "stopped"))
-    elif scheduler.pid() is not None:
-        changes.append(Deployer(settings=settings)._scheduler())
+    serving = serving_process(settings)
+    if not remaining:
+        for proc, what in ((scheduler, "batch scheduler"), (serving, "serving API")):
+            if proc.stop(timeout=60):
+                changes.append(Change(what, "stopped"))
+            _record_file(settings, proc.name).unlink(missing_ok=True)
+    else:
+        if scheduler.pid() is not None:
+            changes.append(Deployer(settings=settings)._scheduler())
+        if serving.pid() is not None:
+            changes.append(Deployer(settings=settings)._serving())
     return changes
 
 

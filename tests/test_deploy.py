@@ -8,10 +8,11 @@ import shutil
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from infra.deploy import scheduler_process, speed_process
+from infra.deploy import scheduler_process, serving_process, speed_process
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import speed_table_def
 from lambdalake.registry import client
@@ -38,7 +39,7 @@ def test_deploy_twice_then_an_incompatible_schema_then_undeploy(services: Settin
     shutil.copytree(PROJECT_ROOT / "schemas", schemas)
     settings = base.model_copy(
         update={"pipelines_dir": pipelines_folder(tmp_path, pipeline), "schemas_dir": schemas,
-                "state_dir": tmp_path / "state"}
+                "state_dir": tmp_path / "state", "serving": base.serving.model_copy(update={"port": 18480})}
     )  # fmt: skip
     subject = f"telemetry-{unique}-value"
     # The subject is the pipeline file's: give this test its own so other tests' versions do not count.
@@ -54,6 +55,9 @@ def test_deploy_twice_then_an_incompatible_schema_then_undeploy(services: Settin
         job = speed_process(settings, "telemetry")
         pid = job.pid()
         assert pid is not None and scheduler_process(settings).pid() is not None
+        assert serving_process(settings).pid() is not None
+        health = httpx.get("http://127.0.0.1:18480/health", timeout=30)
+        assert health.status_code == 200, health.text
         topics = AdminClient(settings.kafka.client_config()).list_topics(timeout=10).topics
         assert pipeline.topic.name in topics and pipeline.topic.dlq in topics
         session = connect(settings.cassandra)
@@ -82,3 +86,4 @@ def test_deploy_twice_then_an_incompatible_schema_then_undeploy(services: Settin
     assert "stopped" in stopped.stdout.decode()
     assert speed_process(settings, "telemetry").pid() is None
     assert scheduler_process(settings).pid() is None
+    assert serving_process(settings).pid() is None

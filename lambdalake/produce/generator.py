@@ -109,7 +109,8 @@ def _future(field: str) -> Callable[[dict[str, Any], random.Random, int], None]:
 
 
 class OfferStream(_Stream):
-    """Offer updates: each update of an offer carries the next version of it."""
+    """Offer updates: each update of an offer carries the next version of it (its time in ms, or one
+    more than the offer's previous version when updates come faster than the clock)."""
 
     time_field = "updated_at"
     corruptions = [
@@ -143,7 +144,9 @@ class OfferStream(_Stream):
                 "currency": rng.choice(CURRENCIES),
                 "version": 0,
             }
-        offer["version"] += 1
+        # Versioned by modification time, as many source systems do: a later run's updates of an offer
+        # get higher versions than an earlier run's, never the same (offer, version) for new content.
+        offer["version"] = max(offer["version"] + 1, now_ms)
         return {
             "offer_id": f"offer-{k:06d}",
             "merchant_id": offer["merchant_id"],
