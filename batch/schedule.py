@@ -46,6 +46,10 @@ class Scheduler:
         pipelines: The pipelines to schedule.
         runner: Runs one pipeline's batch, returning its outcome.
         clock: Seconds since the epoch. Default ``time.time``.
+        first_run_now: A pipeline this scheduler never handled is due at once (default True: what a
+            crontab line calling ``--once`` at the scheduled time wants). False waits for its next
+            scheduled time (the long-running scheduler ``deploy`` starts: a fresh deployment does
+            not rebuild at once).
     """
 
     def __init__(
@@ -55,7 +59,9 @@ class Scheduler:
         pipelines: Sequence[Pipeline],
         runner: Runner,
         clock: Callable[[], float] = time.time,
+        first_run_now: bool = True,
     ) -> None:
+        self.first_run_now = first_run_now
         self.pipelines = list(pipelines)
         self.runner = runner
         self.clock = clock
@@ -72,6 +78,9 @@ class Scheduler:
         out = []
         for p in self.pipelines:
             slot = last_due(p, now)
+            if p.name not in handled and not self.first_run_now:
+                self._record(p.name, slot, "first seen: runs from its next scheduled time")
+                continue
             if p.name not in handled or slot > datetime.fromisoformat(handled[p.name]):
                 out.append((p, slot))
         return out

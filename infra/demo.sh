@@ -48,7 +48,8 @@ python -m infra.demo wait-archived
 
 step "Merged answers: the batch row (epochs <= horizon) plus speed rows of later epochs"
 MERCHANT=$(python -m infra.demo pick-merchant)
-lambdalake query offers merchant_offers_hourly --key "$MERCHANT"
+# The last two hours (the generator also sends events days late: those windows exist too).
+lambdalake query offers merchant_offers_hourly --key "$MERCHANT" --from "$(date -u -d '-2 hours' +%Y-%m-%dT%H:00:00Z)"
 lambdalake query offers offer_latest --key offer-000001
 lambdalake query telemetry vehicle_latest --key vehicle-00000
 

@@ -725,7 +725,7 @@ def batch_schedule(
         spark = spark or spark_session(settings, "lambdalake-batch-schedule", workload="batch")
         return BatchJob(settings=settings, pipeline=p, spark=spark).run().outcome
 
-    scheduler = Scheduler(settings=settings, pipelines=chosen, runner=run)
+    scheduler = Scheduler(settings=settings, pipelines=chosen, runner=run, first_run_now=once)
     if once:
         for name, outcome in scheduler.run_due().items():
             console.print(f"{name}: {outcome}")

@@ -79,16 +79,37 @@ def answer_csv(answer: Answer) -> str:
 
 
 def print_answer(answer: Answer) -> None:
+    """A table for people: the view's aggregates (not their stored components) and, per window,
+    which layers it came from."""
     key = ", ".join(f"{k}={v}" for k, v in answer.key.items())
     out.print(f"[bold]{answer.pipeline}/{answer.view}[/] {key}: {answer.provenance.summary}")
-    rows = answer_rows(answer)
-    if not rows:
+    if answer.latest is not None:
+        table = Table("column", "value")
+        for name, value in answer.latest.values.items():
+            table.add_row(name, _cell(value))
+        table.add_row("[dim]from[/]", f"{answer.latest.source} (rank {answer.latest.rank})")
+        out.print(table)
+        return
+    if not answer.windows:
         out.print("(no rows for this key)")
         return
-    table = Table(*rows[0].keys())
-    for row in rows:
-        table.add_row(*[_cell(v) for v in row.values()])
+    names = list(dict.fromkeys(n for w in answer.windows for n in w.values if not _component(n, w.values)))
+    table = Table("window (UTC)", *names, "from")
+    for w in answer.windows:
+        layers = (["batch"] if w.from_batch else []) + (
+            [f"speed {', '.join(map(str, w.speed_epochs))}"] if w.speed_epochs else []
+        )
+        table.add_row(
+            w.window_start.strftime("%Y-%m-%d %H:%M"),
+            *[_cell(w.values.get(n)) for n in names],
+            " + ".join(layers),
+        )
     out.print(table)
+
+
+def _component(name: str, values: dict[str, Any]) -> bool:
+    """An average's stored sum or count (shown derived, as the average)."""
+    return any(name.endswith(s) and name.removesuffix(s) in values for s in ("_sum", "_count"))
 
 
 def _cell(value: Any) -> str:

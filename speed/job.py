@@ -421,10 +421,9 @@ class SpeedJob:
                 "by a speed job with other stateful steps (a lambdalake before deduplication left "
                 "Spark state, or a pipeline whose windowed views changed)",
                 fix=(
-                    f"rebuild the pipeline's speed layer from the topic: stop the job, delete that "
-                    f"checkpoint folder and the master table {self.master.path}, then start it again "
-                    "(it replays the topic from the earliest offset; speed rows are rewritten with "
-                    "the same absolute values); for the embedded demo, `make clean`"
+                    f"stop the job and run `lambdalake speed reset {self.pipeline.name}`: it rebuilds "
+                    "the speed rows from the master dataset (kept: it may hold records compaction "
+                    "removed from the topic) and starts new checkpoints at the oldest open epoch"
                 ),
             )
         text = str(exc)

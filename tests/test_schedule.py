@@ -55,3 +55,23 @@ def test_a_bad_cron_expression_is_refused_when_the_pipeline_loads() -> None:
 
     with pytest.raises(ValidationError, match="not a cron expression"):
         BatchSpec(schedule="every night")
+
+
+def test_a_long_running_scheduler_starts_a_new_pipeline_at_its_next_time(tmp_path: Path) -> None:
+    """`deploy` starts the scheduler with first_run_now=False: a new deployment does not rebuild at once."""
+    settings = Settings(storage_root=str(tmp_path))
+    hourly = configured_pipeline("offers", settings).model_copy(
+        update={"batch": BatchSpec(schedule="0 * * * *")}
+    )
+    now = [datetime(2026, 11, 23, 10, 30, tzinfo=UTC).timestamp()]
+
+    def scheduler() -> Scheduler:
+        return Scheduler(
+            settings=settings, pipelines=[hourly], runner=lambda _p: "published", clock=lambda: now[0],
+            first_run_now=False,
+        )  # fmt: skip
+
+    assert scheduler().run_due() == {}  # first seen at 10:30: waits for 11:00
+    now[0] += 40 * 60  # 11:10
+    assert scheduler().run_due() == {"offers": "published"}
+    assert scheduler().run_due() == {}

@@ -1,0 +1,293 @@
+"""Serving: merged query latency through the Python API and the HTTP API under concurrent load,
+beside a raw cassandra-driver read of the same rows in the same run; and replay throughput.
+
+Rows are written straight into Cassandra (a published batch version with its metadata row and
+speed rows of three later epochs per window, for 1,000 merchants x 24 hourly windows), so the
+bench measures reading and merging, not producing. Then, in this order:
+
+- raw: the two prepared SELECTs serving issues per query (batch rows, speed rows of the key), run
+  by ``--threads`` threads with the same driver session, no merge: the floor;
+- python: ``ServingClient.query`` by the same threads;
+- http: ``lambdalake serve`` in its own process, driven by an asyncio client at a fixed offered
+  rate (``--rate`` requests/s) for ``--seconds``; latency measured from each request's scheduled
+  start, so a server that falls behind shows it;
+- replay: ``--replay`` events produced to a fresh topic, then ``Replayer.run`` over the whole range
+  (bounded Kafka read, decode, bronze commit, recompute of every closed epoch): events/s.
+
+    python -m bench.serving [--threads 8] [--queries 4000] [--rate 500] [--seconds 20] [--replay 200000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from bench.common import bench_settings, write_result
+from infra.services import running
+from lambdalake.cassandra.session import connect
+from lambdalake.cassandra.tables import (
+    BATCH_META,
+    batch_table_def,
+    create_keyspace,
+    ensure_table,
+    speed_table_def,
+)
+from lambdalake.cassandra.writer import upsert
+from lambdalake.pipeline import configured_pipeline
+from lambdalake.settings import PROJECT_ROOT, Settings
+
+MERCHANTS = 1000
+WINDOWS = 24
+SPEED_EPOCHS = 3
+VERSION = 1
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summary(latencies_s: list[float], seconds: float) -> dict[str, float]:
+    return {
+        "requests": len(latencies_s),
+        "per_s": round(len(latencies_s) / seconds),
+        "p50_ms": round(percentile(latencies_s, 0.5) * 1000, 2),
+        "p99_ms": round(percentile(latencies_s, 0.99) * 1000, 2),
+    }
+
+
+def load_rows(settings: Settings, pipeline) -> None:
+    """A published batch version and speed rows of later epochs for every merchant and hour."""
+    session = connect(settings.cassandra)
+    create_keyspace(session, settings.cassandra)
+    view = pipeline.view("merchant_offers_hourly")
+    batch, speed = batch_table_def(pipeline, view, VERSION), speed_table_def(pipeline, view)
+    for table in (BATCH_META, batch, speed):
+        ensure_table(session, settings.cassandra.keyspace, table)
+    epoch_ms = pipeline.layers.epoch_ms
+    horizon = int(time.time() * 1000) // epoch_ms - SPEED_EPOCHS - 1
+    start_hour = (horizon - WINDOWS) * 3600
+    rng = random.Random(1)
+    batch_rows, speed_rows = [], []
+    for m in range(MERCHANTS):
+        key = f"merchant-{m:04d}"
+        for w in range(WINDOWS):
+            ws = (start_hour + w * 3600) * 1000
+            n = rng.randint(1, 50)
+            batch_rows.append([key, ws, n, n * 1000, 100, 5000, n * 1000, n, n * 10])
+            for e in range(SPEED_EPOCHS):
+                k = rng.randint(1, 5)
+                speed_rows.append([key, ws, horizon + 1 + e, k, k * 900, 90, 4000, k * 900, k, k * 3])
+    upsert(batch_rows, table=batch, settings=settings.cassandra)
+    upsert(speed_rows, table=speed, settings=settings.cassandra)
+    session.execute(
+        f'INSERT INTO "{settings.cassandra.keyspace}"."{BATCH_META.name}" (pipeline, version, horizon, '
+        "epoch_ms, bronze_version, views, published_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+        [pipeline.name, VERSION, horizon, epoch_ms, 0, '{"merchant_offers_hourly": 0}', datetime.now(UTC)],
+    )
+
+
+def threaded(call: Any, threads: int, queries: int) -> tuple[list[float], float]:
+    """``queries`` calls of ``call(key)`` spread over ``threads`` threads: latencies and wall time."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def work(n: int, seed: int) -> None:
+        rng = random.Random(seed)
+        mine = []
+        for _ in range(n):
+            key = f"merchant-{rng.randrange(MERCHANTS):04d}"
+            t0 = time.perf_counter()
+            call(key)
+            mine.append(time.perf_counter() - t0)
+        with lock:
+            latencies.extend(mine)
+
+    workers = [threading.Thread(target=work, args=(queries // threads, i)) for i in range(threads)]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return latencies, time.perf_counter() - t0
+
+
+async def offered_load(url: str, rate: int, seconds: float) -> tuple[list[float], int]:
+    """Requests at a fixed rate; latency from each one's scheduled start. Returns (latencies, errors)."""
+    import httpx
+
+    latencies: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(base_url=url, timeout=10, limits=limits) as client:
+        rng = random.Random(7)
+
+        async def one(due: float, key: str) -> None:
+            nonlocal errors
+            try:
+                response = await client.get(f"/v1/pipelines/offers/views/merchant_offers_hourly/keys/{key}")
+                if response.status_code != 200:
+                    errors += 1
+            except httpx.HTTPError:
+                errors += 1
+            latencies.append(time.perf_counter() - due)
+
+        tasks = []
+        start = time.perf_counter()
+        for i in range(int(rate * seconds)):
+            due = start + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(due, f"merchant-{rng.randrange(MERCHANTS):04d}")))
+        await asyncio.gather(*tasks)
+    return latencies, errors
+
+
+def bench_http(settings: Settings, rate: int, seconds: float) -> dict[str, Any]:
+    port = 24080
+    env = {**os.environ, **settings.to_env(), "LAMBDALAKE_SERVING__PORT": str(port)}
+    server = subprocess.Popen([sys.executable, "-m", "lambdalake", "serve"], env=env, cwd=PROJECT_ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the serving API did not start")
+            time.sleep(0.2)
+        asyncio.run(offered_load(f"http://127.0.0.1:{port}", rate, 3))  # warm-up
+        t0 = time.perf_counter()
+        latencies, errors = asyncio.run(offered_load(f"http://127.0.0.1:{port}", rate, seconds))
+        return {**summary(latencies, time.perf_counter() - t0), "offered_per_s": rate, "errors": errors}
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def bench_replay(settings: Settings, events: int) -> dict[str, Any]:
+    """Produce ``events`` to a fresh topic, then replay the whole range into an empty bronze."""
+    from lambdalake.kafka.admin import ensure_pipeline_topics
+    from lambdalake.produce.generator import Mix, generate
+    from lambdalake.produce.producer import EventProducer
+    from lambdalake.spark.session import spark_session
+    from speed.replay import Replayer, plan_replay
+
+    run = uuid.uuid4().hex[:6]
+    base = configured_pipeline("telemetry", settings)
+    pipeline = base.model_copy(
+        update={"topic": base.topic.model_copy(update={"name": f"bench-replay-{run}"})}
+    )
+    root = f"{settings.storage_root}/replay-{run}"
+    run_settings = settings.model_copy(update={"storage_root": root})
+    ensure_pipeline_topics(run_settings, pipeline)
+    producer = EventProducer(settings=run_settings, pipeline=pipeline)
+    for r in generate("telemetry", events, seed=5, mix=Mix(0.02, 0.0, 0.0)):
+        producer.send(r)
+    assert producer.flush().unacknowledged == 0
+    spark = spark_session(run_settings, "lambdalake-bench-replay", workload="batch")
+    # The events' epoch closes an hour from now: judge "closed" as of then, as a later replay would.
+    later = int(time.time() * 1000) + 2 * pipeline.layers.epoch_ms
+    plan = plan_replay(run_settings, pipeline, from_ms=0, now_ms=later)
+    from speed.job import SpeedJob
+
+    SpeedJob(settings=run_settings, pipeline=pipeline, spark=spark).deploy()  # the speed tables
+    t0 = time.perf_counter()
+    result = Replayer(settings=run_settings, pipeline=pipeline, spark=spark).run(plan)
+    seconds = time.perf_counter() - t0
+    spark.stop()
+    return {
+        "events": plan.records, "valid": result.read, "archived": result.archived, "cells": result.cells,
+        "seconds": round(seconds, 1), "events_per_s": round(plan.records / seconds),
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--queries", type=int, default=4000)
+    parser.add_argument("--rate", type=int, default=500)
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--replay", type=int, default=200_000)
+    args = parser.parse_args()
+    settings = bench_settings()
+    settings = settings.model_copy(
+        update={
+            "cassandra": settings.cassandra.model_copy(
+                update={"keyspace": f"bench_serving_{uuid.uuid4().hex[:6]}"}
+            )
+        }
+    )
+    with running(settings):
+        pipeline = configured_pipeline("offers", settings)
+        load_rows(settings, pipeline)
+        from serving import ServingClient
+
+        client = ServingClient(settings=settings)
+        session = client.session
+        keyspace = settings.cassandra.keyspace
+        view = pipeline.view("merchant_offers_hourly")
+        window = '"window_start" >= ? AND "window_start" < ?'
+        raw_batch = session.prepare(
+            f'SELECT * FROM "{keyspace}"."{batch_table_def(pipeline, view, VERSION).name}" '
+            f'WHERE "merchant_id" = ? AND {window}'
+        )
+        raw_speed = session.prepare(
+            f'SELECT * FROM "{keyspace}"."{speed_table_def(pipeline, view).name}" '
+            f'WHERE "merchant_id" = ? AND {window}'
+        )
+        bounds = [-(2**62), 2**62]
+
+        def raw(key: str) -> None:
+            a = session.execute_async(raw_batch, [key, *bounds])
+            b = session.execute_async(raw_speed, [key, *bounds])
+            list(a.result()), list(b.result())
+
+        def merged(key: str) -> None:
+            client.query("offers", "merchant_offers_hourly", key)
+
+        threaded(raw, args.threads, args.queries // 4)  # warm-up of both paths
+        threaded(merged, args.threads, args.queries // 4)
+        results: dict[str, Any] = {}
+        for name, call in (("raw", raw), ("python", merged), ("raw_again", raw)):
+            latencies, seconds = threaded(call, args.threads, args.queries)
+            results[name] = summary(latencies, seconds)
+            print(f"{name}: {results[name]}", flush=True)
+        results["http"] = bench_http(settings, args.rate, args.seconds)
+        print(f"http: {results['http']}", flush=True)
+        results["replay"] = bench_replay(settings, args.replay)
+        print(f"replay: {results['replay']}", flush=True)
+    raw_p99 = min(results["raw"]["p99_ms"], results["raw_again"]["p99_ms"])
+    results["python_p99_vs_raw"] = round(results["python"]["p99_ms"] / raw_p99, 2)
+    path = write_result(
+        "serving",
+        {
+            "threads": args.threads,
+            "rows": {"merchants": MERCHANTS, "windows": WINDOWS, "speed_epochs": SPEED_EPOCHS},
+            **results,
+            "targets": {"python_p99_vs_raw": 1.5, "python_p99_ms": 5, "http_p99_ms": 15, "http_per_s": 500,
+                        "replay_events_per_s": 50_000},
+        },
+    )  # fmt: skip
+    print(f"-> {path}")
+
+
+if __name__ == "__main__":
+    main()
