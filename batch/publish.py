@@ -56,33 +56,45 @@ class Publisher:
         return sorted({int(m.group(1)) for name in tables if (m := pattern.match(name))})
 
     def publish(self, run: BatchRun) -> int:
-        """Write every view of ``run`` (as committed to Delta) under a new version; activate it."""
+        """Write every view of ``run`` (as committed to Delta) under a new version; activate it.
+
+        Records its steps' seconds in ``run.stages`` (``publish ddl``, ``publish rows``,
+        ``publish swap``: the activation and the retired versions' drops)."""
         from batch.job import views_path
 
+        t0 = time.monotonic()
         session = connect(self.settings.cassandra)
         create_keyspace(session, self.settings.cassandra)
         ensure_table(session, self.keyspace, BATCH_META)
         active = active_batch(session, self.keyspace, self.pipeline.name)
         version = max([active.version if active else 0, *self._versions_in_use(session)]) + 1
-        for view in self.pipeline.views:
-            table = batch_table_def(self.pipeline, view, version)
+        tables = {view.name: batch_table_def(self.pipeline, view, version) for view in self.pipeline.views}
+        for table in tables.values():
             ensure_table(session, self.keyspace, table)
+        t1 = time.monotonic()
+        for view in self.pipeline.views:
             delta = open_table(views_path(self.settings.storage_root, self.pipeline.name, view.name),
                                version=run.delta_versions[view.name])  # fmt: skip
             assert delta is not None
-            rows = self.spark.read.parquet(*delta.file_uris()) if delta.file_uris() else None
+            files = delta.file_uris()
             written = 0
-            if rows is not None:
+            if files:
                 # Rows of a version are written once, in bulk, while Cassandra serves nothing from
                 # them yet: larger batches and fewer requests in flight than the speed layer's
-                # (measured on 2 cores: 100 rows x 8 requests ~1.5x the rate of 32 x 16).
+                # (measured on 2 cores: 100 rows x 8 requests ~1.5x the rate of 32 x 16), from as
+                # many Python workers as the cluster has cores (a view is often one file).
+                rows = self.spark.read.parquet(*files)
+                rows = rows.repartition(max(1, self.spark.sparkContext.defaultParallelism))
                 written = upsert_view(
-                    rows, table=table, cassandra=self.settings.cassandra,
+                    rows, table=tables[view.name], cassandra=self.settings.cassandra,
                     batch_rows=self.settings.cassandra.publish_batch_rows, concurrency=8,
                 )  # fmt: skip
-            log.info("batch v%d: %d rows to %s", version, written, table.name)
+            log.info("batch v%d: %d rows to %s", version, written, tables[view.name].name)
+        t2 = time.monotonic()
         self._activate(session, version, run)
         self._retire(session, version)
+        run.stages.update({"publish ddl": round(t1 - t0, 3), "publish rows": round(t2 - t1, 3),
+                           "publish swap": round(time.monotonic() - t2, 3)})  # fmt: skip
         return version
 
     def _activate(self, session: Session, version: int, run: BatchRun) -> None:

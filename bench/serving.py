@@ -5,12 +5,14 @@ Rows are written straight into Cassandra (a published batch version with its met
 speed rows of three later epochs per window, for 1,000 merchants x 24 hourly windows), so the
 bench measures reading and merging, not producing. Then, in this order:
 
-- raw: the two prepared SELECTs serving issues per query (batch rows, speed rows of the key), run
-  by ``--threads`` threads with the same driver session, no merge: the floor;
+- raw: the two prepared SELECTs serving issues per query (batch rows, speed rows of the key, both
+  in flight at once, rows as plain tuples), run by ``--threads`` threads with the same driver
+  session, no merge: the floor;
 - python: ``ServingClient.query`` by the same threads;
-- http: ``lambdalake serve`` in its own process, driven by an asyncio client at a fixed offered
-  rate (``--rate`` requests/s) for ``--seconds``; latency measured from each request's scheduled
-  start, so a server that falls behind shows it;
+- the same two at one thread (latency without queueing);
+- http: ``lambdalake serve`` (1, then 2 worker processes) driven by ``bench.http_load`` in a process
+  of its own at a fixed offered rate (``--rate`` requests/s) for ``--seconds``; latency counted from
+  each request's scheduled start, so a server that falls behind shows it;
 - replay: ``--replay`` events produced to a fresh topic, then ``Replayer.run`` over the whole range
   (bounded Kafka read, decode, bronze commit, recompute of every closed epoch): events/s.
 
@@ -20,7 +22,6 @@ bench measures reading and merging, not producing. Then, in this order:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import random
 import subprocess
@@ -121,60 +122,40 @@ def threaded(call: Any, threads: int, queries: int) -> tuple[list[float], float]
     return latencies, time.perf_counter() - t0
 
 
-async def offered_load(url: str, rate: int, seconds: float) -> tuple[list[float], int]:
-    """Requests at a fixed rate; latency from each one's scheduled start. Returns (latencies, errors)."""
+def bench_http(settings: Settings, rate: int, seconds: float, workers: int) -> dict[str, Any]:
+    """``lambdalake serve`` with ``workers`` processes, driven by bench.http_load (its own process)."""
+    import json
+
     import httpx
 
-    latencies: list[float] = []
-    errors = 0
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=url, timeout=10, limits=limits) as client:
-        rng = random.Random(7)
-
-        async def one(due: float, key: str) -> None:
-            nonlocal errors
-            try:
-                response = await client.get(f"/v1/pipelines/offers/views/merchant_offers_hourly/keys/{key}")
-                if response.status_code != 200:
-                    errors += 1
-            except httpx.HTTPError:
-                errors += 1
-            latencies.append(time.perf_counter() - due)
-
-        tasks = []
-        start = time.perf_counter()
-        for i in range(int(rate * seconds)):
-            due = start + i / rate
-            delay = due - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(due, f"merchant-{rng.randrange(MERCHANTS):04d}")))
-        await asyncio.gather(*tasks)
-    return latencies, errors
-
-
-def bench_http(settings: Settings, rate: int, seconds: float) -> dict[str, Any]:
     port = 24080
-    env = {**os.environ, **settings.to_env(), "LAMBDALAKE_SERVING__PORT": str(port)}
+    env = {**os.environ, **settings.to_env(), "LAMBDALAKE_SERVING__PORT": str(port),
+           "LAMBDALAKE_SERVING__WORKERS": str(workers)}  # fmt: skip
     server = subprocess.Popen([sys.executable, "-m", "lambdalake", "serve"], env=env, cwd=PROJECT_ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
     try:
-        import httpx
-
         deadline = time.monotonic() + 60
         while True:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError("the serving API did not start")
             time.sleep(0.2)
-        asyncio.run(offered_load(f"http://127.0.0.1:{port}", rate, 3))  # warm-up
-        t0 = time.perf_counter()
-        latencies, errors = asyncio.run(offered_load(f"http://127.0.0.1:{port}", rate, seconds))
-        return {**summary(latencies, time.perf_counter() - t0), "offered_per_s": rate, "errors": errors}
+
+        def load(rate: int, seconds: float) -> dict[str, Any]:
+            out = subprocess.run(
+                [sys.executable, "-m", "bench.http_load", url, "--rate", str(rate), "--seconds", str(seconds),
+                 "--keys", str(MERCHANTS)],
+                cwd=PROJECT_ROOT, capture_output=True, check=True, timeout=seconds * 20 + 60,
+            )  # fmt: skip
+            return json.loads(out.stdout)
+
+        load(rate, 3)  # warm-up
+        return {**load(rate, seconds), "workers": workers}
     finally:
         server.terminate()
         server.wait(30)
@@ -214,6 +195,7 @@ def bench_replay(settings: Settings, events: int) -> dict[str, Any]:
     return {
         "events": plan.records, "valid": result.read, "archived": result.archived, "cells": result.cells,
         "seconds": round(seconds, 1), "events_per_s": round(plan.records / seconds),
+        "stages_s": result.stages,
     }  # fmt: skip
 
 
@@ -255,9 +237,11 @@ def main() -> None:
         )
         bounds = [-(2**62), 2**62]
 
+        profile = client.profile  # plain tuples, as serving reads them
+
         def raw(key: str) -> None:
-            a = session.execute_async(raw_batch, [key, *bounds])
-            b = session.execute_async(raw_speed, [key, *bounds])
+            a = session.execute_async(raw_batch, [key, *bounds], execution_profile=profile)
+            b = session.execute_async(raw_speed, [key, *bounds], execution_profile=profile)
             list(a.result()), list(b.result())
 
         def merged(key: str) -> None:
@@ -270,8 +254,12 @@ def main() -> None:
             latencies, seconds = threaded(call, args.threads, args.queries)
             results[name] = summary(latencies, seconds)
             print(f"{name}: {results[name]}", flush=True)
-        results["http"] = bench_http(settings, args.rate, args.seconds)
-        print(f"http: {results['http']}", flush=True)
+        results["python_1_thread"] = summary(*threaded(merged, 1, args.queries // 4))
+        results["raw_1_thread"] = summary(*threaded(raw, 1, args.queries // 4))
+        print(f"1 thread: python {results['python_1_thread']}, raw {results['raw_1_thread']}", flush=True)
+        for workers in (1, 2):
+            results[f"http_{workers}_workers"] = bench_http(settings, args.rate, args.seconds, workers)
+            print(f"http ({workers} workers): {results[f'http_{workers}_workers']}", flush=True)
         results["replay"] = bench_replay(settings, args.replay)
         print(f"replay: {results['replay']}", flush=True)
     raw_p99 = min(results["raw"]["p99_ms"], results["raw_again"]["p99_ms"])

@@ -124,19 +124,23 @@ def serve(
         str | None, typer.Option(help="Address to bind (default LAMBDALAKE_SERVING__HOST).")
     ] = None,
     port: Annotated[int | None, typer.Option(help="Port (default LAMBDALAKE_SERVING__PORT, 8080).")] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="Worker processes (default LAMBDALAKE_SERVING__WORKERS, 1).")
+    ] = None,
 ) -> None:
     """Serve the merged query over HTTP until Ctrl-C/SIGTERM: /v1/pipelines/{p}/views/{v}/keys/{k},
     /health, /metrics, OpenAPI docs at /docs. LAMBDALAKE_SERVING__TOKEN requires a bearer token."""
     import uvicorn
 
-    from serving.http import make_app
-
     settings = get_settings()
     host = host or settings.serving.host
     port = port or settings.serving.port
+    workers = workers or settings.serving.workers
     auth = "bearer token required" if settings.serving.token else "no token configured: open to anyone"
-    console.print(f"serving on http://{host}:{port} (docs at /docs; {auth})")
-    uvicorn.run(make_app(settings), host=host, port=port, log_level="warning")
+    console.print(f"serving on http://{host}:{port} with {workers} worker(s) (docs at /docs; {auth})")
+    # Each worker builds its app (and Cassandra session) from the environment's settings.
+    uvicorn.run("serving.http:create_app", factory=True, host=host, port=port, workers=workers,
+                log_level="warning", access_log=False)  # fmt: skip
 
 
 def pipeline_statuses(settings: Settings) -> list[dict[str, Any]]:

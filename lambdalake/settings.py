@@ -193,6 +193,8 @@ class ServingSettings(BaseModel):
     token: SecretStr | None = None
     #: Seconds the active-batch row is cached before it is read again.
     meta_ttl_s: float = Field(1.0, ge=0, description="seconds, 0 or more", examples=["1.0"])
+    #: Worker processes of ``lambdalake serve`` (each with its own Cassandra session).
+    workers: int = Field(1, ge=1, le=64, description="a number of processes 1-64", examples=["2"])
 
 
 class Settings(BaseSettings):

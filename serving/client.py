@@ -11,8 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 from cassandra import InvalidRequest
-from cassandra.cluster import ResponseFuture, Session
-from cassandra.query import PreparedStatement
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, ExecutionProfile, ResponseFuture, Session
+from cassandra.query import PreparedStatement, tuple_factory
 
 from lambdalake.cassandra.active import ActiveBatch, active_batch
 from lambdalake.cassandra.session import connect
@@ -66,12 +66,23 @@ class ServingClient:
         self._active: dict[str, tuple[float, ActiveBatch | None]] = {}
         self._prepared: dict[str, PreparedStatement] = {}
         self._lock = threading.Lock()
+        self._profile: ExecutionProfile | None = None
 
     @property
     def session(self) -> Session:
         if self._session is None:
             self._session = connect(self.settings.cassandra)
         return self._session
+
+    @property
+    def profile(self) -> ExecutionProfile:
+        """The session's default profile returning plain tuples: the driver's named tuples build a
+        class per result (and rename columns starting with ``_``)."""
+        if self._profile is None:
+            self._profile = self.session.execution_profile_clone_update(
+                EXEC_PROFILE_DEFAULT, row_factory=tuple_factory
+            )
+        return self._profile
 
     # --- definitions ------------------------------------------------------------------------
 
@@ -157,35 +168,37 @@ class ServingClient:
         epoch_ms = active.epoch_ms if active else p.layers.epoch_ms
         horizon = active.horizon if active else None
         key = dict(zip(v.key, values, strict=True))
+        params = values
+        if isinstance(v, WindowedView):
+            params = [*values, _ms(start, "from") if start is not None else EARLIEST_MS,
+                      _ms(end, "to") if end is not None else LATEST_MS]  # fmt: skip
+        # Both reads in flight at once.
+        speed_f = self._read(p, v, None, params)
+        batch_f = self._read(p, v, active.version, params) if active else None
+        speed_rows = _rows(speed_f)
+        batch_rows = _rows(batch_f) if batch_f is not None else []
         if isinstance(v, LatestView):
-            speed_f = self.session.execute_async(self._statement(p, v, None), values)
-            batch_f = (
-                self.session.execute_async(self._statement(p, v, active.version), values) if active else None
-            )
-            speed = None
-            for data in _rows(speed_f):
+            speed = batch = None
+            for data in speed_rows:
                 rank = data.pop(list(data)[-1])  # the WRITETIME column, selected last
                 speed = LatestRow(data, int(rank), "speed")
-            batch = None
-            for data in _rows(batch_f) if batch_f is not None else []:
+            for data in batch_rows:
                 batch = LatestRow({k: x for k, x in data.items() if k != RANK}, int(data[RANK]), "batch")
             winner = pick_latest(batch, speed)
             epochs = (winner.values.get("_epoch"),) if winner is speed and winner is not None else ()
             provenance = _provenance(active, epoch_ms, tuple(e for e in epochs if e is not None))
             return Answer(p.name, v.name, "latest", key, provenance, latest=winner)
-        bounds = [_ms(start, "from") if start is not None else EARLIEST_MS,
-                  _ms(end, "to") if end is not None else LATEST_MS]  # fmt: skip
-        speed_f = self.session.execute_async(self._statement(p, v, None), [*values, *bounds])
-        batch_f = (
-            self.session.execute_async(self._statement(p, v, active.version), [*values, *bounds])
-            if active
-            else None
-        )
-        speed_rows = _rows(speed_f)
-        batch_rows = _rows(batch_f) if batch_f is not None else []
         windows = merge_windows(batch_rows, speed_rows, v, horizon=horizon)
         epochs = tuple(sorted({e for w in windows for e in w.speed_epochs}))
         return Answer(p.name, v.name, "windowed", key, _provenance(active, epoch_ms, epochs), windows=windows)
+
+    def _read(
+        self, p: Pipeline, v: LatestView | WindowedView, version: int | None, params: list[Any]
+    ) -> ResponseFuture:
+        """The speed rows (``version`` None) or one batch version's rows of a key, asynchronously."""
+        return self.session.execute_async(
+            self._statement(p, v, version), params, execution_profile=self.profile
+        )
 
     def _statement(self, p: Pipeline, v: LatestView | WindowedView, version: int | None) -> PreparedStatement:
         table = speed_table(p, v) if version is None else batch_table(p, v, version)

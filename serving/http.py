@@ -114,6 +114,13 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
     return app
 
 
+def create_app() -> FastAPI:
+    """The app for the settings of the environment (uvicorn's factory, one per worker process)."""
+    from lambdalake.settings import get_settings
+
+    return make_app(get_settings())
+
+
 class _Unauthorized(Exception):
     pass
 

@@ -82,6 +82,8 @@ class ReplayResult:
     archived: int = 0
     cells: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    #: Seconds per stage: read (Kafka + decode), archive (anti-join, files, commit), recompute.
+    stages: dict[str, float] = field(default_factory=dict)
 
 
 def plan_replay(
@@ -167,11 +169,19 @@ class Replayer:
         self.bronze.check_layers(self.pipeline.layers, pipeline=self.pipeline.name)
         events = self._read(plan).persist()
         result.read = events.count()
+        t1 = time.monotonic()
         result.archived = self._archive(events, plan)
         events.unpersist()
+        t2 = time.monotonic()
         if plan.speed_epochs:
             result.cells = self.recompute(plan.speed_epochs)
-        result.seconds = time.monotonic() - t0
+        t3 = time.monotonic()
+        result.stages = {
+            "read": round(t1 - t0, 2),
+            "archive": round(t2 - t1, 2),
+            "recompute": round(t3 - t2, 2),
+        }
+        result.seconds = t3 - t0
         return result
 
     def _read(self, plan: ReplayPlan) -> DataFrame:
@@ -204,14 +214,16 @@ class Replayer:
         def write(batches: Any) -> Any:
             for i, batch in enumerate(batches):
                 table = pa.Table.from_batches([batch])
+                if table.num_rows == 0:
+                    continue
                 first = table.column("_offset")[0].as_py()
                 part = table.column("_partition")[0].as_py()
                 name = f"{run_id}-{part}-{first}-{i}-{uuid.uuid4().hex[:6]}"
                 written = write_event_files(table, path=path, event_time=event_time, name=name)
                 yield pa.RecordBatch.from_pydict({"file": written, "rows": [table.num_rows] * len(written)})
 
-        # One partition per Kafka partition keeps a file's name tied to its coordinates.
-        out = missing.repartition("_partition").mapInArrow(write, "file string, rows long").collect()
+        # Written where the rows are (no shuffle): file names are unique per run and task.
+        out = missing.mapInArrow(write, "file string, rows long").collect()
         relative = [r["file"] for r in out]
         if not relative:
             return 0

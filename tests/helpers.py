@@ -10,6 +10,8 @@ import math
 import os
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,37 @@ def stop_job(job: subprocess.Popen, timeout: float = 90) -> None:
             job.wait(timeout)
         except subprocess.TimeoutExpired:
             os.killpg(job.pid, signal.SIGKILL)
+
+
+def kill_publish_half_way(settings: Settings, pipeline: Pipeline, *args: str, env: dict[str, str]) -> None:
+    """Start `lambdalake batch run <pipeline> *args` with one row per publish request (slow enough to
+    be caught) and kill -9 it as soon as the new version's first table holds a row."""
+    from lambdalake.cassandra.active import active_batch
+    from lambdalake.cassandra.session import connect
+    from lambdalake.cassandra.tables import batch_table_def
+
+    session = connect(settings.cassandra)
+    keyspace = settings.cassandra.keyspace
+    before = active_batch(session, keyspace, pipeline.name)
+    version = before.version if before is not None else 0
+    job = subprocess.Popen(
+        [sys.executable, "-m", "lambdalake", "batch", "run", pipeline.name, *args],
+        env={**env, "LAMBDALAKE_CASSANDRA__PUBLISH_BATCH_ROWS": "1"}, cwd=PROJECT_ROOT,
+        start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    target = batch_table_def(pipeline, pipeline.views[0], version + 1).name
+    deadline = time.monotonic() + 300
+    while True:
+        assert job.poll() is None, job.stdout.read().decode()[-3000:]  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "the publish never started"
+        try:
+            if session.execute(f'SELECT * FROM "{keyspace}"."{target}" LIMIT 1').one() is not None:
+                break
+        except Exception:  # the table does not exist yet
+            pass
+        time.sleep(0.05)
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait(30)
 
 
 def bronze_coordinates(settings: Settings, pipeline: Pipeline) -> list[tuple[int, int]]:

@@ -6,8 +6,6 @@ exactly the events with ingest epoch <= horizon."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -33,7 +31,7 @@ from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
 from speed.job import SpeedJob, SpeedOptions
 from tests.conftest import env_for, isolated, pipeline_named
-from tests.helpers import pipelines_folder
+from tests.helpers import kill_publish_half_way, pipelines_folder
 from tests.reference import batch_differences, batch_views, cassandra_rows, topic_events
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -220,29 +218,8 @@ def test_a_publish_killed_half_way_leaves_serving_on_the_previous_version(
     keyspace = settings.cassandra.keyspace
     before = active_batch(session, keyspace, pipeline.name)
     assert before is not None
-    env = {
-        **env_for(settings),
-        "LAMBDALAKE_PIPELINES_DIR": str(pipelines_folder(tmp_path, pipeline)),
-        # One row per request: a publish slow enough to be killed in the middle.
-        "LAMBDALAKE_CASSANDRA__PUBLISH_BATCH_ROWS": "1",
-    }
-    job = subprocess.Popen(
-        [sys.executable, "-m", "lambdalake", "batch", "run", "offers", "--horizon", str(before.horizon)],
-        env=env, cwd=PROJECT_ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    target = batch_table_def(pipeline, pipeline.views[0], before.version + 1).name
-    deadline = time.monotonic() + 300
-    while True:
-        assert job.poll() is None, job.stdout.read().decode()[-3000:]
-        assert time.monotonic() < deadline, "the publish never started"
-        try:
-            if session.execute(f'SELECT * FROM "{keyspace}"."{target}" LIMIT 1').one() is not None:
-                break
-        except Exception:  # the table does not exist yet
-            pass
-        time.sleep(0.05)
-    os.killpg(job.pid, signal.SIGKILL)
-    job.wait(30)
+    env = {**env_for(settings), "LAMBDALAKE_PIPELINES_DIR": str(pipelines_folder(tmp_path, pipeline))}
+    kill_publish_half_way(settings, pipeline, "--horizon", str(before.horizon), env=env)
     after = active_batch(session, keyspace, pipeline.name)
     assert after == before, "a half-written version became active"
     events, _ = topic_events(settings, pipeline)

@@ -17,3 +17,35 @@ def test_table_definitions_and_views_do_not_import_pyspark() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT_ROOT, check=True
     )
     assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def _imports(path) -> set[str]:
+    import ast
+
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_layers_depend_on_the_core_never_on_each_other() -> None:
+    """speed/, batch/ and serving/ import lambdalake (the core), never one another; the core imports
+    no layer except in the CLI modules, the one composition root (which imports them lazily)."""
+    layers = {"speed", "batch", "serving"}
+    problems = []
+    for layer in layers:
+        for path in (PROJECT_ROOT / layer).rglob("*.py"):
+            wrong = (_imports(path) & layers) - {layer}
+            if wrong:
+                problems.append(f"{path.relative_to(PROJECT_ROOT)} imports {sorted(wrong)}")
+    for path in (PROJECT_ROOT / "lambdalake").rglob("*.py"):
+        if path.name.startswith("cli"):
+            continue
+        wrong = _imports(path) & (layers | {"infra"})
+        if wrong:
+            problems.append(f"{path.relative_to(PROJECT_ROOT)} imports {sorted(wrong)}")
+    assert problems == []

@@ -25,7 +25,7 @@ from lambdalake.views import speed_table
 from serving import ServingClient
 from speed.job import SpeedJob
 from tests.conftest import isolated, pipeline_named, run_cli
-from tests.helpers import bronze_coordinates, pipelines_folder
+from tests.helpers import bronze_coordinates, pipelines_folder, run_speed_once
 from tests.reference import cassandra_rows, merged_differences, topic_events
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -159,16 +159,8 @@ def test_speed_reset_after_losing_the_checkpoint(replayed: Any, spark) -> None:
             producer.send(r)
         assert producer.flush().unacknowledged == 0
 
-    def run_job() -> None:
-        job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
-        job.start()
-        try:
-            job.catch_up()
-        finally:
-            job.stop()
-
     send(83, 2_000_000)
-    run_job()
+    run_speed_once(settings, pipeline, spark)
     sleep_until((time.time() * 1000 // epoch_ms + 1) * epoch_ms + 1500)  # that epoch closes
     shutil.rmtree(Path(settings.storage_root) / "checkpoints" / pipeline.name)
     reset = run_cli(settings, "speed", "reset", "offers", "--yes")
@@ -178,7 +170,7 @@ def test_speed_reset_after_losing_the_checkpoint(replayed: Any, spark) -> None:
     assert merged_differences(settings, client, {pipeline.name: pipeline}) == []
     before = len(bronze_coordinates(settings, pipeline))
     send(84, 3_000_000)
-    run_job()
+    run_speed_once(settings, pipeline, spark)
     coordinates = bronze_coordinates(settings, pipeline)
     assert len(coordinates) == len(set(coordinates)), "records archived twice"
     assert len(coordinates) > before

@@ -5,8 +5,7 @@ horizon, and while a publish is killed half-way. Then the HTTP API against a run
 
 from __future__ import annotations
 
-import os
-import signal
+import json
 import subprocess
 import sys
 import threading
@@ -23,15 +22,14 @@ from pydantic import SecretStr
 from batch.job import BatchJob
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
-from lambdalake.cassandra.tables import batch_table_def
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
 from serving import ServingClient
 from speed.job import SpeedJob
-from tests.conftest import env_for, isolated, pipeline_named
-from tests.helpers import pipelines_folder
+from tests.conftest import env_for, isolated, pipeline_named, run_cli
+from tests.helpers import kill_publish_half_way, pipelines_folder, run_speed_once
 from tests.reference import (
     EVERYTHING,
     batch_views,
@@ -86,12 +84,7 @@ def test_no_batch_yet_answers_come_from_speed_alone(services: Settings, spark, t
     for r in generate("telemetry", 300, seed=7, mix=Mix(duplicates=0.05, invalid=0, late=0)):
         producer.send(r)
     assert producer.flush().unacknowledged == 0
-    job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
-    job.start()
-    try:
-        job.catch_up()
-    finally:
-        job.stop()
+    run_speed_once(settings, pipeline, spark)
     client = ServingClient(settings=settings)
     events, _ = topic_events(settings, pipeline)
     want = batch_views(events, pipeline, EVERYTHING)
@@ -213,24 +206,7 @@ def test_answers_stay_exact_while_a_publish_is_killed_half_way(served: Any) -> N
     offers = pipelines["offers"]
     before = active_batch(session, settings.cassandra.keyspace, "offers")
     assert before is not None
-    env = {**env_for(settings), "LAMBDALAKE_CASSANDRA__PUBLISH_BATCH_ROWS": "1"}
-    job = subprocess.Popen(
-        [sys.executable, "-m", "lambdalake", "batch", "run", "offers"],
-        env=env, cwd=PROJECT_ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    target = batch_table_def(offers, offers.views[0], before.version + 1).name
-    deadline = time.monotonic() + 300
-    while True:
-        assert job.poll() is None, job.stdout.read().decode()[-3000:]
-        assert time.monotonic() < deadline, "the publish never started"
-        try:
-            if session.execute(f'SELECT * FROM "{settings.cassandra.keyspace}"."{target}" LIMIT 1').one():
-                break
-        except Exception:  # the table does not exist yet
-            pass
-        time.sleep(0.05)
-    os.killpg(job.pid, signal.SIGKILL)
-    job.wait(30)
+    kill_publish_half_way(settings, offers, env=env_for(settings))
     assert active_batch(session, settings.cassandra.keyspace, "offers") == before
     assert merged_differences(settings, client, pipelines) == []
 
@@ -312,3 +288,35 @@ def test_serving_imports_no_pyspark() -> None:
     code = "import sys, serving, serving.http; assert 'pyspark' not in sys.modules, 'pyspark imported'"
     result = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr.decode()
+
+
+def test_http_api_without_a_token_is_open(served: Any) -> None:
+    from fastapi.testclient import TestClient
+
+    from serving.http import make_app
+
+    settings, offers = served["settings"], served["pipelines"]["offers"]
+    key = sorted(stored_keys(settings, offers, offers.views[0]))[0][0]
+    with TestClient(make_app(settings)) as http:
+        response = http.get(f"/v1/pipelines/offers/views/{offers.views[0].name}/keys/{key}")
+        assert response.status_code == 200, response.text
+        assert response.json()["latest"]["values"]["offer_id"] == key
+        assert http.get("/metrics").status_code == 200
+
+
+def test_status_shows_each_pipeline(served: Any) -> None:
+    settings = served["settings"]
+    result = run_cli(settings, "status", "--json")
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    pipelines = {p["pipeline"]: p for p in json.loads(result.stdout)["pipelines"]}
+    assert set(pipelines) == set(NAMES)
+    session = connect(settings.cassandra)
+    for name, status in pipelines.items():
+        active = active_batch(session, settings.cassandra.keyspace, name)
+        assert active is not None and status["batch_version"] == active.version
+        assert status["horizon"] == active.horizon
+        assert status["lag"] == 0 and len(status["partitions"]) == served["pipelines"][name].topic.partitions
+        assert status["dlq_records"] > 0  # the generator's invalid share
+        assert {v["view"] for v in status["views"]} == {v.name for v in served["pipelines"][name].views}
+        assert all(v["last_batch_at"] for v in status["views"])
+        assert status["last_batch"]["run_id"]
