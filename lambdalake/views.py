@@ -7,6 +7,7 @@ used by serving. The Spark half (``lambdalake.spark.views``) computes the same c
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -50,29 +51,35 @@ def windowed_inputs(pipeline: Pipeline, view: WindowedView) -> list[str]:
     return list(dict.fromkeys([*view.key, view.time or pipeline.event.time, *sources]))
 
 
-def merge(rows: Iterable[Mapping[str, Any]], view: WindowedView) -> dict[str, Any] | None:
-    """Combine rows of one (key, window) by each component's merge, then derive averages."""
-    out: dict[str, Any] | None = None
-    comps = view_components(view)
+#: How two non-null values of a component combine.
+_COMBINE = {"add": operator.add, "min": min, "max": max}
+
+
+def merge(
+    rows: Iterable[Mapping[str, Any]], view: WindowedView, *, comps: list[Component] | None = None
+) -> dict[str, Any] | None:
+    """Combine rows of one (key, window) by each component's merge, then derive averages.
+
+    A null component (no value in that row) leaves the other side's value. ``comps``: the view's
+    :func:`view_components`, when the caller merges many windows of a view.
+    """
+    comps = comps if comps is not None else view_components(view)
+    rows = iter(rows)
+    first = next(rows, None)
+    if first is None:
+        return None
+    out = {c.column: first.get(c.column) for c in comps}
+    combine = [(c.column, _COMBINE[c.merge]) for c in comps]
     for row in rows:
-        if out is None:
-            out = {c.column: row.get(c.column) for c in comps}
-            continue
-        for c in comps:
-            a, b = out[c.column], row.get(c.column)
-            if a is None or b is None:
-                out[c.column] = a if b is None else b
-            elif c.merge == "add":
-                out[c.column] = a + b
-            elif c.merge == "min":
-                out[c.column] = min(a, b)
-            else:
-                out[c.column] = max(a, b)
-    if out is not None:
-        for agg in view.aggregates:
-            if agg.fn == "avg":
-                n = out[f"{agg.name}_count"]
-                out[agg.name] = out[f"{agg.name}_sum"] / n if n else None
+        for column, op in combine:
+            b = row.get(column)
+            if b is not None:
+                a = out[column]
+                out[column] = b if a is None else op(a, b)
+    for agg in view.aggregates:
+        if agg.fn == "avg":
+            n = out[f"{agg.name}_count"]
+            out[agg.name] = out[f"{agg.name}_sum"] / n if n else None
     return out
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -86,10 +86,30 @@ class Answer:
         return self.latest is not None or bool(self.windows)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (timestamps as ISO-8601 strings)."""
-        return _jsonable(
-            asdict(self) | {"provenance": asdict(self.provenance) | {"summary": self.provenance.summary}}
-        )
+        """JSON-ready (timestamps as ISO-8601 strings). Built by hand: ``dataclasses.asdict`` deep-
+        copies every value and cost more than the query itself."""
+        p = self.provenance
+        out: dict[str, Any] = {
+            "pipeline": self.pipeline, "view": self.view, "kind": self.kind, "key": _jsonable(self.key),
+            "provenance": {
+                "batch_version": p.batch_version, "horizon": p.horizon, "horizon_end_ms": p.horizon_end_ms,
+                "epoch_ms": p.epoch_ms, "speed_epochs": list(p.speed_epochs), "summary": p.summary,
+            },
+            "latest": None, "windows": [],
+        }  # fmt: skip
+        if self.latest is not None:
+            out["latest"] = {"values": _jsonable(self.latest.values), "rank": self.latest.rank,
+                             "source": self.latest.source}  # fmt: skip
+        out["windows"] = [
+            {"window_start": _iso(w.window_start), "values": _jsonable(w.values), "from_batch": w.from_batch,
+             "speed_epochs": list(w.speed_epochs)}
+            for w in self.windows
+        ]  # fmt: skip
+        return out
+
+
+def _iso(value: datetime) -> str:
+    return value.isoformat().replace("+00:00", "Z")
 
 
 def _jsonable(value: Any) -> Any:
@@ -98,5 +118,5 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     if isinstance(value, datetime):
-        return value.isoformat().replace("+00:00", "Z")
+        return _iso(value)
     return value

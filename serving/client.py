@@ -3,6 +3,7 @@ of one key with prepared statements, and merges them exactly (``serving.merge``)
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Sequence
@@ -144,19 +145,52 @@ class ServingClient:
         values = key_values(p, v, key)
         active = self.active(pipeline)
         try:
-            return self._query(p, v, values, active, start, end)
+            sent = self._send(p, v, values, active, start, end)
+            return self._answer(p, v, values, active, *sent)
         except InvalidRequest as exc:
-            if active is not None and batch_table(p, v, active.version) in str(exc):
-                # The cached version was retired meanwhile: read the metadata row again, once.
-                return self._query(p, v, values, self.active(pipeline, refresh=True), start, end)
-            if speed_table(p, v) in str(exc):
-                raise ConfigurationError(
-                    f"the view tables of {p.name!r} do not exist in keyspace {self.keyspace!r}",
-                    fix=f"run `lambdalake deploy --pipeline {p.name}`",
-                ) from None
-            raise
+            active = self._recover(exc, p, v, active)
+            sent = self._send(p, v, values, active, start, end)
+            return self._answer(p, v, values, active, *sent)
 
-    def _query(
+    async def aquery(
+        self,
+        pipeline: str,
+        view: str,
+        key: str | Sequence[Any],
+        *,
+        start: Moment | None = None,
+        end: Moment | None = None,
+    ) -> Answer:
+        """:meth:`query` for asyncio: waits for Cassandra without blocking the event loop (the
+        active-batch row, cached, is read synchronously at most once per ``meta_ttl_s``)."""
+        p, v = self.view(pipeline, view)
+        values = key_values(p, v, key)
+        active = self.active(pipeline)
+        try:
+            sent = self._send(p, v, values, active, start, end)
+            await _completed(*sent)
+            return self._answer(p, v, values, active, *sent)
+        except InvalidRequest as exc:
+            active = self._recover(exc, p, v, active)
+            sent = self._send(p, v, values, active, start, end)
+            await _completed(*sent)
+            return self._answer(p, v, values, active, *sent)
+
+    def _recover(
+        self, exc: InvalidRequest, p: Pipeline, v: LatestView | WindowedView, active: ActiveBatch | None
+    ) -> ActiveBatch | None:
+        """After a read failed: the active version to retry with, or the error to show."""
+        if active is not None and batch_table(p, v, active.version) in str(exc):
+            # The cached version was retired meanwhile: read the metadata row again, once.
+            return self.active(p.name, refresh=True)
+        if speed_table(p, v) in str(exc):
+            raise ConfigurationError(
+                f"the view tables of {p.name!r} do not exist in keyspace {self.keyspace!r}",
+                fix=f"run `lambdalake deploy --pipeline {p.name}`",
+            ) from None
+        raise exc
+
+    def _send(
         self,
         p: Pipeline,
         v: LatestView | WindowedView,
@@ -164,17 +198,26 @@ class ServingClient:
         active: ActiveBatch | None,
         start: Moment | None,
         end: Moment | None,
-    ) -> Answer:
-        epoch_ms = active.epoch_ms if active else p.layers.epoch_ms
-        horizon = active.horizon if active else None
-        key = dict(zip(v.key, values, strict=True))
+    ) -> tuple[ResponseFuture, ResponseFuture | None]:
+        """Both reads, in flight at once: the speed rows and the active version's batch rows."""
         params = values
         if isinstance(v, WindowedView):
             params = [*values, _ms(start, "from") if start is not None else EARLIEST_MS,
                       _ms(end, "to") if end is not None else LATEST_MS]  # fmt: skip
-        # Both reads in flight at once.
-        speed_f = self._read(p, v, None, params)
-        batch_f = self._read(p, v, active.version, params) if active else None
+        return self._read(p, v, None, params), self._read(p, v, active.version, params) if active else None
+
+    def _answer(
+        self,
+        p: Pipeline,
+        v: LatestView | WindowedView,
+        values: list[Any],
+        active: ActiveBatch | None,
+        speed_f: ResponseFuture,
+        batch_f: ResponseFuture | None,
+    ) -> Answer:
+        epoch_ms = active.epoch_ms if active else p.layers.epoch_ms
+        horizon = active.horizon if active else None
+        key = dict(zip(v.key, values, strict=True))
         speed_rows = _rows(speed_f)
         batch_rows = _rows(batch_f) if batch_f is not None else []
         if isinstance(v, LatestView):
@@ -230,18 +273,36 @@ def _provenance(active: ActiveBatch | None, epoch_ms: int, epochs: tuple[int, ..
     )
 
 
+async def _completed(*futures: ResponseFuture | None) -> None:
+    """Wait for the driver's futures on the running asyncio loop (their callbacks run on the
+    driver's I/O thread); their results are then read without blocking."""
+    loop = asyncio.get_running_loop()
+    waits = []
+    for rf in futures:
+        if rf is None:
+            continue
+        done = loop.create_future()
+
+        def settle(_result: Any, done: asyncio.Future = done) -> None:
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+        rf.add_callbacks(settle, settle)  # an error is raised by .result() afterwards
+        waits.append(done)
+    await asyncio.gather(*waits)
+
+
 def _rows(future: ResponseFuture) -> list[dict[str, Any]]:
-    """A query's rows as dicts by the real column names (the driver's namedtuples rename columns
-    that start with ``_``); timestamps as aware UTC datetimes (the driver returns naive UTC)."""
+    """A query's rows as dicts by column name; timestamps as aware UTC datetimes (the driver returns
+    naive UTC)."""
     result = future.result()
     names = result.column_names
-    return [
-        {
-            f: (x.replace(tzinfo=UTC) if isinstance(x, datetime) and x.tzinfo is None else x)
-            for f, x in zip(names, row, strict=True)
-        }
-        for row in result
-    ]
+    rows = [dict(zip(names, row, strict=True)) for row in result]
+    stamps = [n for n, t in zip(names, result.column_types or (), strict=False) if t.typename == "timestamp"]
+    for row in rows:
+        for n in stamps:
+            if row[n] is not None:
+                row[n] = row[n].replace(tzinfo=UTC)
+    return rows
 
 
 def key_values(p: Pipeline, v: LatestView | WindowedView, key: str | Sequence[Any]) -> list[Any]:

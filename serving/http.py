@@ -51,15 +51,7 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
             status_code=401, headers={"WWW-Authenticate": "Bearer"},
         )  # fmt: skip
 
-    @app.middleware("http")
-    async def _timed(request: Request, call_next: Any) -> Response:
-        t0 = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        latency.labels(getattr(route, "path", "unmatched"), str(response.status_code)).observe(
-            time.perf_counter() - t0
-        )
-        return response
+    app.add_middleware(_Timed, latency=latency)
 
     @app.get("/health", summary="Liveness and Cassandra reachability")
     def health() -> JSONResponse:
@@ -82,7 +74,7 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
         responses={401: {"description": "Token missing or wrong"}, 404: {"description": "Unknown "
                    "pipeline, view or key"}, 422: {"description": "A key or time the view cannot take"}},
     )  # fmt: skip
-    def query(
+    async def query(
         pipeline: str,
         view: str,
         key: str,
@@ -94,7 +86,7 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
         ] = None,
     ) -> JSONResponse:
         try:
-            answer = client.query(pipeline, view, key, start=start, end=end)
+            answer = await client.aquery(pipeline, view, key, start=start, end=end)
         except NotFound as exc:
             return _error(404, exc)
         except BadQuery as exc:
@@ -119,6 +111,35 @@ def create_app() -> FastAPI:
     from lambdalake.settings import get_settings
 
     return make_app(get_settings())
+
+
+class _Timed:
+    """Observes each request's latency by route and status (plain ASGI: Starlette's
+    ``BaseHTTPMiddleware`` costs more per request than a merged query)."""
+
+    def __init__(self, app: Any, *, latency: Any) -> None:
+        self.app = app
+        self.latency = latency
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = [500]
+
+        async def sending(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = scope.get("route")
+            self.latency.labels(getattr(route, "path", "unmatched"), str(status[0])).observe(
+                time.perf_counter() - t0
+            )
 
 
 class _Unauthorized(Exception):

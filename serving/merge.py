@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from lambdalake.pipeline import WindowedView
-from lambdalake.views import EPOCH, WINDOW_START, merge
+from lambdalake.views import EPOCH, WINDOW_START, merge, view_components
 from serving.answers import LatestRow, WindowRow
 
 
@@ -44,8 +44,9 @@ def merge_windows(
         parts[row[WINDOW_START]].append(row)
         epochs[row[WINDOW_START]].append(row[EPOCH])
     out = []
+    comps = view_components(view)
     for start in sorted(parts):
-        merged = merge(parts[start], view)
+        merged = merge(parts[start], view, comps=comps)
         assert merged is not None
         out.append(WindowRow(start, merged, start in in_batch, tuple(sorted(epochs[start]))))
     return out
