@@ -44,7 +44,9 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 NAMES = ("offers", "telemetry")
 #: How each wave makes its identities new: (late, fresh, edge) version or millisecond shifts.
-SHIFTS = {"offers": (1_000_000, 2_000_000, 3_000_000), "telemetry": (3, 5, 7)}
+#: Each wave's identities are its own: offers by a version offset, readings by their event time's
+#: residue mod 8 (a reading moves at most 7 ms, inside its 8 ms block, so inside its minute).
+WAVES = {"first": 0, "late": 3, "fresh": 5, "edge": 7}
 
 
 def epoch_of(pipeline: Pipeline, ms: float) -> int:
@@ -55,24 +57,33 @@ def sleep_until(ms: float) -> None:
     time.sleep(max(0.0, (ms - time.time() * 1000) / 1000))
 
 
-def revisit(kind: str, record: dict[str, Any], shift: int) -> dict[str, Any] | None:
-    """A new event (a new identity) with ``record``'s key and window: offers get a higher version,
-    readings a later millisecond in the same minute. None for records that are not valid events."""
+def in_wave(kind: str, record: dict[str, Any], wave: str) -> dict[str, Any] | None:
+    """``record`` as an event of ``wave``, with the same key and window: an identity no other wave
+    has (generated readings of two waves may share a millisecond; offers a version). None for a
+    record that is not a valid event."""
+    c = WAVES[wave]
     try:
         if kind == "offers":
-            return {**record, "version": int(record["version"]) + shift}
-        if int(record["event_time"]) % 60_000 < 60_000 - shift:
-            return {**record, "event_time": int(record["event_time"]) + shift}
+            return {**record, "version": int(record["version"]) + c * 1_000_000}
+        t = int(record["event_time"])
+        return {**record, "event_time": t - t % 8 + c}
     except (KeyError, TypeError, ValueError):
-        pass
-    return None
+        return None
 
 
-def distinct(kind: str, records: list[dict[str, Any]], shift: int) -> list[dict[str, Any]]:
-    """``records`` with identities no earlier wave used (the generator starts offer versions at 1 in
-    every run): a copy further apart than the dedup delay would count twice in speed rows until the
-    next batch, by design (README), and this test is about the merge."""
-    return [r for r in (revisit(kind, r, shift) for r in records) if r is not None]
+def distinct(kind: str, records: list[dict[str, Any]], wave: str) -> list[dict[str, Any]]:
+    """``records`` with identities of ``wave`` (invalid records of the first wave stay as they are).
+
+    Copies further apart than the dedup delay count twice in speed rows until the next batch, by
+    design (README); this test is about the merge, so the waves never share an identity."""
+    out = []
+    for r in records:
+        moved = in_wave(kind, r, wave)
+        if moved is not None:
+            out.append(moved)
+        elif wave == "first":
+            out.append(r)
+    return out
 
 
 def test_no_batch_yet_answers_come_from_speed_alone(services: Settings, spark, tmp_path: Path) -> None:
@@ -131,7 +142,9 @@ def served(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory) 
     for job in jobs.values():
         job.start()
     mix = Mix(duplicates=0.05, invalid=0.01, late=0.05)
-    first = {n: list(generate(n, 1500, seed=41 + i, mix=mix)) for i, n in enumerate(NAMES)}
+    first = {
+        n: distinct(n, list(generate(n, 1500, seed=41 + i, mix=mix)), "first") for i, n in enumerate(NAMES)
+    }
     # Many offers of their own (2,000 keys): a publish long enough to be killed in the middle.
     bulk = generate("offers", 2000, seed=71, mix=Mix(0, 0, 0))
     first["offers"] += [{**r, "offer_id": f"bulk-{i:05d}"} for i, r in enumerate(bulk)]
@@ -144,7 +157,8 @@ def served(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory) 
     if boundary - time.time() * 1000 < 2500:
         boundary += offers.layers.epoch_ms
     edge = {
-        n: distinct(n, list(generate(n, 200, seed=51 + i, mix=Mix(0, 0, 0))), 7) for i, n in enumerate(NAMES)
+        n: distinct(n, list(generate(n, 200, seed=51 + i, mix=Mix(0, 0, 0))), "edge")
+        for i, n in enumerate(NAMES)
     }
     sleep_until(boundary - 1200)
     send(edge)
@@ -161,9 +175,10 @@ def served(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory) 
     for run in runs.values():
         assert run.outcome == "published" and run.horizon == epoch_of(offers, boundary) - 1, run
     # Late events ingested after the batch, for windows the batch covers, and fresh ones.
-    late = {n: distinct(n, first[n][:300], SHIFTS[n][0]) for n in NAMES}
-    fresh = {n: distinct(n, list(generate(n, 500, seed=61 + i, mix=mix)), SHIFTS[n][1])
-             for i, n in enumerate(NAMES)}  # fmt: skip
+    late = {n: distinct(n, first[n][:300], "late") for n in NAMES}
+    fresh = {
+        n: distinct(n, list(generate(n, 500, seed=61 + i, mix=mix)), "fresh") for i, n in enumerate(NAMES)
+    }
     send(late)
     send(fresh)
     catch_up()
