@@ -17,9 +17,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
-
-from lambdalake.errors import ConfigurationError, ServiceUnavailable
+from lambdalake.errors import ConfigurationError
+from lambdalake.kafka.offsets import offset_consumer, offsets_at
 from lambdalake.master import MasterDataset
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
@@ -49,29 +48,9 @@ def newest_closed_by_time(pipeline: Pipeline, now_ms: int) -> int:
 def boundaries(settings: Settings, pipeline: Pipeline, end_ms: int) -> dict[str, int]:
     """Per ``"topic/partition"``: the first offset at or after ``end_ms`` (ingest time), or the end
     offset where no record is that recent."""
-    consumer = Consumer({**settings.kafka.client_config(), "group.id": "lambdalake-batch-horizon"})
     topic = pipeline.topic.name
-    try:
-        meta = consumer.list_topics(topic, timeout=settings.kafka.connect_timeout_s).topics.get(topic)
-        if meta is None or meta.error is not None:
-            raise ConfigurationError(
-                f"topic {topic!r} does not exist", fix=f"run `lambdalake deploy {pipeline.name}` first"
-            )
-        asked = [TopicPartition(topic, p, end_ms) for p in sorted(meta.partitions)]
-        out = {}
-        for tp in consumer.offsets_for_times(asked, timeout=30):
-            offset = tp.offset
-            if offset < 0:
-                offset = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=30)[1]
-            out[f"{topic}/{tp.partition}"] = offset
-        return out
-    except KafkaException as exc:
-        raise ServiceUnavailable(
-            f"cannot ask Kafka at {settings.kafka.bootstrap_servers} for {topic}'s offsets: {exc}",
-            fix="start the broker (`lambdalake up`) or set LAMBDALAKE_KAFKA__BOOTSTRAP_SERVERS",
-        ) from None
-    finally:
-        consumer.close()
+    with offset_consumer(settings) as consumer:
+        return {f"{topic}/{p}": o for p, o in offsets_at(consumer, topic, end_ms).items()}
 
 
 def lagging(bounds: dict[str, int], read: dict[str, int]) -> dict[str, tuple[int, int]]:

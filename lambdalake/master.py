@@ -166,29 +166,23 @@ class MasterDataset:
                 "new values as a new pipeline (another name, so another master dataset and views)",
             )
 
-    def read_progress(self, partitions: Iterable[str], *, version: int | None = None) -> dict[str, int]:
+    def read_progress(
+        self, partitions: Iterable[str] | None = None, *, version: int | None = None
+    ) -> dict[str, int]:
         """The highest offset the speed job had read, per ``"topic/partition"``, as of ``version``
-        (default the newest): from the commits' metadata, newest first, until every one is found."""
+        (default the newest): from the commits' metadata, newest first, until every one of
+        ``partitions`` is found (None: every partition any commit recorded, the whole history)."""
         table = open_table(self.path, version=version)
         if table is None:
             return {}
-        wanted, found = set(partitions), {}
+        wanted, found = (None if partitions is None else set(partitions)), {}
         for entry in table.history():
             if version is not None and entry.get("version", 0) > version:
                 continue
             for key, (offset, _ingest) in json.loads(entry.get(PARTITIONS) or "{}").items():
                 found[key] = max(found.get(key, -1), offset)
-            if wanted <= set(found):
+            if wanted is not None and wanted <= set(found):
                 break
-        return found
-
-    def archived_offsets(self) -> dict[str, int]:
-        """The highest offset any commit recorded, per ``"topic/partition"`` (the whole history)."""
-        table = open_table(self.path)
-        found: dict[str, int] = {}
-        for entry in [] if table is None else table.history():
-            for key, (offset, _ingest) in json.loads(entry.get(PARTITIONS) or "{}").items():
-                found[key] = max(found.get(key, -1), offset)
         return found
 
     def clear_staging(self, prefix: str) -> int:

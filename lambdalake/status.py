@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -79,48 +78,38 @@ def pipeline_status(settings: Settings, pipeline: Pipeline, *, session: Any = No
 
 
 def _stream(settings: Settings, pipeline: Pipeline, status: PipelineStatus) -> None:
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
-
+    from lambdalake.errors import ConfigurationError, ServiceUnavailable
+    from lambdalake.kafka.offsets import offset_consumer, watermarks
     from lambdalake.master import MasterDataset, table_path
 
-    config = {**settings.kafka.client_config(), "group.id": f"lambdalake-status-{uuid.uuid4().hex[:8]}",
-              "enable.auto.commit": False}  # fmt: skip
-    consumer = Consumer(config)
-    timeout = settings.kafka.connect_timeout_s
+    topic = pipeline.topic.name
     try:
-        topics = consumer.list_topics(timeout=timeout).topics
-        meta = topics.get(pipeline.topic.name)
-        if meta is None or meta.error is not None:
-            status.problems.append(f"topic {pipeline.topic.name} does not exist (run `lambdalake deploy`)")
-            return
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(pipeline.topic.name, p), timeout=timeout)[1]
-            for p in sorted(meta.partitions)
-        }
-        bronze = MasterDataset(
-            table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
-        )
-        try:
-            read = bronze.read_progress([f"{pipeline.topic.name}/{p}" for p in ends])
-        except Exception as exc:  # storage unreadable: report, show the broker side anyway
-            status.problems.append(f"master dataset unreadable: {exc}")
-            read = {}
-        for p, end in ends.items():
-            archived = read.get(f"{pipeline.topic.name}/{p}", -1) + 1
-            status.partitions.append(PartitionLag(p, end, archived, max(0, end - archived)))
-        dlq = topics.get(pipeline.topic.dlq)
-        if dlq is not None and dlq.error is None:
-            status.dlq_records = sum(
-                hi - lo
-                for lo, hi in (
-                    consumer.get_watermark_offsets(TopicPartition(pipeline.topic.dlq, p), timeout=timeout)
-                    for p in dlq.partitions
-                )
-            )
-    except KafkaException as exc:
-        status.problems.append(f"Kafka at {settings.kafka.bootstrap_servers} unreachable: {exc}")
-    finally:
-        consumer.close()
+        with offset_consumer(settings) as consumer:
+            try:
+                ends = {
+                    p: hi
+                    for p, (_lo, hi) in watermarks(consumer, topic, settings.kafka.connect_timeout_s).items()
+                }
+            except ConfigurationError:
+                status.problems.append(f"topic {topic} does not exist (run `lambdalake deploy`)")
+                return
+            try:
+                dlq = watermarks(consumer, pipeline.topic.dlq, settings.kafka.connect_timeout_s)
+                status.dlq_records = sum(hi - lo for lo, hi in dlq.values())
+            except ConfigurationError:
+                pass  # no dead-letter topic yet: nothing to count
+    except ServiceUnavailable as exc:
+        status.problems.append(f"Kafka at {settings.kafka.bootstrap_servers} unreachable: {exc.message}")
+        return
+    bronze = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    try:
+        read = bronze.read_progress([f"{topic}/{p}" for p in ends])
+    except Exception as exc:  # storage unreadable: report, show the broker side anyway
+        status.problems.append(f"master dataset unreadable: {exc}")
+        read = {}
+    for p, end in ends.items():
+        archived = read.get(f"{topic}/{p}", -1) + 1
+        status.partitions.append(PartitionLag(p, end, archived, max(0, end - archived)))
 
 
 def _speed_views(settings: Settings, pipeline: Pipeline, status: PipelineStatus) -> None:

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lambdalake.errors import LambdalakeError
 from lambdalake.settings import Settings
-from serving.client import BadQuery, NotFound, ServingClient
+from serving.client import BadQuery, NotFound, ServingClient, _ms
 from serving.metrics import make_registry
 
 _bearer = HTTPBearer(auto_error=False)
@@ -86,13 +86,13 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
         ] = None,
     ) -> JSONResponse:
         try:
+            if start is not None and end is not None and _ms(start, "from") > _ms(end, "to"):
+                return JSONResponse({"detail": f"from ({start}) is after to ({end})"}, status_code=400)
             answer = await client.aquery(pipeline, view, key, start=start, end=end)
         except NotFound as exc:
             return _error(404, exc)
         except BadQuery as exc:
             return _error(422, exc)
-        if start is not None and end is not None and _after(start, end):
-            return JSONResponse({"detail": f"from ({start}) is after to ({end})"}, status_code=400)
         if not answer.found:
             return JSONResponse(
                 {
@@ -148,9 +148,3 @@ class _Unauthorized(Exception):
 
 def _error(status: int, exc: LambdalakeError) -> JSONResponse:
     return JSONResponse({"detail": exc.message, "fix": exc.fix}, status_code=status)
-
-
-def _after(start: str, end: str) -> bool:
-    from serving.client import _ms
-
-    return _ms(start, "from") > _ms(end, "to")

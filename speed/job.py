@@ -260,7 +260,7 @@ class SpeedJob:
     def _archived(self) -> dict[int, int]:
         """Per partition, the highest offset bronze holds (what a rebuilt checkpoint re-reads)."""
         topic = self.pipeline.topic.name
-        every = self.master.archived_offsets()
+        every = self.master.read_progress()
         return {int(k.rsplit("/", 1)[1]): v for k, v in every.items() if k.rsplit("/", 1)[0] == topic}
 
     def starting_offsets(self) -> str:

@@ -37,7 +37,9 @@ def partitions(consumer: Consumer, topic: str, timeout: float = 30) -> list[int]
     meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
     if meta is None or meta.error is not None or not meta.partitions:
         raise ConfigurationError(
-            f"topic {topic!r} does not exist", fix="check the name (`lambdalake pipelines`)"
+            f"topic {topic!r} does not exist",
+            fix="check the name (`lambdalake pipelines`), or create a pipeline's topics with "
+            "`lambdalake deploy`",
         )
     return sorted(meta.partitions)
 
@@ -52,8 +54,8 @@ def watermarks(consumer: Consumer, topic: str, timeout: float = 30) -> dict[int,
 
 def offsets_at(consumer: Consumer, topic: str, ms: int, timeout: float = 30) -> dict[int, int]:
     """Per partition, the first offset appended at or after ``ms`` (the end offset if none)."""
-    asked = [TopicPartition(topic, p, ms) for p in partitions(consumer, topic, timeout)]
     ends = watermarks(consumer, topic, timeout)
+    asked = [TopicPartition(topic, p, ms) for p in ends]
     return {tp.partition: tp.offset if tp.offset >= 0 else ends[tp.partition][1]
             for tp in consumer.offsets_for_times(asked, timeout=timeout)}  # fmt: skip
 
