@@ -262,12 +262,12 @@ def _upsert_latest(
     columns = [*table.column_names, RANK]
 
     def write(batches: Any) -> Any:
-        from lambdalake.cassandra.writer import cassandra_values, upsert
+        from lambdalake.cassandra.writer import upsert_arrow
 
         written = 0
         for batch in batches:
-            values = zip(*cassandra_values(batch, columns), strict=True)
-            written += upsert(values, table=table, settings=cassandra, write_timestamp_index=len(columns) - 1)
+            ranks = batch.column(RANK)
+            written += upsert_arrow(batch, table=table, settings=cassandra, write_timestamps=ranks)
         yield pa.RecordBatch.from_pydict({"rows": [written]})
 
     return sum(r["rows"] for r in rows.select(*columns).mapInArrow(write, "rows long").collect())

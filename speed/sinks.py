@@ -20,7 +20,7 @@ from pyspark.accumulators import AccumulatorParam
 from pyspark.sql import DataFrame
 
 from lambdalake.cassandra.tables import TableDef
-from lambdalake.cassandra.writer import cassandra_values
+from lambdalake.cassandra.writer import cassandra_values, upsert_arrow
 from lambdalake.kafka import dlq
 from lambdalake.master import write_event_files
 from lambdalake.settings import CassandraSettings
@@ -199,8 +199,6 @@ class ArchiveSink:
         return pa.schema([schema.field(name) for name in self.passthrough])
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from lambdalake.cassandra.writer import upsert
-
         decoded = list(decoder(self.decode)(batches))
         if not decoded:
             return
@@ -226,11 +224,9 @@ class ArchiveSink:
             order = latest_order(events, sink.version)
             keys = list(zip(*cassandra_values(events, list(sink.key)), strict=True))
             best = winners(keys, order)
-            rows = events.take(pa.array(best, type=pa.int64()))
-            values = cassandra_values(rows, sink.table.column_names)
-            values.append(order.data[best].tolist())
-            upsert(zip(*values, strict=True), table=sink.table, settings=self.cassandra,
-                   write_timestamp_index=len(sink.table.column_names))  # fmt: skip
+            chosen = pa.array(best, type=pa.int64())
+            upsert_arrow(events.take(chosen), table=sink.table, settings=self.cassandra,
+                         write_timestamps=pa.array(order.data[best]))  # fmt: skip
         if self.passthrough:
             if self.dedup is not None:
                 events = events.filter(pa.array(self.dedup.fresh(events)))

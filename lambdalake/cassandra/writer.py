@@ -12,7 +12,6 @@ import re
 import struct
 import time
 from collections.abc import Iterable, Sequence
-from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -21,14 +20,21 @@ from cassandra import AuthenticationFailed, InvalidRequest, Unauthorized
 from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent
 from cassandra.protocol import RequestValidationException
-from cassandra.query import BatchStatement, BatchType, PreparedStatement
+from cassandra.query import BatchStatement, BatchType, BoundStatement, PreparedStatement
 
+from lambdalake.cassandra.encode import encode_rows, to_arrow
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import TableDef
 from lambdalake.errors import LambdalakeError
 from lambdalake.settings import CassandraSettings
 
 log = logging.getLogger("lambdalake.cassandra")
+
+#: The write timestamp's name among encoded values (``USING TIMESTAMP ?`` is the last marker).
+_WRITE_TS = "__write_timestamp"
+
+#: One row's values, encoded for the protocol.
+Encoded = tuple[bytes | None, ...]
 
 #: Batches handed to the driver at once (bounds its memory, not the rows per call).
 CHUNK = 500
@@ -77,11 +83,7 @@ def upsert(
     concurrency: int = 16,
     give_up_after_s: float = 900.0,
 ) -> int:
-    """Write ``rows`` (values in ``table.column_names`` order) and return how many were written.
-
-    Rows go in unlogged batches of ``settings.batch_rows``, sorted by partition key so a batch spans
-    few partitions. Unlogged batches are not atomic, which is harmless here: every write is an
-    idempotent upsert, and a failed batch is sent again whole.
+    """Write Python ``rows`` (values in ``table.column_names`` order); see :func:`upsert_arrow`.
 
     Args:
         rows: Row values; timestamps as datetimes or epoch milliseconds.
@@ -89,17 +91,68 @@ def upsert(
         settings: Cluster settings.
         write_timestamp_index: Position in each row of the value to use as the write timestamp
             (``USING TIMESTAMP``); the value itself is not a column.
+        batch_rows: Rows per unlogged batch (default ``settings.batch_rows``).
+        concurrency: Requests (batches) in flight.
+        give_up_after_s: How long failed writes are retried (default 15 minutes).
+    """
+    layout = list(table.columns)
+    if write_timestamp_index is not None:
+        layout.insert(write_timestamp_index, (_WRITE_TS, "bigint"))
+    try:
+        data = to_arrow(list(rows), layout)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        raise WriteRefused(table, exc) from exc
+    return upsert_arrow(
+        data, table=table, settings=settings,
+        write_timestamps=data.column(_WRITE_TS) if write_timestamp_index is not None else None,
+        batch_rows=batch_rows, concurrency=concurrency, give_up_after_s=give_up_after_s,
+    )  # fmt: skip
+
+
+def upsert_arrow(
+    data: pa.Table | pa.RecordBatch,
+    *,
+    table: TableDef,
+    settings: CassandraSettings,
+    write_timestamps: pa.Array | pa.ChunkedArray | None = None,
+    batch_rows: int | None = None,
+    concurrency: int = 16,
+    give_up_after_s: float = 900.0,
+) -> int:
+    """Write the rows of ``data`` (at least ``table``'s columns) and return how many were written.
+
+    Rows go in unlogged batches, sorted by partition key so a batch spans few partitions, with
+    their values encoded a column at a time (:mod:`lambdalake.cassandra.encode`). Unlogged batches
+    are not atomic, which is harmless here: every write is an idempotent upsert, and a failed batch
+    is sent again whole.
+
+    Args:
+        data: The rows; timestamps as Arrow timestamps.
+        table: Target table.
+        settings: Cluster settings.
+        write_timestamps: Per row, the write timestamp (``USING TIMESTAMP``, microseconds by
+            convention; here the ``latest`` rank) so the highest wins whatever order writes arrive
+            in. Default: none (the server's time).
         batch_rows: Rows per unlogged batch (default ``settings.batch_rows``). A batch the cluster
             refuses as too large is split in halves and sent again.
         concurrency: Requests (batches) in flight.
         give_up_after_s: Keep retrying failed writes (e.g. Cassandra restarting) this long, then
             raise so the micro-batch fails and is retried from the checkpoint. Default 15 minutes.
     """
-    params = [_params(row, write_timestamp_index) for row in rows]
-    if not params:
+    if data.num_rows == 0:
         return 0
-    key = [table.column_names.index(c) for c in table.partition_key]
-    params.sort(key=lambda p: tuple(_sortable(p[i]) for i in key))
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    order = pc.sort_indices(data, sort_keys=[(k, "ascending") for k in table.partition_key])
+    data = data.take(order)
+    columns = list(table.columns)
+    if write_timestamps is not None:
+        data = data.append_column(_WRITE_TS, pc.take(write_timestamps, order))
+        columns.append((_WRITE_TS, "bigint"))
+    try:
+        params = encode_rows(data, columns)
+    except (pa.ArrowException, KeyError) as exc:
+        raise WriteRefused(table, exc) from exc
     size = batch_rows or settings.batch_rows
     groups = [params[i : i + size] for i in range(0, len(params), size)]
     for start in range(0, len(groups), CHUNK):
@@ -107,36 +160,27 @@ def upsert(
             groups[start : start + CHUNK],
             table,
             settings,
-            write_timestamp_index is not None,
+            write_timestamps is not None,
             concurrency,
             give_up_after_s,
         )
     return len(params)
 
 
-def _sortable(value: Any) -> tuple[bool, Any]:
-    return (value is None, "" if value is None else value)
-
-
-def _params(row: Sequence[Any], ts_index: int | None) -> tuple[Any, ...]:
-    values = list(row)
-    if ts_index is not None:
-        ts = values.pop(ts_index)
-        values.append(int(ts.timestamp() * 1000) if isinstance(ts, datetime) else int(ts))
-    return tuple(values)
-
-
-def _request(stmt: PreparedStatement, group: list[tuple[Any, ...]]) -> tuple[Any, tuple[Any, ...]]:
+def _request(stmt: PreparedStatement, group: list[Encoded]) -> BoundStatement | BatchStatement:
+    """One request for ``group``'s rows, whose values are already encoded (never bound again)."""
+    bound = BoundStatement(stmt)
+    bound.values = list(group[0])
     if len(group) == 1:
-        return stmt, group[0]
+        return bound
     batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-    for values in group:
-        batch.add(stmt, values)
-    return batch, ()
+    batch.add(bound)
+    batch._statements_and_parameters.extend((True, stmt.query_id, values) for values in group[1:])
+    return batch
 
 
 def _write_groups(
-    groups: list[list[tuple[Any, ...]]],
+    groups: list[list[Encoded]],
     table: TableDef,
     settings: CassandraSettings,
     with_timestamp: bool,
@@ -152,7 +196,7 @@ def _write_groups(
             stmt = _prepare(session, table.insert_cql(settings.keyspace, with_timestamp=with_timestamp))
             results = execute_concurrent(
                 session,
-                [_request(stmt, g) for g in pending],
+                [(_request(stmt, g), None) for g in pending],
                 concurrency=concurrency,
                 raise_on_first_error=False,
             )
@@ -188,11 +232,6 @@ def _write_groups(
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
         pending = failed
-
-
-def _halves(group: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    middle = (len(group) + 1) // 2
-    return group[:middle], group[middle:]
 
 
 def cassandra_values(table: pa.Table | pa.RecordBatch, columns: list[str]) -> list[list[Any]]:

@@ -30,13 +30,12 @@ def upsert_view(
     """
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from lambdalake.cassandra.writer import cassandra_values, upsert
+        from lambdalake.cassandra.writer import upsert_arrow
 
         written = 0
         for batch in batches:
-            rows = zip(*cassandra_values(batch, table.column_names), strict=True)
-            written += upsert(
-                rows, table=table, settings=cassandra, batch_rows=batch_rows, concurrency=concurrency
+            written += upsert_arrow(
+                batch, table=table, settings=cassandra, batch_rows=batch_rows, concurrency=concurrency
             )
         yield pa.RecordBatch.from_pydict({"rows": [written]})
 
