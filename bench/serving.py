@@ -9,6 +9,8 @@ bench measures reading and merging, not producing. Then, in this order:
   in flight at once, rows as plain tuples), run by ``--threads`` threads with the same driver
   session, no merge: the floor;
 - python: ``ServingClient.query`` by the same threads;
+- the same two paced: ``--rate`` calls/s offered by the same threads (open loop: latency from each
+  call's due time), the concurrent load the targets speak of, below the saturation the first two show;
 - the same two at one thread (latency without queueing);
 - http: ``lambdalake serve`` (1, then 2 worker processes) driven by ``bench.http_load`` in a process
   of its own at a fixed offered rate (``--rate`` requests/s) for ``--seconds``; latency counted from
@@ -120,6 +122,41 @@ def threaded(call: Any, threads: int, queries: int) -> tuple[list[float], float]
     for w in workers:
         w.join()
     return latencies, time.perf_counter() - t0
+
+
+def paced(call: Any, threads: int, rate: int, seconds: float) -> tuple[list[float], float]:
+    """``call(key)`` at ``rate`` calls/s for ``seconds`` from ``threads`` threads (open loop): each call
+    has a due time and its latency counts from then, so calls that wait for a free thread (or a
+    GIL) show it instead of lowering the rate."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    total = int(rate * seconds)
+    start = time.perf_counter() + 0.05
+    counter = iter(range(total))
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        mine = []
+        while True:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                break
+            due = start + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            call(f"merchant-{rng.randrange(MERCHANTS):04d}")
+            mine.append(time.perf_counter() - due)
+        with lock:
+            latencies.extend(mine)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return latencies, time.perf_counter() - start
 
 
 def bench_http(settings: Settings, rate: int, seconds: float, workers: int) -> dict[str, Any]:
@@ -260,6 +297,11 @@ def main() -> None:
             latencies, seconds = threaded(call, args.threads, args.queries)
             results[name] = summary(latencies, seconds)
             print(f"{name}: {results[name]}", flush=True)
+        for name, call in (("raw_paced", raw), ("python_paced", merged)):
+            results[name] = {**summary(*paced(call, args.threads, args.rate, args.seconds / 2)),
+                             "offered_per_s": args.rate}  # fmt: skip
+        print(f"paced at {args.rate}/s: python {results['python_paced']}, raw {results['raw_paced']}",
+              flush=True)  # fmt: skip
         results["python_1_thread"] = summary(*threaded(merged, 1, args.queries // 4))
         results["raw_1_thread"] = summary(*threaded(raw, 1, args.queries // 4))
         print(f"1 thread: python {results['python_1_thread']}, raw {results['raw_1_thread']}", flush=True)
@@ -270,6 +312,9 @@ def main() -> None:
         print(f"replay: {results['replay']}", flush=True)
     raw_p99 = min(results["raw"]["p99_ms"], results["raw_again"]["p99_ms"])
     results["python_p99_vs_raw"] = round(results["python"]["p99_ms"] / raw_p99, 2)
+    results["python_paced_p99_vs_raw"] = round(
+        results["python_paced"]["p99_ms"] / results["raw_paced"]["p99_ms"], 2
+    )
     path = write_result(
         "serving",
         {

@@ -55,32 +55,55 @@ def windowed_inputs(pipeline: Pipeline, view: WindowedView) -> list[str]:
 _COMBINE = {"add": operator.add, "min": min, "max": max}
 
 
-def merge(
-    rows: Iterable[Mapping[str, Any]], view: WindowedView, *, comps: list[Component] | None = None
-) -> dict[str, Any] | None:
-    """Combine rows of one (key, window) by each component's merge, then derive averages.
+class Merger:
+    """How rows of one windowed view combine, prepared once for the many windows of a query.
 
-    A null component (no value in that row) leaves the other side's value. ``comps``: the view's
-    :func:`view_components`, when the caller merges many windows of a view.
+    A null component (no value in that row) leaves the other side's value; averages are derived
+    from the merged sum and count by :meth:`finish`.
     """
-    comps = comps if comps is not None else view_components(view)
+
+    def __init__(self, view: WindowedView) -> None:
+        comps = view_components(view)
+        self.columns = tuple(c.column for c in comps)
+        self._combine = tuple((c.column, _COMBINE[c.merge]) for c in comps)
+        self._averages = tuple(
+            (a.name, f"{a.name}_sum", f"{a.name}_count") for a in view.aggregates if a.fn == "avg"
+        )
+
+    def start(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """A new accumulator holding ``row``'s components."""
+        return {column: row.get(column) for column in self.columns}
+
+    def add(self, acc: dict[str, Any], row: Mapping[str, Any]) -> None:
+        """Fold ``row`` into ``acc``."""
+        for column, op in self._combine:
+            b = row.get(column)
+            if b is not None:
+                a = acc[column]
+                acc[column] = b if a is None else op(a, b)
+
+    def finish(self, acc: dict[str, Any]) -> dict[str, Any]:
+        """``acc`` with each average derived from its merged sum and count."""
+        for name, total, count in self._averages:
+            n = acc[count]
+            acc[name] = acc[total] / n if n else None
+        return acc
+
+
+def merge(
+    rows: Iterable[Mapping[str, Any]], view: WindowedView, *, merger: Merger | None = None
+) -> dict[str, Any] | None:
+    """Combine rows of one (key, window) by each component's merge, then derive averages (None for
+    no rows). ``merger``: the view's :class:`Merger`, when the caller merges many windows."""
+    merger = merger or Merger(view)
     rows = iter(rows)
     first = next(rows, None)
     if first is None:
         return None
-    out = {c.column: first.get(c.column) for c in comps}
-    combine = [(c.column, _COMBINE[c.merge]) for c in comps]
+    acc = merger.start(first)
     for row in rows:
-        for column, op in combine:
-            b = row.get(column)
-            if b is not None:
-                a = out[column]
-                out[column] = b if a is None else op(a, b)
-    for agg in view.aggregates:
-        if agg.fn == "avg":
-            n = out[f"{agg.name}_count"]
-            out[agg.name] = out[f"{agg.name}_sum"] / n if n else None
-    return out
+        merger.add(acc, row)
+    return merger.finish(acc)
 
 
 #: Low bits of a ``latest`` rank that order deliveries of one version (2^20 s: about 12 days).

@@ -64,6 +64,7 @@ class ServingClient:
         self.meta_ttl_s = meta_ttl_s
         self._session = session
         self._pipelines: dict[str, Pipeline] = {}
+        self._types: dict[str, dict[str, pa.DataType]] = {}
         self._active: dict[str, tuple[float, ActiveBatch | None]] = {}
         self._prepared: dict[str, PreparedStatement] = {}
         self._lock = threading.Lock()
@@ -95,7 +96,9 @@ class ServingClient:
         if name not in self._pipelines:
             if name not in self.pipeline_names():
                 raise NotFound(f"no pipeline named {name!r}", fix=f"use one of {self.pipeline_names()}")
-            self._pipelines[name] = configured_pipeline(name, self.settings)
+            pipeline = configured_pipeline(name, self.settings)
+            self._types[name] = event_types(pipeline)  # before the pipeline: readers take both
+            self._pipelines[name] = pipeline
         return self._pipelines[name]
 
     def view(self, pipeline: str, view: str) -> tuple[Pipeline, LatestView | WindowedView]:
@@ -142,7 +145,7 @@ class ServingClient:
             BadQuery: A key value or time the view cannot take.
         """
         p, v = self.view(pipeline, view)
-        values = key_values(p, v, key)
+        values = key_values(p, v, key, types=self._types[p.name])
         active = self.active(pipeline)
         try:
             sent = self._send(p, v, values, active, start, end)
@@ -164,7 +167,7 @@ class ServingClient:
         """:meth:`query` for asyncio: waits for Cassandra without blocking the event loop (the
         active-batch row, cached, is read synchronously at most once per ``meta_ttl_s``)."""
         p, v = self.view(pipeline, view)
-        values = key_values(p, v, key)
+        values = key_values(p, v, key, types=self._types[p.name])
         active = self.active(pipeline)
         try:
             sent = self._send(p, v, values, active, start, end)
@@ -305,16 +308,28 @@ def _rows(future: ResponseFuture) -> list[dict[str, Any]]:
     return rows
 
 
-def key_values(p: Pipeline, v: LatestView | WindowedView, key: str | Sequence[Any]) -> list[Any]:
-    """The key as the table's column types (raises :class:`BadQuery` naming the column)."""
+def key_values(
+    p: Pipeline,
+    v: LatestView | WindowedView,
+    key: str | Sequence[Any],
+    *,
+    types: dict[str, pa.DataType] | None = None,
+) -> list[Any]:
+    """The key as the table's column types (raises :class:`BadQuery` naming the column).
+    ``types``: :func:`event_types` of ``p``, when the caller keeps them."""
     parts = list(key) if not isinstance(key, str) else ([key] if len(v.key) == 1 else key.split(","))
     if len(parts) != len(v.key):
         raise BadQuery(
             f"view {v.name!r} is keyed by {list(v.key)}: got {len(parts)} value(s)",
             fix="give one value per key column, separated by commas",
         )
-    types = {f.name: f.type for f in event_schema(p.reader_schema)}
+    types = types or event_types(p)
     return [_typed(column, types[column], value) for column, value in zip(v.key, parts, strict=True)]
+
+
+def event_types(p: Pipeline) -> dict[str, pa.DataType]:
+    """Each event column's type."""
+    return {f.name: f.type for f in event_schema(p.reader_schema)}
 
 
 def _typed(column: str, t: pa.DataType, value: Any) -> Any:

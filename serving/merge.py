@@ -7,13 +7,12 @@ counts every event exactly once: events of epochs <= H only in the batch, later 
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 from lambdalake.pipeline import WindowedView
-from lambdalake.views import EPOCH, WINDOW_START, merge, view_components
+from lambdalake.views import EPOCH, WINDOW_START, Merger
 from serving.answers import LatestRow, WindowRow
 
 
@@ -32,24 +31,31 @@ def merge_windows(
         view: The view (its components say how to merge).
         horizon: The batch's horizon epoch; None when no batch is published (every speed row counts).
     """
-    parts: dict[datetime, list[Mapping[str, Any]]] = defaultdict(list)
-    in_batch: set[datetime] = set()
-    epochs: dict[datetime, list[int]] = defaultdict(list)
+    merger = Merger(view)
+    acc: dict[datetime, dict[str, Any]] = {}
+    epochs: dict[datetime, list[int]] = {}
+
+    def fold(row: Mapping[str, Any]) -> datetime:
+        start = row[WINDOW_START]
+        into = acc.get(start)
+        if into is None:
+            acc[start] = merger.start(row)
+        else:
+            merger.add(into, row)
+        return start
+
     for row in batch_rows:
-        parts[row[WINDOW_START]].append(row)
-        in_batch.add(row[WINDOW_START])
+        fold(row)
+    in_batch = set(acc)
     for row in speed_rows:
-        if horizon is not None and row[EPOCH] <= horizon:
+        epoch = row[EPOCH]
+        if horizon is not None and epoch <= horizon:
             continue  # the batch holds this epoch's events
-        parts[row[WINDOW_START]].append(row)
-        epochs[row[WINDOW_START]].append(row[EPOCH])
-    out = []
-    comps = view_components(view)
-    for start in sorted(parts):
-        merged = merge(parts[start], view, comps=comps)
-        assert merged is not None
-        out.append(WindowRow(start, merged, start in in_batch, tuple(sorted(epochs[start]))))
-    return out
+        epochs.setdefault(fold(row), []).append(epoch)
+    return [
+        WindowRow(start, merger.finish(acc[start]), start in in_batch, tuple(sorted(epochs.get(start, ()))))
+        for start in sorted(acc)
+    ]
 
 
 def pick_latest(batch: LatestRow | None, speed: LatestRow | None) -> LatestRow | None:
