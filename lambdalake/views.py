@@ -8,7 +8,7 @@ used by serving. The Spark half (``lambdalake.spark.views``) computes the same c
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -58,36 +58,45 @@ _COMBINE = {"add": operator.add, "min": min, "max": max}
 class Merger:
     """How rows of one windowed view combine, prepared once for the many windows of a query.
 
-    A null component (no value in that row) leaves the other side's value; averages are derived
-    from the merged sum and count by :meth:`finish`.
+    An accumulator is a list of the view's components in :attr:`columns` order. A null component (no
+    value in that row) leaves the other side's value; :meth:`finish` derives the averages from the
+    merged sum and count.
     """
 
     def __init__(self, view: WindowedView) -> None:
         comps = view_components(view)
         self.columns = tuple(c.column for c in comps)
-        self._combine = tuple((c.column, _COMBINE[c.merge]) for c in comps)
+        self._ops = tuple(enumerate(_COMBINE[c.merge] for c in comps))
         self._averages = tuple(
             (a.name, f"{a.name}_sum", f"{a.name}_count") for a in view.aggregates if a.fn == "avg"
         )
 
-    def start(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        """A new accumulator holding ``row``'s components."""
-        return {column: row.get(column) for column in self.columns}
+    def components(self, row: Mapping[str, Any]) -> list[Any]:
+        """``row``'s components (None where it has none)."""
+        return [row.get(column) for column in self.columns]
 
-    def add(self, acc: dict[str, Any], row: Mapping[str, Any]) -> None:
-        """Fold ``row`` into ``acc``."""
-        for column, op in self._combine:
-            b = row.get(column)
+    def picker(self, names: Sequence[str]) -> Callable[[Sequence[Any]], Sequence[Any]]:
+        """Reads the components from rows laid out as ``names`` (tuples from a query)."""
+        positions = [names.index(column) for column in self.columns]
+        if len(positions) == 1:
+            return lambda row: (row[positions[0]],)
+        return operator.itemgetter(*positions)
+
+    def add(self, acc: list[Any], components: Sequence[Any]) -> None:
+        """Fold a row's components into ``acc``."""
+        for i, op in self._ops:
+            b = components[i]
             if b is not None:
-                a = acc[column]
-                acc[column] = b if a is None else op(a, b)
+                a = acc[i]
+                acc[i] = b if a is None else op(a, b)
 
-    def finish(self, acc: dict[str, Any]) -> dict[str, Any]:
-        """``acc`` with each average derived from its merged sum and count."""
+    def finish(self, acc: Sequence[Any]) -> dict[str, Any]:
+        """The merged components by column, with each average derived from its sum and count."""
+        out = dict(zip(self.columns, acc, strict=True))
         for name, total, count in self._averages:
-            n = acc[count]
-            acc[name] = acc[total] / n if n else None
-        return acc
+            n = out[count]
+            out[name] = out[total] / n if n else None
+        return out
 
 
 def merge(
@@ -100,9 +109,9 @@ def merge(
     first = next(rows, None)
     if first is None:
         return None
-    acc = merger.start(first)
+    acc = merger.components(first)
     for row in rows:
-        merger.add(acc, row)
+        merger.add(acc, merger.components(row))
     return merger.finish(acc)
 
 

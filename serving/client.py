@@ -24,7 +24,7 @@ from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_p
 from lambdalake.settings import Settings
 from lambdalake.views import RANK, WINDOW_START, batch_table, speed_table
 from serving.answers import Answer, LatestRow, Provenance
-from serving.merge import merge_windows, pick_latest
+from serving.merge import RowSet, merge_windows, pick_latest
 
 #: Window bounds when a query gives none (Cassandra timestamps are epoch milliseconds).
 EARLIEST_MS, LATEST_MS = -(2**62), 2**62
@@ -221,9 +221,9 @@ class ServingClient:
         epoch_ms = active.epoch_ms if active else p.layers.epoch_ms
         horizon = active.horizon if active else None
         key = dict(zip(v.key, values, strict=True))
-        speed_rows = _rows(speed_f)
-        batch_rows = _rows(batch_f) if batch_f is not None else []
         if isinstance(v, LatestView):
+            speed_rows = _rows(speed_f)
+            batch_rows = _rows(batch_f) if batch_f is not None else []
             speed = batch = None
             for data in speed_rows:
                 rank = data.pop(list(data)[-1])  # the WRITETIME column, selected last
@@ -234,7 +234,7 @@ class ServingClient:
             epochs = (winner.values.get("_epoch"),) if winner is speed and winner is not None else ()
             provenance = _provenance(active, epoch_ms, tuple(e for e in epochs if e is not None))
             return Answer(p.name, v.name, "latest", key, provenance, latest=winner)
-        windows = merge_windows(batch_rows, speed_rows, v, horizon=horizon)
+        windows = merge_windows(_tuples(batch_f), _tuples(speed_f), v, horizon=horizon)
         epochs = tuple(sorted({e for w in windows for e in w.speed_epochs}))
         return Answer(p.name, v.name, "windowed", key, _provenance(active, epoch_ms, epochs), windows=windows)
 
@@ -292,6 +292,15 @@ async def _completed(*futures: ResponseFuture | None) -> None:
         rf.add_callbacks(settle, settle)  # an error is raised by .result() afterwards
         waits.append(done)
     await asyncio.gather(*waits)
+
+
+def _tuples(future: ResponseFuture | None) -> RowSet:
+    """A query's column names and rows (plain tuples: the profile's row factory)."""
+    if future is None:
+        return (), ()
+    result = future.result()
+    # More than a page (fetch_size rows): the iterator fetches the rest.
+    return result.column_names, list(result) if result.has_more_pages else result.current_rows
 
 
 def _rows(future: ResponseFuture) -> list[dict[str, Any]]:

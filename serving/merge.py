@@ -7,55 +7,74 @@ counts every event exactly once: events of epochs <= H only in the batch, later 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from datetime import datetime
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from lambdalake.pipeline import WindowedView
 from lambdalake.views import EPOCH, WINDOW_START, Merger
 from serving.answers import LatestRow, WindowRow
 
+#: A query's rows: its column names and the rows as tuples in that order.
+RowSet = tuple[Sequence[str], Iterable[Sequence[Any]]]
+
 
 def merge_windows(
-    batch_rows: Iterable[Mapping[str, Any]],
-    speed_rows: Iterable[Mapping[str, Any]],
-    view: WindowedView,
-    *,
-    horizon: int | None,
+    batch: RowSet, speed: RowSet, view: WindowedView, *, horizon: int | None
 ) -> list[WindowRow]:
     """Windows in start order: each the batch row combined with the speed rows of later epochs.
 
     Args:
-        batch_rows: Batch rows of one key (``window_start`` plus components).
-        speed_rows: Speed rows of the same key (``window_start``, ``epoch`` plus components).
+        batch: Batch rows of one key (``window_start`` plus components).
+        speed: Speed rows of the same key (``window_start``, ``epoch`` plus components).
         view: The view (its components say how to merge).
         horizon: The batch's horizon epoch; None when no batch is published (every speed row counts).
     """
     merger = Merger(view)
-    acc: dict[datetime, dict[str, Any]] = {}
+    acc: dict[datetime, list[Any]] = {}
     epochs: dict[datetime, list[int]] = {}
 
-    def fold(row: Mapping[str, Any]) -> datetime:
-        start = row[WINDOW_START]
+    def fold(start: datetime, components: Sequence[Any]) -> None:
         into = acc.get(start)
         if into is None:
-            acc[start] = merger.start(row)
+            acc[start] = list(components)
         else:
-            merger.add(into, row)
-        return start
+            merger.add(into, components)
 
-    for row in batch_rows:
-        fold(row)
+    names, rows = batch
+    if names:
+        at, pick = names.index(WINDOW_START), merger.picker(names)
+        for row in rows:
+            fold(row[at], pick(row))
     in_batch = set(acc)
-    for row in speed_rows:
-        epoch = row[EPOCH]
-        if horizon is not None and epoch <= horizon:
-            continue  # the batch holds this epoch's events
-        epochs.setdefault(fold(row), []).append(epoch)
+    names, rows = speed
+    if names:
+        at, at_epoch, pick = names.index(WINDOW_START), names.index(EPOCH), merger.picker(names)
+        for row in rows:
+            epoch = row[at_epoch]
+            if horizon is not None and epoch <= horizon:
+                continue  # the batch holds this epoch's events
+            fold(row[at], pick(row))
+            epochs.setdefault(row[at], []).append(epoch)
     return [
-        WindowRow(start, merger.finish(acc[start]), start in in_batch, tuple(sorted(epochs.get(start, ()))))
+        WindowRow(
+            _utc(start), _utc_values(merger.finish(acc[start])), start in in_batch,
+            tuple(sorted(epochs.get(start, ()))),
+        )
         for start in sorted(acc)
-    ]
+    ]  # fmt: skip
+
+
+def _utc(value: Any) -> Any:
+    """The driver returns timestamps as naive UTC datetimes: made aware."""
+    return value.replace(tzinfo=UTC) if isinstance(value, datetime) and value.tzinfo is None else value
+
+
+def _utc_values(values: dict[str, Any]) -> dict[str, Any]:
+    for column, value in values.items():
+        if isinstance(value, datetime):
+            values[column] = _utc(value)
+    return values
 
 
 def pick_latest(batch: LatestRow | None, speed: LatestRow | None) -> LatestRow | None:

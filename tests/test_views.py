@@ -84,3 +84,29 @@ def test_the_batch_rank_of_an_unbounded_version_is_exact_not_an_overflow(spark) 
     df = spark.createDataFrame(table)
     ranks = [r[0] for r in df.select(latest_order(df, view)).collect()]
     assert ranks == [latest_rank(v, 1_700_000_000) for v in (2**62, -(2**62), 3)]
+
+
+def test_merged_windows_count_each_epoch_once_from_query_tuples() -> None:
+    """Serving's fold over query tuples (columns in any order, naive UTC timestamps as the driver
+    returns them): the batch row holds epochs <= horizon, speed rows of those epochs are skipped."""
+    from datetime import UTC, datetime
+
+    from serving.merge import merge_windows
+
+    w1, w2, w3 = (datetime(2026, 11, 23, h) for h in (1, 2, 3))
+    batch_names = ("k", "window_start", *row([0.0]))
+    batch = [("a", w1, *row([1.0, 5.0]).values()), ("a", w2, *row([2.0]).values())]
+    speed_names = ("avg_count", "avg_sum", "hi", "lo", "s", "n", "epoch", "window_start", "k")
+
+    def speed_row(xs: list[float], epoch: int, start: datetime) -> tuple:
+        r = row(xs)
+        return (r["avg_count"], r["avg_sum"], r["hi"], r["lo"], r["s"], r["n"], epoch, start, "a")
+
+    speed = [speed_row([100.0], 7, w1), speed_row([4.0], 8, w1), speed_row([-1.0, 3.0], 9, w3)]
+    windows = merge_windows((batch_names, batch), (speed_names, speed), VIEW, horizon=7)
+    assert [w.window_start for w in windows] == [t.replace(tzinfo=UTC) for t in (w1, w2, w3)]
+    assert [(w.from_batch, w.speed_epochs) for w in windows] == [(True, (8,)), (True, ()), (False, (9,))]
+    for w, xs in zip(windows, [[1.0, 5.0, 4.0], [2.0], [-1.0, 3.0]], strict=True):
+        assert w.values == {**row(xs), "avg": sum(xs) / len(xs)}
+    alone = merge_windows(((), ()), (speed_names, speed), VIEW, horizon=None)
+    assert [w.values["n"] for w in alone] == [2, 2] and alone[0].speed_epochs == (7, 8)
