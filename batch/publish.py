@@ -58,8 +58,9 @@ class Publisher:
     def publish(self, run: BatchRun) -> int:
         """Write every view of ``run`` (as committed to Delta) under a new version; activate it.
 
-        Records its steps' seconds in ``run.stages`` (``publish ddl``, ``publish rows``,
-        ``publish swap``: the activation and the retired versions' drops)."""
+        Records its steps' seconds in ``run.stages``: ``publish ddl``, ``publish rows``, ``publish
+        swap`` (the activation) and ``publish retire`` (dropping versions beyond the retention, after
+        serving has moved to the new one: a kill there leaves tables the next run drops)."""
         from batch.job import views_path
 
         t0 = time.monotonic()
@@ -92,9 +93,11 @@ class Publisher:
             log.info("batch v%d: %d rows to %s", version, written, tables[view.name].name)
         t2 = time.monotonic()
         self._activate(session, version, run)
+        t3 = time.monotonic()
         self._retire(session, version)
         run.stages.update({"publish ddl": round(t1 - t0, 3), "publish rows": round(t2 - t1, 3),
-                           "publish swap": round(time.monotonic() - t2, 3)})  # fmt: skip
+                           "publish swap": round(t3 - t2, 3),
+                           "publish retire": round(time.monotonic() - t3, 3)})  # fmt: skip
         return version
 
     def _activate(self, session: Session, version: int, run: BatchRun) -> None:

@@ -9,8 +9,9 @@ bench measures reading and merging, not producing. Then, in this order:
   in flight at once, rows as plain tuples), run by ``--threads`` threads with the same driver
   session, no merge: the floor;
 - python: ``ServingClient.query`` by the same threads;
-- the same two paced: ``--rate`` calls/s offered by the same threads (open loop: latency from each
-  call's due time), the concurrent load the targets speak of, below the saturation the first two show;
+- the same two paced and in turn: ``--rate`` calls/s in all (half each) offered by the same
+  threads (open loop: latency from each call's due time), the concurrent load the targets speak
+  of, below the saturation the first two show, both paths under the same load at the same moments;
 - the same two at one thread (latency without queueing);
 - http: ``lambdalake serve`` (1, then 2 worker processes) driven by ``bench.http_load`` in a process
   of its own at a fixed offered rate (``--rate`` requests/s) for ``--seconds``; latency counted from
@@ -18,7 +19,7 @@ bench measures reading and merging, not producing. Then, in this order:
 - replay: ``--replay`` events produced to a fresh topic, then ``Replayer.run`` over the whole range
   (bounded Kafka read, decode, bronze commit, recompute of every closed epoch): events/s.
 
-    python -m bench.serving [--threads 8] [--queries 4000] [--rate 500] [--seconds 20] [--replay 200000]
+    python -m bench.serving [--threads 8] [--queries 4000] [--rate 500] [--seconds 20] [--replay 1000000]
 """
 
 from __future__ import annotations
@@ -125,11 +126,15 @@ def threaded(call: Any, threads: int, queries: int) -> tuple[list[float], float]
     return latencies, time.perf_counter() - t0
 
 
-def paced(call: Any, threads: int, rate: int, seconds: float) -> tuple[list[float], float]:
-    """``call(key)`` at ``rate`` calls/s for ``seconds`` from ``threads`` threads (open loop): each call
-    has a due time and its latency counts from then, so calls that wait for a free thread (or a
-    GIL) show it instead of lowering the rate."""
-    latencies: list[float] = []
+def paced(
+    calls: dict[str, Any], threads: int, rate: int, seconds: float
+) -> tuple[dict[str, list[float]], float]:
+    """The ``calls`` (``call(key)`` by name) in turn, ``rate`` calls/s in all, for ``seconds`` from
+    ``threads`` threads (open loop): each call has a due time and its latency counts from then, so a
+    call that waits for a free thread (or the GIL) shows it instead of lowering the rate. Taking the
+    paths in turn puts them under the same load at the same moments (the machine is shared)."""
+    names = list(calls)
+    latencies: dict[str, list[float]] = {name: [] for name in names}
     lock = threading.Lock()
     total = int(rate * seconds)
     start = time.perf_counter() + 0.05
@@ -137,7 +142,7 @@ def paced(call: Any, threads: int, rate: int, seconds: float) -> tuple[list[floa
 
     def work(seed: int) -> None:
         rng = random.Random(seed)
-        mine = []
+        mine: list[tuple[str, float]] = []
         while True:
             with lock:
                 i = next(counter, None)
@@ -147,10 +152,12 @@ def paced(call: Any, threads: int, rate: int, seconds: float) -> tuple[list[floa
             delay = due - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            call(f"merchant-{rng.randrange(MERCHANTS):04d}")
-            mine.append(time.perf_counter() - due)
+            name = names[i % len(names)]
+            calls[name](f"merchant-{rng.randrange(MERCHANTS):04d}")
+            mine.append((name, time.perf_counter() - due))
         with lock:
-            latencies.extend(mine)
+            for name, latency in mine:
+                latencies[name].append(latency)
 
     workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
     for w in workers:
@@ -251,7 +258,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=4000)
     parser.add_argument("--rate", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=20)
-    parser.add_argument("--replay", type=int, default=200_000)
+    parser.add_argument("--replay", type=int, default=1_000_000)
     args = parser.parse_args()
     settings = bench_settings()
     settings = settings.model_copy(
@@ -302,10 +309,11 @@ def main() -> None:
             latencies, seconds = threaded(call, args.threads, args.queries)
             results[name] = summary(latencies, seconds)
             print(f"{name}: {results[name]}", flush=True)
-        for name, call in (("raw_paced", raw), ("python_paced", merged)):
-            results[name] = {**summary(*paced(call, args.threads, args.rate, args.seconds / 2)),
-                             "offered_per_s": args.rate}  # fmt: skip
-        print(f"paced at {args.rate}/s: python {results['python_paced']}, raw {results['raw_paced']}",
+        # Both paths in turn, --rate queries/s in all (half each), as Cassandra sees the HTTP run's.
+        both, seconds = paced({"raw": raw, "python": merged}, args.threads, args.rate, args.seconds)
+        for name, latencies in both.items():
+            results[f"{name}_paced"] = {**summary(latencies, seconds), "offered_per_s": args.rate // 2}
+        print(f"paced, {args.rate}/s in all: python {results['python_paced']}, raw {results['raw_paced']}",
               flush=True)  # fmt: skip
         results["python_1_thread"] = summary(*threaded(merged, 1, args.queries // 4))
         results["raw_1_thread"] = summary(*threaded(raw, 1, args.queries // 4))

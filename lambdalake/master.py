@@ -203,6 +203,15 @@ class MasterDataset:
             raise FileNotFoundError(f"no Delta table at {self.path}")
         return table.to_pyarrow_table()
 
+    def num_records(self) -> int | None:
+        """How many events the live files hold, from the Delta log (None: no table, or a file
+        committed without its row count)."""
+        table = self._table()
+        if table is None:
+            return None
+        counts = pa.table(table.get_add_actions(flatten=True)).column("num_records")
+        return None if counts.null_count else int(pc.sum(counts).as_py() or 0)
+
     def file_uris(self) -> list[str]:
         """The live files (never the bare folder: it also holds removed and uncommitted files)."""
         table = self._table()

@@ -150,6 +150,10 @@ def _horizon(settings: Settings, pipeline: Pipeline) -> int | None:
     return active.horizon if active is not None else None
 
 
+#: A replay whose range holds at least 1/SHARE_DEDUP_ALL of bronze deduplicates all of bronze.
+SHARE_DEDUP_ALL = 4
+
+
 class Replayer:
     """Runs a :class:`ReplayPlan` with Spark (bounded Kafka read, bronze commit, cell rewrite)."""
 
@@ -174,7 +178,7 @@ class Replayer:
         events.unpersist()
         t2 = time.monotonic()
         if plan.speed_epochs:
-            result.cells = self.recompute(plan.speed_epochs)
+            result.cells = self.recompute(plan.speed_epochs, records=plan.records)
         t3 = time.monotonic()
         result.stages = {
             "read": round(t1 - t0, 2),
@@ -230,13 +234,24 @@ class Replayer:
         rows = self.bronze.commit(relative, app_id=run_id, batch_id=0, layers=self.pipeline.layers)
         return int(rows or 0)
 
-    def recompute(self, epochs: list[int]) -> dict[str, int]:
-        """Every cell of ``epochs``, from all of bronze, written as absolute values."""
+    def recompute(self, epochs: list[int], *, records: int | None = None) -> dict[str, int]:
+        """Every cell of ``epochs``, from all of bronze, written as absolute values.
+
+        Args:
+            epochs: The ingest epochs to rebuild.
+            records: About how many events those epochs hold (a replay's range), if known.
+        """
         bronze = self.spark.read.parquet(*self.bronze.file_uris())
-        identity = list(self.pipeline.event.identity)
-        touched = bronze.filter(F.col(INGEST_EPOCH).isin(epochs))
         # Copies of these events anywhere in history decide which delivery counts (as in the batch).
-        candidates = bronze.join(touched.select(*identity).distinct(), identity, "left_semi")
+        candidates = bronze
+        total = self.bronze.num_records()
+        if records is None or total is None or records * SHARE_DEDUP_ALL < total:
+            # A small share of history: first narrow bronze to the identities the epochs hold (a
+            # join Spark can broadcast). For a large share, deduplicating all of bronze costs less
+            # than that join (1M of 1M events: 4.7 s instead of 8.1 s on local[2]); same result.
+            identity = list(self.pipeline.event.identity)
+            touched = bronze.filter(F.col(INGEST_EPOCH).isin(epochs))
+            candidates = bronze.join(touched.select(*identity).distinct(), identity, "left_semi")
         firsts = deduplicate(candidates, self.pipeline).filter(F.col(INGEST_EPOCH).isin(epochs)).persist()
         cells = {}
         cassandra = self.settings.cassandra
