@@ -93,3 +93,28 @@ def test_identity_must_include_the_key() -> None:
     assert EventSpec(key="offer_id", time="updated_at", identity=["offer_id", "version"])
     with pytest.raises(ValidationError, match="must include the key 'offer_id'"):
         EventSpec(key="offer_id", time="updated_at", identity=["version"])
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        {"min": 0, "max": 360, "max_inclusive": False},
+        {"min": 0, "max": 360},
+        {"min": -1.5},
+        {"max": 2**40},
+    ],
+)
+def test_range_rule_fast_path_agrees_with_the_rule(bounds: dict) -> None:
+    """The numeric fast path of a range rule accepts exactly what the rule's bounds allow."""
+    from lambdalake.pipeline import RangeRule
+    from lambdalake.validation import compile_rule
+
+    rule = RangeRule.model_validate({"kind": "range", "field": "x", **bounds})
+    check = compile_rule(rule)
+    lo, hi, incl = bounds.get("min"), bounds.get("max"), bounds.get("max_inclusive", True)
+    nan, inf = float("nan"), float("inf")
+    for v in [0, 0.0, -0.0, 1, 359, 359.999, 360, 360.0, 361, -1, -1.5, -1.6, 2**40, 2**40 + 1, 2**70,
+              -(2**70), inf, -inf, nan, 1e308, True, False]:  # fmt: skip
+        finite = not isinstance(v, float) or (v == v and v not in (inf, -inf))
+        inside = (lo is None or v >= lo) and (hi is None or (v <= hi if incl else v < hi))
+        assert (check({"x": v}, 0.0) is None) == (finite and inside), v
