@@ -24,7 +24,7 @@ from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_p
 from lambdalake.settings import Settings
 from lambdalake.views import RANK, WINDOW_START, batch_table, speed_table
 from serving.answers import Answer, LatestRow, Provenance
-from serving.merge import RowSet, merge_windows, pick_latest
+from serving.merge import RowSet, aware_utc_values, merge_windows, pick_latest
 
 #: Window bounds when a query gives none (Cassandra timestamps are epoch milliseconds).
 EARLIEST_MS, LATEST_MS = -(2**62), 2**62
@@ -308,13 +308,7 @@ def _rows(future: ResponseFuture) -> list[dict[str, Any]]:
     naive UTC)."""
     result = future.result()
     names = result.column_names
-    rows = [dict(zip(names, row, strict=True)) for row in result]
-    stamps = [n for n, t in zip(names, result.column_types or (), strict=False) if t.typename == "timestamp"]
-    for row in rows:
-        for n in stamps:
-            if row[n] is not None:
-                row[n] = row[n].replace(tzinfo=UTC)
-    return rows
+    return [aware_utc_values(dict(zip(names, row, strict=True))) for row in result]
 
 
 def key_values(

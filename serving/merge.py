@@ -58,22 +58,23 @@ def merge_windows(
             epochs.setdefault(row[at], []).append(epoch)
     return [
         WindowRow(
-            _utc(start), _utc_values(merger.finish(acc[start])), start in in_batch,
+            aware_utc(start), aware_utc_values(merger.finish(acc[start])), start in in_batch,
             tuple(sorted(epochs.get(start, ()))),
         )
         for start in sorted(acc)
     ]  # fmt: skip
 
 
-def _utc(value: Any) -> Any:
-    """The driver returns timestamps as naive UTC datetimes: made aware."""
+def aware_utc(value: Any) -> Any:
+    """The driver returns timestamps as naive UTC datetimes: made aware (other values as they are)."""
     return value.replace(tzinfo=UTC) if isinstance(value, datetime) and value.tzinfo is None else value
 
 
-def _utc_values(values: dict[str, Any]) -> dict[str, Any]:
+def aware_utc_values(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with each timestamp made aware (in place)."""
     for column, value in values.items():
         if isinstance(value, datetime):
-            values[column] = _utc(value)
+            values[column] = aware_utc(value)
     return values
 
 
