@@ -41,12 +41,37 @@ def open_table(uri: str, *, version: int | None = None) -> DeltaTable | None:
         raise
 
 
+def _integer_stats(metadata: pq.FileMetaData, columns: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Delta ``minValues``/``maxValues``/``nullCount`` of the integer ``columns`` of one file, from its
+    row groups' statistics (a column some row group has no statistics for is left out: Delta stats
+    may cover any subset of columns, and readers then scan the file)."""
+    stats: dict[str, dict[str, int]] = {"minValues": {}, "maxValues": {}, "nullCount": {}}
+    names = metadata.schema.names
+    for name in columns:
+        if name not in names or metadata.num_row_groups == 0:
+            continue
+        index = names.index(name)
+        groups = [metadata.row_group(g).column(index).statistics for g in range(metadata.num_row_groups)]
+        if any(g is None or not g.has_min_max or not isinstance(g.min, int) for g in groups):
+            continue
+        stats["minValues"][name] = min(g.min for g in groups)
+        stats["maxValues"][name] = max(g.max for g in groups)
+        stats["nullCount"][name] = sum(g.null_count for g in groups)
+    return {k: v for k, v in stats.items() if v}
+
+
 def add_actions(
-    uri: str, files: Sequence[str], *, partition: tuple[str, pa.DataType] | None = None
+    uri: str,
+    files: Sequence[str],
+    *,
+    partition: tuple[str, pa.DataType] | None = None,
+    stats_columns: Sequence[str] = (),
 ) -> tuple[list[AddAction], pa.Schema | None, int]:
     """Add actions for ``files`` (paths relative to the table), the schema and the total rows.
 
     ``partition`` names the Hive-style partition column of the paths (``name=value/...``) and its type.
+    ``stats_columns`` names integer columns whose min, max and null count go into each file's stats
+    (readers skip files by them); every file's row count always does.
     """
     filesystem, root = pafs.FileSystem.from_uri(uri)
     root = root.rstrip("/")
@@ -64,9 +89,10 @@ def add_actions(
             value = relative.split("/", 1)[0].split("=", 1)[1]
             values = {partition[0]: None if value == NULL_PARTITION else value}
         total += metadata.num_rows
+        stats = {"numRecords": metadata.num_rows, **_integer_stats(metadata, stats_columns)}
         actions.append(AddAction(
             path=relative, size=filesystem.get_file_info(target).size, partition_values=values,
-            modification_time=now_ms, data_change=True, stats=json.dumps({"numRecords": metadata.num_rows}),
+            modification_time=now_ms, data_change=True, stats=json.dumps(stats),
         ))  # fmt: skip
     return actions, schema, total
 
@@ -80,6 +106,7 @@ def commit_files(
     partition: tuple[str, pa.DataType] | None = None,
     app_transaction: tuple[str, int] | None = None,
     schema: pa.Schema | None = None,
+    stats_columns: Sequence[str] = (),
 ) -> tuple[int, int]:
     """Commit ``files`` in one Delta commit (creating the table if needed); returns (version, rows).
 
@@ -91,8 +118,9 @@ def commit_files(
         partition: The partition column of the paths and its type, if any.
         app_transaction: ``(app_id, version)`` recorded with the commit (exactly-once appends).
         schema: The table schema when ``files`` is empty (an overwrite to no rows).
+        stats_columns: Integer columns whose min and max each file's stats record.
     """
-    actions, found, rows = add_actions(uri, list(files), partition=partition)
+    actions, found, rows = add_actions(uri, list(files), partition=partition, stats_columns=stats_columns)
     schema = found or schema
     if schema is None:
         raise ValueError(f"no files to commit to {uri} and no schema given")

@@ -14,10 +14,11 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyarrow import fs as pafs
@@ -32,6 +33,8 @@ PARTITION = "event_date"
 EPOCH_MS = "lambdalake.epoch_ms"
 DEDUP_DELAY_MS = "lambdalake.dedup_delay_ms"
 PARTITIONS = "lambdalake.partitions"
+#: An event's Kafka coordinates in its topic; each file's stats record their range.
+COORDINATES = ("_partition", "_offset")
 
 log = logging.getLogger("lambdalake.master")
 
@@ -77,6 +80,21 @@ def write_event_files(events: pa.Table, *, path: str, event_time: str, name: str
     return written
 
 
+def offsets_present(uris: Sequence[str], *, partition: int, start: int, end: int) -> pa.Array:
+    """The offsets ``[start, end)`` of ``partition`` that the files ``uris`` hold (runs on executors;
+    only the two coordinate columns are read)."""
+    if not uris:
+        return pa.array([], pa.int64())
+    filesystem, _ = pafs.FileSystem.from_uri(uris[0])
+    paths = [pafs.FileSystem.from_uri(u)[1] for u in uris]
+    offset = pc.field("_offset")
+    wanted = (pc.field("_partition") == partition) & (offset >= start) & (offset < end)
+    found = pads.dataset(paths, format="parquet", filesystem=filesystem).to_table(
+        columns=["_offset"], filter=wanted
+    )
+    return found.column("_offset").combine_chunks().cast(pa.int64())
+
+
 class MasterDataset:
     """The Delta table of one pipeline's events (bronze), partitioned by event date.
 
@@ -120,7 +138,7 @@ class MasterDataset:
             return 0
         _version, rows = commit_files(
             self.path, files, mode="append", partition=(PARTITION, pa.date32()),
-            app_transaction=(app_id, batch_id),
+            app_transaction=(app_id, batch_id), stats_columns=COORDINATES,
             metadata={
                 "lambdalake.batch_id": str(batch_id),
                 "lambdalake.app_id": app_id,
@@ -211,6 +229,28 @@ class MasterDataset:
             return None
         counts = pa.table(table.get_add_actions(flatten=True)).column("num_records")
         return None if counts.null_count else int(pc.sum(counts).as_py() or 0)
+
+    def files_holding(self, ranges: Sequence[tuple[int, int, int]]) -> list[list[str]]:
+        """Per ``(partition, start, end)``, the live files that may hold offsets ``[start, end)`` of
+        that partition: those whose stats overlap it, and every file committed without them."""
+        table = self._table()
+        if table is None:
+            return [[] for _ in ranges]
+        actions = pa.table(table.get_add_actions(flatten=True))
+        root = self.path.rstrip("/")
+        uris = [f"{root}/{p}" if "://" not in p else p for p in actions.column("path").to_pylist()]
+        bounds = [f"{edge}.{c}" for c in COORDINATES for edge in ("min", "max")]
+        if not all(b in actions.column_names for b in bounds):
+            return [list(uris) for _ in ranges]
+        rows = list(zip(uris, *(actions.column(b).to_pylist() for b in bounds), strict=True))
+        return [
+            [
+                uri
+                for uri, p_min, p_max, o_min, o_max in rows
+                if p_min is None or (p_min <= partition <= p_max and o_min < end and o_max >= start)
+            ]
+            for partition, start, end in ranges
+        ]
 
     def file_uris(self) -> list[str]:
         """The live files (never the bare folder: it also holds removed and uncommitted files)."""

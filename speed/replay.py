@@ -7,6 +7,8 @@ contiguous offset range per partition, found exactly with offsets-for-times), be
 
 1. Records of the range that bronze lacks (by Kafka coordinates) are decoded and committed to bronze
    in one commit; valid records only (invalid ones reached the dead-letter topic on their first read).
+   Each piece of the range is read, decoded, checked against bronze's coordinates (files picked by
+   their offset stats) and written in one pass of a Spark task.
 2. For each touched epoch after the batch horizon that has closed, every cell is recomputed from all
    of bronze for that epoch, deduplicated over the whole history as the batch layer does, with the
    shared view definitions, and written as absolute values (a partial range never overwrites a
@@ -20,13 +22,15 @@ Delivery guarantee: idempotent. Running the same replay twice changes nothing th
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -35,10 +39,12 @@ from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import speed_table_def
 from lambdalake.errors import ConfigurationError
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, record_time, watermarks
-from lambdalake.master import MasterDataset, table_path, write_event_files
+from lambdalake.master import MasterDataset, offsets_present, table_path, write_event_files
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import Settings
-from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decode
+from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decoder
+from lambdalake.spark.kafka_source import KafkaPartition, SourceOptions, read_partition
+from lambdalake.spark.kafka_source import plan as plan_pieces
 from lambdalake.spark.sinks import upsert_view
 from lambdalake.spark.views import INGEST_EPOCH, INGEST_TS, deduplicate, latest, latest_order, windowed
 from lambdalake.views import RANK
@@ -82,7 +88,7 @@ class ReplayResult:
     archived: int = 0
     cells: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
-    #: Seconds per stage: read (Kafka + decode), archive (anti-join, files, commit), recompute.
+    #: Seconds per stage: read+archive (Kafka, decode, bronze files and commit), recompute.
     stages: dict[str, float] = field(default_factory=dict)
 
 
@@ -152,6 +158,74 @@ def _horizon(settings: Settings, pipeline: Pipeline) -> int | None:
 
 #: A replay whose range holds at least 1/SHARE_DEDUP_ALL of bronze deduplicates all of bronze.
 SHARE_DEDUP_ALL = 4
+#: A range is cut into one piece per core, but no piece under this many offsets.
+MIN_PIECE = 50_000
+#: Rows per bronze file a piece writes (bounds a task's memory).
+FILE_ROWS = 250_000
+
+
+#: What each archive task returns.
+PIECE_DONE = "files array<string>, valid long"
+
+
+@dataclass(frozen=True)
+class _ArchiveJob:
+    """Archives pieces of a range on executors: read, decode, drop what bronze holds, write files.
+
+    Attributes:
+        work: Per piece, its offsets and the bronze files that may hold some of them.
+    """
+
+    work: tuple[tuple[KafkaPartition, tuple[str, ...]], ...]
+    source: SourceOptions
+    spec: DecodeSpec
+    path: str
+    event_time: str
+    run_id: str
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The ``mapInArrow`` function over the pieces' indexes."""
+        for batch in batches:
+            for index in batch.column("id").to_pylist():
+                files, valid = self.archive(*self.work[index])
+                yield pa.RecordBatch.from_pydict(
+                    {"files": [files], "valid": [valid]},
+                    schema=pa.schema([("files", pa.list_(pa.string())), ("valid", pa.int64())]),
+                )
+
+    def archive(self, piece: KafkaPartition, holding: tuple[str, ...]) -> tuple[list[str], int]:
+        """Archive one piece; returns the files written and the valid events the piece holds."""
+        present = offsets_present(holding, partition=piece.partition, start=piece.start, end=piece.until)
+        valid = len(present)  # bronze holds valid events only
+        files: list[str] = []
+        pending: list[pa.Table] = []
+
+        def write() -> None:
+            table = pa.concat_tables(pending)
+            pending.clear()
+            name = f"{self.run_id}-{piece.partition}-{table.column('_offset')[0].as_py()}"
+            files.extend(write_event_files(table, path=self.path, event_time=self.event_time, name=name))
+
+        for batch in decoder(self.spec)(_lacking(read_partition(self.source, piece), present)):
+            # Invalid records reached the dead-letter topic on their first read.
+            table = pa.Table.from_batches([batch]).filter(pc.is_null(batch.column("_error_rule")))
+            valid += table.num_rows
+            if table.num_rows:
+                pending.append(table.drop_columns(list(ERROR_FIELDS)))
+            if sum(t.num_rows for t in pending) >= FILE_ROWS:
+                write()
+        if pending:
+            write()
+        return files, valid
+
+
+def _lacking(batches: Iterator[pa.RecordBatch], present: pa.Array) -> Iterator[pa.RecordBatch]:
+    """The records whose offsets are not in ``present``: only those are decoded again."""
+    for batch in batches:
+        if len(present):
+            batch = batch.filter(pc.invert(pc.is_in(batch.column("offset"), value_set=present)))
+        if batch.num_rows:
+            yield batch
 
 
 class Replayer:
@@ -171,68 +245,51 @@ class Replayer:
         if not plan.ranges:
             return result
         self.bronze.check_layers(self.pipeline.layers, pipeline=self.pipeline.name)
-        events = self._read(plan).persist()
-        result.read = events.count()
+        result.read, result.archived = self._archive(plan)
         t1 = time.monotonic()
-        result.archived = self._archive(events, plan)
-        events.unpersist()
-        t2 = time.monotonic()
         if plan.speed_epochs:
             result.cells = self.recompute(plan.speed_epochs, records=plan.records)
-        t3 = time.monotonic()
-        result.stages = {
-            "read": round(t1 - t0, 2),
-            "archive": round(t2 - t1, 2),
-            "recompute": round(t3 - t2, 2),
-        }
-        result.seconds = t3 - t0
+        t2 = time.monotonic()
+        result.stages = {"read+archive": round(t1 - t0, 2), "recompute": round(t2 - t1, 2)}
+        result.seconds = t2 - t0
         return result
 
-    def _read(self, plan: ReplayPlan) -> DataFrame:
+    def _archive(self, plan: ReplayPlan) -> tuple[int, int]:
+        """Read the range, decode it and commit what bronze lacks (by coordinates); returns the valid
+        events read and how many were archived.
+
+        One pass per piece of the range, in Spark tasks: the bounded Kafka reader, the decoder and the
+        bronze file writer run back to back in the Python worker, so records never cross into the JVM
+        (a DataFrame would turn the raw and then the decoded records into rows and back).
+        """
         topic = self.pipeline.topic.name
-        reader = self.spark.read.format("lambdalake_kafka")
-        for key, value in self.settings.kafka.client_config().items():
-            reader = reader.option(f"kafka.{key}", str(value))
-        records = (
-            reader.option("subscribe", topic)
-            .option("startingOffsets", json.dumps({topic: {str(p): s for p, (s, _) in plan.ranges.items()}}))
-            .option("endingOffsets", json.dumps({topic: {str(p): e for p, (_, e) in plan.ranges.items()}}))
-            .load()
+        cores = max(1, self.spark.sparkContext.defaultParallelism)
+        pieces = plan_pieces(
+            {topic: {str(p): s for p, (s, _) in plan.ranges.items()}},
+            {topic: {str(p): e for p, (_, e) in plan.ranges.items()}},
+            max_records=max(MIN_PIECE, -(-plan.records // cores)),
         )
-        decoded = decode(records, DecodeSpec.of(self.pipeline, self.settings))
-        return decoded.filter(F.col("_error_rule").isNull()).drop(*ERROR_FIELDS)
-
-    def _archive(self, events: DataFrame, plan: ReplayPlan) -> int:
-        """Commit the events bronze lacks (by coordinates); returns how many."""
-        files = self.bronze.file_uris()
-        if files:
-            have = self.spark.read.parquet(*files).select("_partition", "_offset")
-            lo = min(s for s, _ in plan.ranges.values())
-            have = have.filter(F.col("_offset") >= lo)
-            missing = events.join(have, ["_partition", "_offset"], "left_anti")
-        else:
-            missing = events
+        holding = self.bronze.files_holding([(p.partition, p.start, p.until) for p in pieces])
         run_id = f"replay-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        path, event_time = self.bronze.path, self.pipeline.event.time
-
-        def write(batches: Any) -> Any:
-            for i, batch in enumerate(batches):
-                table = pa.Table.from_batches([batch])
-                if table.num_rows == 0:
-                    continue
-                first = table.column("_offset")[0].as_py()
-                part = table.column("_partition")[0].as_py()
-                name = f"{run_id}-{part}-{first}-{i}-{uuid.uuid4().hex[:6]}"
-                written = write_event_files(table, path=path, event_time=event_time, name=name)
-                yield pa.RecordBatch.from_pydict({"file": written, "rows": [table.num_rows] * len(written)})
-
-        # Written where the rows are (no shuffle): file names are unique per run and task.
-        out = missing.mapInArrow(write, "file string, rows long").collect()
-        relative = [r["file"] for r in out]
-        if not relative:
-            return 0
-        rows = self.bronze.commit(relative, app_id=run_id, batch_id=0, layers=self.pipeline.layers)
-        return int(rows or 0)
+        options = {f"kafka.{k}": str(v) for k, v in self.settings.kafka.client_config().items()}
+        job = _ArchiveJob(
+            work=tuple((piece, tuple(files)) for piece, files in zip(pieces, holding, strict=True)),
+            source=SourceOptions.parse({**options, "subscribe": topic}),
+            spec=DecodeSpec.of(self.pipeline, self.settings),
+            path=self.bronze.path,
+            event_time=self.pipeline.event.time,
+            run_id=run_id,
+        )
+        # One task per piece (range() spreads n ids over n partitions, one each). mapInArrow, not an
+        # RDD: the Cassandra writes after it then reuse the same warm Python workers.
+        n = len(pieces)
+        done = self.spark.range(0, n, 1, n).mapInArrow(job.run, PIECE_DONE).collect()
+        files = [f for row in done for f in row["files"]]
+        read = sum(row["valid"] for row in done)
+        if not files:
+            return read, 0
+        rows = self.bronze.commit(files, app_id=run_id, batch_id=0, layers=self.pipeline.layers)
+        return read, int(rows or 0)
 
     def recompute(self, epochs: list[int], *, records: int | None = None) -> dict[str, int]:
         """Every cell of ``epochs``, from all of bronze, written as absolute values.
@@ -253,18 +310,24 @@ class Replayer:
             touched = bronze.filter(F.col(INGEST_EPOCH).isin(epochs))
             candidates = bronze.join(touched.select(*identity).distinct(), identity, "left_semi")
         firsts = deduplicate(candidates, self.pipeline).filter(F.col(INGEST_EPOCH).isin(epochs)).persist()
-        cells = {}
-        cassandra = self.settings.cassandra
-        epoch = F.window(F.col(INGEST_TS), f"{self.pipeline.layers.epoch_seconds} seconds")
-        for view in self.pipeline.views:
-            table = speed_table_def(self.pipeline, view)
-            if isinstance(view, WindowedView):
-                rows = windowed(firsts, self.pipeline, view, epoch=epoch)
-                cells[view.name] = upsert_view(rows, table=table, cassandra=cassandra)
-            else:
-                cells[view.name] = _upsert_latest(firsts, self.pipeline, view, table, cassandra)
-        firsts.unpersist()
-        return cells
+        try:
+            firsts.count()  # cached once, before the views read it side by side
+            cassandra = self.settings.cassandra
+            epoch = F.window(F.col(INGEST_TS), f"{self.pipeline.layers.epoch_seconds} seconds")
+
+            def write(view: LatestView | WindowedView) -> int:
+                table = speed_table_def(self.pipeline, view)
+                if isinstance(view, WindowedView):
+                    rows = windowed(firsts, self.pipeline, view, epoch=epoch)
+                    return upsert_view(rows, table=table, cassandra=cassandra)
+                return _upsert_latest(firsts, self.pipeline, view, table, cassandra)
+
+            # Jobs of all views at once: one view's Cassandra writes overlap another's aggregation.
+            views = self.pipeline.views
+            with ThreadPoolExecutor(max_workers=len(views)) as pool:
+                return dict(zip([v.name for v in views], pool.map(write, views), strict=True))
+        finally:
+            firsts.unpersist()
 
 
 def _upsert_latest(
