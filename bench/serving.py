@@ -18,9 +18,12 @@ bench measures reading and merging, not producing. Then, in this order:
   each request's scheduled start, so a server that falls behind shows it;
 - replay: ``--replay`` events produced to a fresh topic, then ``Replayer.run`` over the whole range
   (bounded Kafka read, decode, bronze commit, recompute of every closed epoch) into an empty bronze
-  (cold), then three times again (warm): events/s of each.
+  (cold: the session's first jobs, as a ``lambdalake replay`` process meets them), then three times
+  again (warm): events/s of each, and the seconds the new Spark session took to start (a
+  ``lambdalake replay`` process pays them before its first job).
 
     python -m bench.serving [--threads 8] [--queries 4000] [--rate 500] [--seconds 20] [--replay 1000000]
+    python -m bench.serving --replay-only --replay 2000000   # -> bench/results/replay-2000000.json
 """
 
 from __future__ import annotations
@@ -227,7 +230,9 @@ def bench_replay(settings: Settings, events: int) -> dict[str, Any]:
     for r in generate("telemetry", events, seed=5, mix=Mix(0.02, 0.0, 0.0)):
         producer.send(r)
     assert producer.flush().unacknowledged == 0
-    spark = spark_session(run_settings, "lambdalake-bench-replay", workload="batch")
+    started = time.perf_counter()
+    spark = spark_session(run_settings, "lambdalake-bench-replay", workload="replay")
+    session_s = round(time.perf_counter() - started, 1)
     # The events' epoch closes an hour from now: judge "closed" as of then, as a later replay would.
     later = int(time.time() * 1000) + 2 * pipeline.layers.epoch_ms
     plan = plan_replay(run_settings, pipeline, from_ms=0, now_ms=later)
@@ -249,7 +254,7 @@ def bench_replay(settings: Settings, events: int) -> dict[str, Any]:
             "stages_s": result.stages,
         }  # fmt: skip
     spark.stop()
-    return runs
+    return {"session_start_s": session_s, **runs}
 
 
 def main() -> None:
@@ -261,8 +266,16 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--replay", type=int, default=1_000_000)
+    parser.add_argument("--replay-only", action="store_true", help="measure the replay alone")
     args = parser.parse_args()
     settings = bench_settings()
+    if args.replay_only:
+        with running(settings):
+            replay = bench_replay(settings, args.replay)
+        print(f"replay: {replay}", flush=True)
+        path = write_result(f"replay-{args.replay}", {"replay": replay, "targets": {"events_per_s": 50_000}})
+        print(f"-> {path}")
+        return
     settings = settings.model_copy(
         update={
             "cassandra": settings.cassandra.model_copy(

@@ -94,7 +94,7 @@ def replay(
         return
     from lambdalake.spark.session import spark_session
 
-    spark = spark_session(settings, f"lambdalake-replay-{p.name}", workload="batch")
+    spark = spark_session(settings, f"lambdalake-replay-{p.name}", workload="replay")
     with console.status(f"replaying {plan.records:,} records..."):
         result = Replayer(settings=settings, pipeline=p, spark=spark).run(plan)
     rate = result.read / result.seconds if result.seconds else 0
@@ -138,7 +138,7 @@ def speed_reset(
         typer.confirm(f"truncate the speed tables of {p.name} and delete its checkpoints?", abort=True)
     from lambdalake.spark.session import spark_session
 
-    spark = spark_session(settings, f"lambdalake-speed-reset-{p.name}", workload="batch")
+    spark = spark_session(settings, f"lambdalake-speed-reset-{p.name}", workload="replay")
     with console.status("rebuilding the speed rows from bronze..."):
         result = reset_speed(settings, p, spark)
     console.print(

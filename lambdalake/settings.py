@@ -176,6 +176,9 @@ class SparkSettings(BaseModel):
     )
     #: Extra Spark conf, e.g. ``{"spark.executor.memory": "4g"}``.
     conf: dict[str, str] = Field(default_factory=dict)
+    #: Start the driver JVM from the class-data-sharing archive ``make setup`` builds, if there is one
+    #: (see :mod:`lambdalake.spark.cds`).
+    cds: bool = True
 
     @field_validator("master")
     @classmethod

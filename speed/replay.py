@@ -25,7 +25,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -311,7 +310,6 @@ class Replayer:
             candidates = bronze.join(touched.select(*identity).distinct(), identity, "left_semi")
         firsts = deduplicate(candidates, self.pipeline).filter(F.col(INGEST_EPOCH).isin(epochs)).persist()
         try:
-            firsts.count()  # cached once, before the views read it side by side
             cassandra = self.settings.cassandra
             epoch = F.window(F.col(INGEST_TS), f"{self.pipeline.layers.epoch_seconds} seconds")
 
@@ -322,10 +320,7 @@ class Replayer:
                     return upsert_view(rows, table=table, cassandra=cassandra)
                 return _upsert_latest(firsts, self.pipeline, view, table, cassandra)
 
-            # Jobs of all views at once: one view's Cassandra writes overlap another's aggregation.
-            views = self.pipeline.views
-            with ThreadPoolExecutor(max_workers=len(views)) as pool:
-                return dict(zip([v.name for v in views], pool.map(write, views), strict=True))
+            return {view.name: write(view) for view in self.pipeline.views}
         finally:
             firsts.unpersist()
 

@@ -135,10 +135,6 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
                     failures[row] = (rejection.rule, rejection.reason)
                     record = None
                 records.append(record)
-            rows = range(len(values))
-            rules = [failures[row][0] if row in failures else None for row in rows]
-            reasons = [failures[row][1] if row in failures else None for row in rows]
-            failed = pa.array([row in failures for row in rows], type=pa.bool_())
             ingest = batch.column("timestamp")
             meta = {
                 "_topic": batch.column("topic"),
@@ -148,10 +144,7 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
                 # Kafka timestamps are never negative, so integer division is the floor.
                 INGEST_EPOCH: pc.divide(ingest.cast(pa.int64()), epoch_us),
                 "_schema_id": pa.array([_schema_id(raw) for raw in values], type=pa.int32()),
-                "_error_rule": pa.array(rules, type=pa.string()),
-                "_error_reason": pa.array(reasons, type=pa.string()),
-                "_raw_key": pc.if_else(failed, batch.column("key"), pa.scalar(None, pa.binary())),
-                "_raw_value": pc.if_else(failed, batch.column("value"), pa.scalar(None, pa.binary())),
+                **_failures(failures, batch),
             }
             # One conversion of the records as structs (failed rows null), split into columns.
             columns = pa.array(records, type=events).flatten()
@@ -159,6 +152,26 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
             yield pa.RecordBatch.from_arrays(columns, schema=schema)
 
     return run
+
+
+def _failures(failures: dict[int, tuple[str, str]], batch: pa.RecordBatch) -> dict[str, pa.Array]:
+    """The failure columns of a batch: rule, reason and raw bytes of the failed rows, null elsewhere."""
+    n = batch.num_rows
+    if not failures:  # the common case: no per-row work
+        return {
+            "_error_rule": pa.nulls(n, pa.string()),
+            "_error_reason": pa.nulls(n, pa.string()),
+            "_raw_key": pa.nulls(n, pa.binary()),
+            "_raw_value": pa.nulls(n, pa.binary()),
+        }
+    rows = range(n)
+    failed = pa.array([row in failures for row in rows], type=pa.bool_())
+    return {
+        "_error_rule": pa.array([failures[r][0] if r in failures else None for r in rows], pa.string()),
+        "_error_reason": pa.array([failures[r][1] if r in failures else None for r in rows], pa.string()),
+        "_raw_key": pc.if_else(failed, batch.column("key"), pa.scalar(None, pa.binary())),
+        "_raw_value": pc.if_else(failed, batch.column("value"), pa.scalar(None, pa.binary())),
+    }
 
 
 def decode(df: DataFrame, spec: DecodeSpec) -> DataFrame:

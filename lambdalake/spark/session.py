@@ -51,7 +51,31 @@ BATCH_DEFAULTS = {
     "spark.driver.memory": "6g",
 }
 
-Workload = Literal["stream", "batch"]
+#: A replay is a batch in a short process: it caches the replayed epochs' events once for its two
+#: or so view jobs, where compressing the cache costs more than it saves (1M events: ~0.5 s).
+REPLAY_DEFAULTS = {**BATCH_DEFAULTS, "spark.sql.inMemoryColumnarStorage.compressed": "false"}
+
+Workload = Literal["stream", "batch", "replay"]
+
+
+def driver_java_options(settings: Settings, workload: Workload) -> str:
+    """The driver JVM's options for ``workload`` (``spark.driver.extraJavaOptions`` in the settings'
+    conf replaces them)."""
+    opts = [f"-Dlog4j.configurationFile=file:{LOG4J}"]
+    if workload != "batch" and settings.spark.master.startswith("local"):
+        # Every micro-batch runs freshly generated code, and with the C2 compiler on, JIT compiling it
+        # took a third of the JVM's CPU time on a 2-core machine (measured: C2 thread 30 s of 80 s).
+        # C1 alone compiles far cheaper; on clusters the driver keeps the JVM's default. A replay is
+        # one short process whose hot code C2 would finish compiling about when it ends.
+        opts.append("-XX:TieredStopAtLevel=1")
+    if workload == "replay" and settings.spark.master.startswith("local"):
+        # The throughput collector: G1's concurrent threads take a core's share from the tasks.
+        opts.append("-XX:+UseParallelGC")
+    if settings.spark.cds:
+        from lambdalake.spark.cds import archive_options
+
+        opts.extend(archive_options(settings))
+    return " ".join(opts)
 
 
 def spark_session(
@@ -62,8 +86,10 @@ def spark_session(
     Args:
         settings: Master and ``spark.conf`` overrides (applied last, so they win).
         app_name: The application's name.
-        workload: ``"stream"`` (default: small micro-batches, few shuffle partitions, cheap JIT) or
-            ``"batch"`` (:data:`BATCH_DEFAULTS`: one large query). Only a new session takes it.
+        workload: ``"stream"`` (default: small micro-batches, few shuffle partitions, cheap JIT),
+            ``"batch"`` (:data:`BATCH_DEFAULTS`: one large query) or ``"replay"``
+            (:data:`REPLAY_DEFAULTS`: a batch in a short process, with cheap JIT and the throughput
+            collector). Only a new session takes it.
     """
     # Executors must run the interpreter that has lambdalake installed (the venv's).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -72,15 +98,10 @@ def spark_session(
         # One machine: bind to loopback instead of guessing an interface (and warning about it).
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name).master(settings.spark.master)
-    driver_opts = f"-Dlog4j.configurationFile=file:{LOG4J}"
-    if workload == "stream" and settings.spark.master.startswith("local"):
-        # Every micro-batch runs freshly generated code, and with the C2 compiler on, JIT compiling it
-        # took a third of the JVM's CPU time on a 2-core machine (measured: C2 thread 30 s of 80 s).
-        # C1 alone compiles far cheaper; on clusters the driver keeps the JVM's default.
-        driver_opts += " -XX:TieredStopAtLevel=1"
-    log4j = {"spark.driver.extraJavaOptions": driver_opts}
-    defaults = {**SPARK_DEFAULTS, **(BATCH_DEFAULTS if workload == "batch" else {})}
-    for key, value in {**defaults, **log4j, **settings.spark.conf}.items():
+    java = {"spark.driver.extraJavaOptions": driver_java_options(settings, workload)}
+    workload_defaults = {"stream": {}, "batch": BATCH_DEFAULTS, "replay": REPLAY_DEFAULTS}[workload]
+    defaults = {**SPARK_DEFAULTS, **workload_defaults}
+    for key, value in {**defaults, **java, **settings.spark.conf}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
