@@ -70,6 +70,7 @@ bench: setup
 	$(BIN)/python -m bench.produce
 	$(BIN)/python -m bench.speed
 	$(BIN)/python -m bench.batch
+	$(BIN)/python -m bench.serving
 
 clean: down
 	rm -rf .lambdalake

@@ -62,14 +62,16 @@ def driver_java_options(settings: Settings, workload: Workload) -> str:
     """The driver JVM's options for ``workload`` (``spark.driver.extraJavaOptions`` in the settings'
     conf replaces them)."""
     opts = [f"-Dlog4j.configurationFile=file:{LOG4J}"]
-    if workload != "batch" and settings.spark.master.startswith("local"):
+    local = settings.spark.master.startswith("local")
+    if workload == "stream" and local:
         # Every micro-batch runs freshly generated code, and with the C2 compiler on, JIT compiling it
         # took a third of the JVM's CPU time on a 2-core machine (measured: C2 thread 30 s of 80 s).
-        # C1 alone compiles far cheaper; on clusters the driver keeps the JVM's default. A replay is
-        # one short process whose hot code C2 would finish compiling about when it ends.
+        # C1 alone compiles far cheaper; on clusters the driver keeps the JVM's default.
         opts.append("-XX:TieredStopAtLevel=1")
-    if workload == "replay" and settings.spark.master.startswith("local"):
-        # The throughput collector: G1's concurrent threads take a core's share from the tasks.
+    if workload == "replay" and local:
+        # The throughput collector: G1's concurrent threads take a share of two cores from the tasks
+        # (a new process replaying 1M events: 24-24.5 s with G1, 20.5-22 s). C2 stays on: C1 alone was
+        # ~0.5 s faster at 1M events but 6 s slower at 2M (BENCHMARKS.md).
         opts.append("-XX:+UseParallelGC")
     if settings.spark.cds:
         from lambdalake.spark.cds import archive_options
@@ -88,8 +90,8 @@ def spark_session(
         app_name: The application's name.
         workload: ``"stream"`` (default: small micro-batches, few shuffle partitions, cheap JIT),
             ``"batch"`` (:data:`BATCH_DEFAULTS`: one large query) or ``"replay"``
-            (:data:`REPLAY_DEFAULTS`: a batch in a short process, with cheap JIT and the throughput
-            collector). Only a new session takes it.
+            (:data:`REPLAY_DEFAULTS`: a batch in a short process, with the throughput collector).
+            Only a new session takes it.
     """
     # Executors must run the interpreter that has lambdalake installed (the venv's).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
