@@ -19,6 +19,10 @@ DAY_MS = 86_400_000
 CURRENCIES = ["EUR", "USD", "GBP", "INR", "JPY", "CHF"]
 
 
+#: Telemetry event times of a stream fall on its seed modulo this many milliseconds.
+SEED_SPACING = 16
+
+
 @dataclass(frozen=True)
 class Mix:
     """Shares of the stream, each in [0, 1).
@@ -54,7 +58,7 @@ class _Stream:
     time_field: str = ""
 
     def __init__(self, n: int, *, seed: int, mix: Mix, clock: Callable[[], float]) -> None:
-        self.n, self.mix, self.clock = n, mix, clock
+        self.n, self.mix, self.clock, self.seed = n, mix, clock, seed
         self.rng = random.Random(seed)
         self._recent: list[dict[str, Any]] = []
 
@@ -197,9 +201,13 @@ class TelemetryStream(_Stream):
         v["lat"] = min(89.0, max(-89.0, v["lat"] + rng.gauss(0, 0.001)))
         v["lon"] = min(179.0, max(-179.0, v["lon"] + rng.gauss(0, 0.001)))
         v["odo"] += v["speed"] / 3600.0
+        # A distinct reading has an identity of its own, in this stream and in any other whose seed
+        # differs modulo SEED_SPACING: its event time is the seed modulo SEED_SPACING ms, so a second
+        # wave of late readings never reuses a first wave's identity by chance.
         ts = self.event_time(now_ms, late)
-        while (k, ts) in self._used:  # identity must be unique per distinct reading
-            ts -= 1
+        ts -= (ts - self.seed) % SEED_SPACING
+        while (k, ts) in self._used:
+            ts -= SEED_SPACING
         self._used.add((k, ts))
         return {
             "vehicle_id": f"vehicle-{k:05d}",
