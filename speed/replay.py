@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
@@ -164,7 +165,7 @@ FILE_ROWS = 250_000
 
 
 #: What each archive task returns.
-PIECE_DONE = "files array<string>, valid long"
+PIECE_DONE = pa.schema([("files", pa.list_(pa.string())), ("valid", pa.int64())])
 
 
 @dataclass(frozen=True)
@@ -187,10 +188,7 @@ class _ArchiveJob:
         for batch in batches:
             for index in batch.column("id").to_pylist():
                 files, valid = self.archive(*self.work[index])
-                yield pa.RecordBatch.from_pydict(
-                    {"files": [files], "valid": [valid]},
-                    schema=pa.schema([("files", pa.list_(pa.string())), ("valid", pa.int64())]),
-                )
+                yield pa.RecordBatch.from_pydict({"files": [files], "valid": [valid]}, schema=PIECE_DONE)
 
     def archive(self, piece: KafkaPartition, holding: tuple[str, ...]) -> tuple[list[str], int]:
         """Archive one piece; returns the files written and the valid events the piece holds."""
@@ -282,7 +280,7 @@ class Replayer:
         # One task per piece (range() spreads n ids over n partitions, one each). mapInArrow, not an
         # RDD: the Cassandra writes after it then reuse the same warm Python workers.
         n = len(pieces)
-        done = self.spark.range(0, n, 1, n).mapInArrow(job.run, PIECE_DONE).collect()
+        done = self.spark.range(0, n, 1, n).mapInArrow(job.run, from_arrow_schema(PIECE_DONE)).collect()
         files = [f for row in done for f in row["files"]]
         read = sum(row["valid"] for row in done)
         if not files:
@@ -309,20 +307,20 @@ class Replayer:
             touched = bronze.filter(F.col(INGEST_EPOCH).isin(epochs))
             candidates = bronze.join(touched.select(*identity).distinct(), identity, "left_semi")
         firsts = deduplicate(candidates, self.pipeline).filter(F.col(INGEST_EPOCH).isin(epochs)).persist()
+        cells = {}
+        cassandra = self.settings.cassandra
+        epoch = F.window(F.col(INGEST_TS), f"{self.pipeline.layers.epoch_seconds} seconds")
         try:
-            cassandra = self.settings.cassandra
-            epoch = F.window(F.col(INGEST_TS), f"{self.pipeline.layers.epoch_seconds} seconds")
-
-            def write(view: LatestView | WindowedView) -> int:
+            for view in self.pipeline.views:
                 table = speed_table_def(self.pipeline, view)
                 if isinstance(view, WindowedView):
                     rows = windowed(firsts, self.pipeline, view, epoch=epoch)
-                    return upsert_view(rows, table=table, cassandra=cassandra)
-                return _upsert_latest(firsts, self.pipeline, view, table, cassandra)
-
-            return {view.name: write(view) for view in self.pipeline.views}
+                    cells[view.name] = upsert_view(rows, table=table, cassandra=cassandra)
+                else:
+                    cells[view.name] = _upsert_latest(firsts, self.pipeline, view, table, cassandra)
         finally:
             firsts.unpersist()
+        return cells
 
 
 def _upsert_latest(

@@ -2,7 +2,7 @@
 
 A new driver JVM loads and verifies thousands of Spark, Scala and Hadoop classes before its first job
 finishes. From a CDS archive it maps them from one file instead. Measured on a 2-core machine: a
-session starts in 3.1 s instead of 5.1 s, and a new process replays 1M events ~2.5 s faster
+session starts in 2.3-3.1 s instead of 5.1 s, and a new process replays 1M events ~2.5 s faster
 (BENCHMARKS.md).
 
 ``make setup`` builds the archive once per machine (``python -m lambdalake.spark.cds``). A child process
