@@ -21,6 +21,7 @@ from pyspark.sql import SparkSession
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import BATCH_META, batch_table_def, create_keyspace, ensure_table
+from lambdalake.cassandra.writer import bulk_options
 from lambdalake.delta import open_table
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
@@ -81,15 +82,14 @@ class Publisher:
             written = 0
             if files:
                 # Rows of a version are written once, in bulk, while Cassandra serves nothing from
-                # them yet: larger batches and fewer requests in flight than the speed layer's
-                # (measured on 2 cores: 100 rows x 8 requests ~1.5x the rate of 32 x 16), from as
-                # many Python workers as the cluster has cores (a view is often one file).
+                # them yet, from as many Python workers as the cluster has cores (a view is often
+                # one file).
                 rows = self.spark.read.parquet(*files)
                 rows = rows.repartition(max(1, self.spark.sparkContext.defaultParallelism))
+                cassandra = self.settings.cassandra
                 written = upsert_view(
-                    rows, table=tables[view.name], cassandra=self.settings.cassandra,
-                    batch_rows=self.settings.cassandra.publish_batch_rows, concurrency=8,
-                )  # fmt: skip
+                    rows, table=tables[view.name], cassandra=cassandra, **bulk_options(cassandra)
+                )
             log.info("batch v%d: %d rows to %s", version, written, tables[view.name].name)
         t2 = time.monotonic()
         self._activate(session, version, run)

@@ -41,6 +41,22 @@ def call(settings: Settings, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise _unavailable(settings, exc) from exc
 
 
+def subject_schemas(settings: Settings, subject: str) -> dict[int, str]:
+    """Every schema registered under ``subject``, by registry id (empty for an unknown subject)."""
+    sr = client(settings)
+    try:
+        versions = call(settings, sr.get_versions, subject)
+    except SchemaRegistryError as exc:
+        if exc.http_status_code == 404:
+            return {}
+        raise
+    out = {}
+    for version in versions:
+        registered = call(settings, sr.get_version, subject, version)
+        out[registered.schema_id] = registered.schema.schema_str
+    return out
+
+
 def register_pipeline(
     settings: Settings, pipeline: Pipeline, *, up_to: int | None = None
 ) -> list[RegisteredVersion]:

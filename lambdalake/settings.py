@@ -157,8 +157,8 @@ class CassandraSettings(BaseModel):
     #: request per row cost ~9x more here (4.4k vs 38.7k rows/s, Cassandra 2.1 on 2 cores); 1 sends
     #: every row alone.
     batch_rows: int = Field(default=32, ge=1, le=500)
-    #: Rows per unlogged batch when the batch layer publishes a version (a bulk load: larger batches
-    #: pay off; a batch over the cluster's size limit is split and sent again).
+    #: Rows per unlogged batch in bulk writes: a batch publish, a replay's rewrite of whole epochs
+    #: (larger batches pay off; a batch over the cluster's size limit is split and sent again).
     publish_batch_rows: int = Field(default=100, ge=1, le=1000)
     #: Embedded server only. Memtables get a quarter of it: at 512M a bulk publish flushed twice a
     #: second and Cassandra's CPU per row was twice what it is at 3G (measured on 2 cores).

@@ -134,8 +134,17 @@ def latest_rank(version: Numeric, ingest_seconds: Numeric) -> Numeric:
     integers: a timestamp version as epoch milliseconds, ingest time as non-negative epoch seconds
     (so ``%`` is the floor modulo in both engines).
     """
+    return version * (1 << TIEBREAK_BITS) + latest_tiebreak(ingest_seconds)  # type: ignore[operator]
+
+
+def latest_tiebreak(ingest_seconds: Numeric) -> Numeric:
+    """The low part of :func:`latest_rank`, in ``[0, 2^20)``: higher for the earlier delivery.
+
+    Because it stays below ``2^20``, ordering deliveries by (version, tiebreak) is exactly ordering
+    them by rank, for any version: an engine may compare the two parts instead of computing the rank
+    (Spark's ``latest`` does, in longs instead of 38-digit decimals)."""
     span = 1 << TIEBREAK_BITS
-    return version * span + (span - 1 - ingest_seconds % span)  # type: ignore[operator]
+    return span - 1 - ingest_seconds % span  # type: ignore[operator]
 
 
 def speed_table(pipeline: Pipeline, view: LatestView | WindowedView) -> str:

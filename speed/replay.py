@@ -37,6 +37,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import speed_table_def
+from lambdalake.cassandra.writer import bulk_options
 from lambdalake.errors import ConfigurationError
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, record_time, watermarks
 from lambdalake.master import MasterDataset, offsets_present, table_path, write_event_files
@@ -269,10 +270,14 @@ class Replayer:
         holding = self.bronze.files_holding([(p.partition, p.start, p.until) for p in pieces])
         run_id = f"replay-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
         options = {f"kafka.{k}": str(v) for k, v in self.settings.kafka.client_config().items()}
+        # Imported here: the tasks import this module, and must not import the registry client.
+        from lambdalake.registry import subject_schemas
+
+        writers = subject_schemas(self.settings, self.pipeline.schema_.subject)
         job = _ArchiveJob(
             work=tuple((piece, tuple(files)) for piece, files in zip(pieces, holding, strict=True)),
             source=SourceOptions.parse({**options, "subscribe": topic}),
-            spec=DecodeSpec.of(self.pipeline, self.settings),
+            spec=DecodeSpec.of(self.pipeline, self.settings, writer_schemas=writers),
             path=self.bronze.path,
             event_time=self.pipeline.event.time,
             run_id=run_id,
@@ -315,7 +320,8 @@ class Replayer:
                 table = speed_table_def(self.pipeline, view)
                 if isinstance(view, WindowedView):
                     rows = windowed(firsts, self.pipeline, view, epoch=epoch)
-                    cells[view.name] = upsert_view(rows, table=table, cassandra=cassandra)
+                    written = upsert_view(rows, table=table, cassandra=cassandra, **bulk_options(cassandra))
+                    cells[view.name] = written
                 else:
                     cells[view.name] = _upsert_latest(firsts, self.pipeline, view, table, cassandra)
         finally:
@@ -333,12 +339,14 @@ def _upsert_latest(
     columns = [*table.column_names, RANK]
 
     def write(batches: Any) -> Any:
-        from lambdalake.cassandra.writer import upsert_arrow
+        from lambdalake.cassandra.writer import bulk_options, upsert_arrow
 
         written = 0
         for batch in batches:
             ranks = batch.column(RANK)
-            written += upsert_arrow(batch, table=table, settings=cassandra, write_timestamps=ranks)
+            written += upsert_arrow(
+                batch, table=table, settings=cassandra, write_timestamps=ranks, **bulk_options(cassandra)
+            )
         yield pa.RecordBatch.from_pydict({"rows": [written]})
 
     return sum(r["rows"] for r in rows.select(*columns).mapInArrow(write, "rows long").collect())

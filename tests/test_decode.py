@@ -110,3 +110,47 @@ def test_the_edge_refuses_a_version_that_would_wrap_the_rank() -> None:
     rejection = validator.check(offer)
     assert rejection is not None and rejection.rule == "version.latest_rank"
     assert validator.check({**offer, "version": 2**43 - 1}) is None
+
+
+def test_millisecond_timestamps_decode_as_before_whatever_wrote_them(telemetry: tuple) -> None:
+    """timestamp-millis fields are decoded as integers (no datetime per value) and cast once: the
+    instants must equal what fastavro's datetimes give, also for a writer that typed the field
+    timestamp-micros (decoded the usual way, converted after), and a value beyond the years fastavro
+    can decode must still be refused, not crash the batch."""
+    import io
+    import json
+    from datetime import UTC, datetime
+
+    import fastavro
+
+    pipeline, spec = telemetry
+    now_ms = int(time.time() * 1000)
+    reading = {
+        "vehicle_id": "veh-1", "event_time": now_ms - 1234, "speed_kmh": 50.0, "heading_deg": 90.0,
+        "latitude": 1.0, "longitude": 2.0, "engine_state": "running", "odometer_km": 10.0,
+        "fuel_level_pct": None,
+    }  # fmt: skip
+    micros_schema = json.loads(pipeline.schema_text(2))
+    for f in micros_schema["fields"]:
+        if f["name"] == "event_time":
+            f["type"] = {"type": "long", "logicalType": "timestamp-micros"}
+    v2 = WireEncoder(2, parse_schema(pipeline.schema_text(2)))
+    micros = WireEncoder(7, parse_schema(micros_schema))
+    known = {7: json.dumps(micros_schema)}
+    spec = decode.DecodeSpec(**{**spec.__dict__, "writer_schemas": tuple(known.items())})
+    values = [
+        v2.encode(reading),
+        micros.encode({**reading, "event_time": (now_ms - 1234) * 1000 + 999}),
+        v2.encode({**reading, "event_time": 253_402_300_800_000}),  # 10000-01-01
+        v2.encode({**reading, "event_time": -2_208_988_800_000}),  # 1900-01-01: negative millis
+    ]
+    out = pa.Table.from_batches(list(decode.decoder(spec)(iter([source_batch(values, now_ms * 1000)]))))
+    assert out.column("_error_rule").to_pylist() == [None, None, "avro", None]
+    assert "event_time" in out.column("_error_reason").to_pylist()[2]
+    times = out.column("event_time")
+    assert times.type == pa.timestamp("us", tz="UTC")
+    body = io.BytesIO(values[0][5:])
+    expected = fastavro.schemaless_reader(body, parse_schema(pipeline.schema_text(2)), None)["event_time"]
+    assert times.to_pylist()[0] == expected == datetime.fromtimestamp((now_ms - 1234) / 1000, UTC)
+    assert times.to_pylist()[1] == expected  # the micros writer, floored to the reader's milliseconds
+    assert times.to_pylist()[3] == datetime(1900, 1, 1, tzinfo=UTC)

@@ -9,7 +9,7 @@ for the dead-letter topic; the stream goes on.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,15 +50,22 @@ class DecodeSpec:
     registry: dict[str, Any]
     rules: tuple[Rule | RankRule, ...]
     epoch_seconds: int
+    #: Writer schemas known up front, as (registry id, schema JSON). Records written with any other
+    #: id fetch theirs from the registry; with none, an executor never imports the registry client
+    #: (~0.25 s per Python worker).
+    writer_schemas: tuple[tuple[int, str], ...] = ()
 
     @classmethod
-    def of(cls, pipeline: Pipeline, settings: Settings) -> DecodeSpec:
+    def of(
+        cls, pipeline: Pipeline, settings: Settings, *, writer_schemas: Mapping[int, str] | None = None
+    ) -> DecodeSpec:
         return cls(
             pipeline=pipeline.name,
             reader_schema=pipeline.schema_text(),
             registry=settings.registry.client_config(),
             rules=tuple(checked_rules(pipeline)),
             epoch_seconds=pipeline.layers.epoch_seconds,
+            writer_schemas=tuple(sorted((writer_schemas or {}).items())),
         )
 
     @property
@@ -93,25 +100,33 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
     """The ``mapInArrow`` function: Kafka source batches in, decoded events (and failures) out."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from confluent_kafka.schema_registry.error import SchemaRegistryError
-
-        fetch = _fetcher(spec.registry)
+        known = dict(spec.writer_schemas)
 
         def fetch_or_unknown(schema_id: int) -> str:
+            if schema_id in known:
+                return known[schema_id]
+            from confluent_kafka.schema_registry.error import SchemaRegistryError
+
             try:
-                return fetch(schema_id)
+                return _fetcher(spec.registry)(schema_id)
             except SchemaRegistryError as exc:
                 if exc.http_status_code == 404:
                     raise UnknownSchemaId(f"schema id {schema_id} is not in the registry") from exc
                 raise  # the registry is down or failing: fail the task, Spark retries it
 
         reader = json.loads(spec.reader_schema)
-        wire = WireDecoder(reader, fetch_or_unknown)
+        wire = WireDecoder(reader, fetch_or_unknown, millis_as_int=True)
         validator = RecordValidator(
             spec.rules, schema=reader, parsed_schema=parse_schema(reader), check_shape=False
         )
         schema = spec.output_schema
-        events = pa.struct(list(event_schema(reader)))
+        # Records carry timestamp-millis fields as epoch milliseconds (the rules take them so too):
+        # converted as millisecond timestamps, then cast to the event schema's type.
+        millis = set(wire.millis_fields)
+        target = list(event_schema(reader))
+        events = pa.struct(
+            [f.with_type(pa.timestamp("ms", tz="UTC")) if f.name in millis else f for f in target]
+        )
         check = validator.check
         epoch_us = spec.epoch_seconds * 1_000_000
         for batch in batches:
@@ -147,7 +162,8 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
                 **_failures(failures, batch),
             }
             # One conversion of the records as structs (failed rows null), split into columns.
-            columns = pa.array(records, type=events).flatten()
+            flat = pa.array(records, type=events).flatten()
+            columns = [c.cast(f.type) if f.name in millis else c for c, f in zip(flat, target, strict=True)]
             columns += [meta[f.name].cast(f.type) for f in META_FIELDS]
             yield pa.RecordBatch.from_arrays(columns, schema=schema)
 

@@ -15,20 +15,32 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
-from lambdalake.views import EPOCH, WINDOW_START, Component, latest_columns, latest_rank, view_components
+from lambdalake.views import (
+    EPOCH,
+    WINDOW_START,
+    Component,
+    latest_columns,
+    latest_rank,
+    latest_tiebreak,
+    view_components,
+)
 
 #: Columns the decoder adds to every event (its Kafka coordinates and ingest time).
 INGEST_TS = "_ingest_ts"
 INGEST_EPOCH = "_epoch"
 
 
+def _version(df: DataFrame, view: LatestView) -> Column:
+    """The version as an integer (a timestamp as epoch milliseconds)."""
+    v = F.col(view.version)
+    return F.unix_millis(v) if isinstance(df.schema[view.version].dataType, TimestampType) else v.cast("long")
+
+
 def latest_order(df: DataFrame, view: LatestView) -> Column:
     """:func:`lambdalake.views.latest_rank` of each delivery, as a Spark column."""
-    v = F.col(view.version)
-    v = F.unix_millis(v) if isinstance(df.schema[view.version].dataType, TimestampType) else v
     # Exact decimal arithmetic: an event archived before versions were bounded (|v| < 2^43) ranks
     # correctly instead of failing the job with an overflow (ANSI) or wrapping.
-    return latest_rank(v.cast("decimal(38,0)"), F.unix_seconds(F.col(INGEST_TS)))
+    return latest_rank(_version(df, view).cast("decimal(38,0)"), F.unix_seconds(F.col(INGEST_TS)))
 
 
 def latest(df: DataFrame, pipeline: Pipeline, view: LatestView) -> DataFrame:
@@ -36,7 +48,13 @@ def latest(df: DataFrame, pipeline: Pipeline, view: LatestView) -> DataFrame:
     offset), so the result never depends on arrival order."""
     cols = latest_columns(pipeline, view)
     keep = [c for c in cols if c not in view.key] + [INGEST_TS, INGEST_EPOCH]
-    order = F.struct(latest_order(df, view), -F.col("_offset"))
+    # The rank's two parts compared in turn order exactly as the rank does (latest_tiebreak), in
+    # longs: the rank itself is a 38-digit decimal, costly to compute for every delivery. A null
+    # version has a null rank; its tiebreak is nulled too, so such deliveries tie and the offset
+    # decides, as before.
+    v = _version(df, view)
+    tiebreak = F.when(v.isNotNull(), latest_tiebreak(F.unix_seconds(F.col(INGEST_TS))))
+    order = F.struct(v, tiebreak, -F.col("_offset"))
     winner = F.max_by(F.struct(*[F.col(c) for c in keep]), order)
     return (
         df.groupBy(*view.key)
