@@ -130,9 +130,12 @@ class WireDecoder:
         if schemas is None:
             text = json.loads(self._fetch(schema_id))
             reader, convert = self._raw_reader, ()
-            written = {f["name"]: f["type"] for f in text.get("fields", [])}
-            same = _millis_fields(text)
-            if all(name not in written or name in same for name in self._raw):
+            record = isinstance(text, dict) and isinstance(text.get("fields"), list)
+            written = {f["name"] for f in text["fields"]} if record else set()
+            same = _millis_fields(text) if record else {}
+            if not self._raw:
+                parsed = parse_schema(text)
+            elif record and all(name not in written or name in same for name in self._raw):
                 parsed = parse_schema(_with_types(text, {k: v for k, v in same.items() if k in self._raw}))
             else:
                 # The writer typed one of those fields otherwise (say timestamp-micros): decode it

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import reduce
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
@@ -105,28 +105,35 @@ def deduplicate(df: DataFrame, pipeline: Pipeline, *, copies: str | None = None)
     partitions (copies written before partitions were added) the earlier ingest time wins.
     ``copies`` names a column to count each identity's deliveries in (none by default).
 
-    Copies are rare, so only the identities delivered more than once pay for picking a whole row
-    (``min_by`` over a struct cannot use Spark's hash aggregation): a narrow count per identity finds
-    them, and the events of every other identity pass through a (usually broadcast) anti-join.
+    Copies are rare, so only they are sorted: a narrow count per identity finds the identities
+    delivered more than once; their deliveries' coordinates alone (a narrow read) rank them; and the
+    events pass once through a (usually broadcast) anti-join with the coordinates of the copies that
+    lose. No whole row is picked by an aggregation (``min_by`` over a struct cannot use Spark's hash
+    aggregation), and the events keep their partitioning (no union of two plans).
     """
     identity = list(pipeline.event.identity)
     n = copies or "_copies"
+    coordinates = [INGEST_TS, "_partition", "_offset"]
     repeated = df.groupBy(*identity).agg(F.count(F.lit(1)).alias(n)).filter(F.col(n) > 1)
-    events, seen = df.alias("_events"), repeated.alias("_repeated")
-    # Null-safe: a null identity component is one value, as groupBy treats it.
-    on = reduce(
-        lambda a, b: a & b,
-        [F.col(f"_events.{c}").eqNullSafe(F.col(f"_repeated.{c}")) for c in identity],
+
+    def on(left: str, right: str) -> Column:
+        # Null-safe: a null identity component is one value, as groupBy treats it.
+        return reduce(
+            lambda a, b: a & b, [F.col(f"{left}.{c}").eqNullSafe(F.col(f"{right}.{c}")) for c in identity]
+        )
+
+    deliveries = (
+        df.select(*identity, "_topic", *coordinates)
+        .alias("_d")
+        .join(repeated.alias("_r"), on("_d", "_r"), "left_semi")
     )
-    singles = events.join(seen, on, "left_anti")
+    # Window partitions group nulls together, as groupBy does.
+    rank = F.row_number().over(Window.partitionBy(*identity).orderBy(*coordinates, "_topic"))
+    losers = deliveries.withColumn("_rank", rank).filter(F.col("_rank") > 1)
+    out = df.join(
+        losers.select("_topic", "_partition", "_offset"), ["_topic", "_partition", "_offset"], "left_anti"
+    )
     if copies:
-        singles = singles.withColumn(copies, F.lit(1).cast("long"))
-    first = F.min_by(F.struct(*[F.col(c) for c in df.columns]), F.struct(INGEST_TS, "_partition", "_offset"))
-    counted = [F.count(F.lit(1)).alias(copies)] if copies else []
-    picked = (
-        events.join(seen, on, "left_semi")
-        .groupBy(*identity)
-        .agg(first.alias("_e"), *counted)
-        .select("_e.*", *([copies] if copies else []))
-    )
-    return singles.unionByName(picked)
+        counted = out.alias("_e").join(repeated.alias("_r"), on("_e", "_r"), "left")
+        out = counted.select("_e.*", F.coalesce(F.col(f"_r.{n}"), F.lit(1).cast("long")).alias(copies))
+    return out
