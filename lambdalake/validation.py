@@ -11,7 +11,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from fastavro.validation import validate as fastavro_validate
@@ -244,11 +244,20 @@ def compile_rule(rule: Rule | RankRule) -> Check:
                 v = r.get(field)
                 ms = v.timestamp() * 1000 if isinstance(v, datetime) else v
                 if isinstance(ms, int | float) and ms > (now + skew) * 1000:
-                    return Rejection(name, f"{field}={v} is more than {skew:g}s in the future")
+                    shown = v if isinstance(v, datetime) else f"{v} ms ({_utc(ms)})"
+                    return Rejection(name, f"{field}={shown} is more than {skew:g}s in the future")
                 return None
 
             return not_future
     raise TypeError(f"unknown rule {rule!r}")
+
+
+def _utc(ms: float) -> str:
+    """Epoch milliseconds as an ISO time, for messages (decoders hand timestamps over as millis)."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+    except (OverflowError, OSError, ValueError):
+        return "beyond the years 1-9999"
 
 
 class RecordValidator:
