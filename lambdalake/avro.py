@@ -114,7 +114,7 @@ class WireDecoder:
         reader = json.loads(reader_schema) if isinstance(reader_schema, str) else dict(reader_schema)
         self._raw = _millis_fields(reader) if millis_as_int else {}
         self.reader = parse_schema(reader)
-        self._raw_reader = parse_schema(_with_types(reader, self._raw))
+        self._raw_reader = parse_schema(_with_types(reader, self._raw)) if self._raw else self.reader
         self._fetch = fetch_schema
         self._writers: dict[int, tuple[Any, Any, tuple[str, ...]]] = {}
 
@@ -130,12 +130,12 @@ class WireDecoder:
         if schemas is None:
             text = json.loads(self._fetch(schema_id))
             reader, convert = self._raw_reader, ()
-            record = isinstance(text, dict) and isinstance(text.get("fields"), list)
-            written = {f["name"] for f in text["fields"]} if record else set()
-            same = _millis_fields(text) if record else {}
+            is_record = isinstance(text, dict) and isinstance(text.get("fields"), list)
+            written = {f["name"] for f in text["fields"]} if is_record else set()
+            same = _millis_fields(text) if is_record else {}
             if not self._raw:
                 parsed = parse_schema(text)
-            elif record and all(name not in written or name in same for name in self._raw):
+            elif is_record and all(name not in written or name in same for name in self._raw):
                 parsed = parse_schema(_with_types(text, {k: v for k, v in same.items() if k in self._raw}))
             else:
                 # The writer typed one of those fields otherwise (say timestamp-micros): decode it

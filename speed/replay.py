@@ -37,7 +37,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import speed_table_def
-from lambdalake.cassandra.writer import bulk_options
+from lambdalake.cassandra.writer import bulk_options, upsert_arrow
 from lambdalake.errors import ConfigurationError
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, record_time, watermarks
 from lambdalake.master import MasterDataset, offsets_present, table_path, write_event_files
@@ -314,14 +314,14 @@ class Replayer:
         firsts = deduplicate(candidates, self.pipeline).filter(F.col(INGEST_EPOCH).isin(epochs)).persist()
         cells = {}
         cassandra = self.settings.cassandra
+        bulk = bulk_options(cassandra)
         epoch = F.window(F.col(INGEST_TS), f"{self.pipeline.layers.epoch_seconds} seconds")
         try:
             for view in self.pipeline.views:
                 table = speed_table_def(self.pipeline, view)
                 if isinstance(view, WindowedView):
                     rows = windowed(firsts, self.pipeline, view, epoch=epoch)
-                    written = upsert_view(rows, table=table, cassandra=cassandra, **bulk_options(cassandra))
-                    cells[view.name] = written
+                    cells[view.name] = upsert_view(rows, table=table, cassandra=cassandra, **bulk)
                 else:
                     cells[view.name] = _upsert_latest(firsts, self.pipeline, view, table, cassandra)
         finally:
@@ -338,15 +338,13 @@ def _upsert_latest(
     rows = rows.withColumn(RANK, latest_order(rows, view).cast("long"))
     columns = [*table.column_names, RANK]
 
-    def write(batches: Any) -> Any:
-        from lambdalake.cassandra.writer import bulk_options, upsert_arrow
+    bulk = bulk_options(cassandra)
 
+    def write(batches: Any) -> Any:
         written = 0
         for batch in batches:
             ranks = batch.column(RANK)
-            written += upsert_arrow(
-                batch, table=table, settings=cassandra, write_timestamps=ranks, **bulk_options(cassandra)
-            )
+            written += upsert_arrow(batch, table=table, settings=cassandra, write_timestamps=ranks, **bulk)
         yield pa.RecordBatch.from_pydict({"rows": [written]})
 
     return sum(r["rows"] for r in rows.select(*columns).mapInArrow(write, "rows long").collect())
