@@ -3,8 +3,9 @@
 An epoch ``E`` (ingest ms // epoch ms) is closed when
 
 - its end plus the grace period has passed: ``(E + 1) * epoch_ms + grace_ms <= now``, and
-- bronze has archived, on every partition, everything before the epoch's end: the speed job has
-  read up to the first offset whose (LogAppendTime) timestamp is at or after ``(E + 1) * epoch_ms``.
+- bronze has archived, on every partition, everything before the epoch's end: its commits have read,
+  without a gap from the log's first offset, up to the first offset whose (LogAppendTime) timestamp
+  is at or after ``(E + 1) * epoch_ms`` (:mod:`lambdalake.coverage`).
   That offset comes from the broker (offsets-for-times); a partition with no record after the
   epoch (idle) needs everything up to its end offset read, and so never blocks the horizon by
   being idle, only by being behind.
@@ -18,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from lambdalake.errors import ConfigurationError
-from lambdalake.kafka.offsets import offset_consumer, offsets_at
+from lambdalake.kafka.offsets import offset_consumer, offsets_at, watermarks
 from lambdalake.master import MasterDataset
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
@@ -51,6 +52,14 @@ def boundaries(settings: Settings, pipeline: Pipeline, end_ms: int) -> dict[str,
     topic = pipeline.topic.name
     with offset_consumer(settings) as consumer:
         return {f"{topic}/{p}": o for p, o in offsets_at(consumer, topic, end_ms).items()}
+
+
+def first_offsets(settings: Settings, pipeline: Pipeline) -> dict[str, int]:
+    """Per ``"topic/partition"``, the log's first offset (earlier ones were removed: no one can
+    archive them any more)."""
+    topic = pipeline.topic.name
+    with offset_consumer(settings) as consumer:
+        return {f"{topic}/{p}": low for p, (low, _) in watermarks(consumer, topic).items()}
 
 
 def lagging(bounds: dict[str, int], read: dict[str, int]) -> dict[str, tuple[int, int]]:
@@ -95,9 +104,12 @@ def find_horizon(
         )
     candidates = [requested] if requested is not None else range(newest, newest - lookback, -1)
     problems = {}
+    low = first_offsets(settings, pipeline)
     for epoch in candidates:
         bounds = boundaries(settings, pipeline, (epoch + 1) * epoch_ms)
-        read = bronze.read_progress(bounds, version=bronze_version)
+        # Archived means read without a gap from the log's start (a replay's range read ahead of the
+        # speed job does not count until the gap before it is read too).
+        read = bronze.read_progress(bounds, version=bronze_version, low=low)
         behind = lagging(bounds, read)
         if not behind:
             return Horizon(epoch, epoch_ms, bounds)

@@ -39,7 +39,7 @@ from lambdalake.master import EPOCH_MS, MasterDataset, table_path
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.session import spark_session
-from lambdalake.spark.views import INGEST_EPOCH, deduplicate, latest, latest_order, windowed
+from lambdalake.spark.views import INGEST_EPOCH, deduplicate, latest, latest_order, read_bronze, windowed
 from lambdalake.status import batch_status_file
 from lambdalake.storage import list_files, write_text
 from lambdalake.views import RANK
@@ -181,7 +181,7 @@ class BatchJob:
             raise ConfigurationError(
                 f"the master dataset of {self.pipeline.name!r} holds no files", fix="run the speed job first"
             )
-        events = self.spark.read.parquet(*files)
+        events = read_bronze(self.spark, files)
         firsts = deduplicate(events, self.pipeline, copies=COPIES).persist()
         counts = firsts.agg(
             F.sum(COPIES).alias("read"),

@@ -2,7 +2,10 @@
 
 Every row of the new version is written to tables of its own (``<pipeline>__<view>__b<version>``)
 while serving keeps reading the active version. Only when every row is written does one row of
-``lambdalake_batch`` (one partition: an atomic write) switch the active version and horizon. A
+``lambdalake_batch`` (one partition: an atomic write) switch the active version and horizon.
+Publishes need no lock of their own: the version number is claimed with ``INSERT ... IF NOT EXISTS``,
+the switch is a lightweight transaction conditioned on the version it replaces (and refuses a horizon
+below that version's), and only versions older than the one replaced are dropped. A
 publish killed half-way leaves serving on the previous version; its half-written tables are never
 activated (the next run takes a higher version number) and are dropped by a later run's retention.
 """
@@ -15,14 +18,23 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
+from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
+from cassandra.query import SimpleStatement
 from pyspark.sql import SparkSession
 
-from lambdalake.cassandra.active import active_batch
+from lambdalake.cassandra.active import ActiveBatch, active_batch
 from lambdalake.cassandra.session import connect
-from lambdalake.cassandra.tables import BATCH_META, batch_table_def, create_keyspace, ensure_table
+from lambdalake.cassandra.tables import (
+    BATCH_CLAIMS,
+    BATCH_META,
+    batch_table_def,
+    create_keyspace,
+    ensure_table,
+)
 from lambdalake.cassandra.writer import bulk_options
 from lambdalake.delta import open_table
+from lambdalake.errors import ConfigurationError
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.sinks import upsert_view
@@ -56,20 +68,29 @@ class Publisher:
         pattern = re.compile(rf"^{re.escape(self.pipeline.name)}__[a-z0-9_]+__b(\d+)$")
         return sorted({int(m.group(1)) for name in tables if (m := pattern.match(name))})
 
-    def publish(self, run: BatchRun) -> int:
+    def publish(self, run: BatchRun, *, rebuilt_through: int | None = None) -> int:
         """Write every view of ``run`` (as committed to Delta) under a new version; activate it.
 
         Records its steps' seconds in ``run.stages``: ``publish ddl``, ``publish rows``, ``publish
         swap`` (the activation) and ``publish retire`` (dropping versions beyond the retention, after
-        serving has moved to the new one: a kill there leaves tables the next run drops)."""
+        serving has moved to the new one: a kill there leaves tables the next run drops).
+
+        Args:
+            run: The run whose Delta views are published.
+            rebuilt_through: The speed rows of epochs after ``run.horizon`` up to this one were
+                rebuilt from bronze (a restore of an older version): the horizon may move back that
+                far. Default None: a horizon below the active one's is refused.
+        """
         from batch.job import views_path
 
         t0 = time.monotonic()
         session = connect(self.settings.cassandra)
         create_keyspace(session, self.settings.cassandra)
         ensure_table(session, self.keyspace, BATCH_META)
+        ensure_table(session, self.keyspace, BATCH_CLAIMS)
         active = active_batch(session, self.keyspace, self.pipeline.name)
-        version = max([active.version if active else 0, *self._versions_in_use(session)]) + 1
+        self._refuse_below(active, run, rebuilt_through)  # early; decided again at the swap
+        version = self._claim(session, active, run)
         tables = {view.name: batch_table_def(self.pipeline, view, version) for view in self.pipeline.views}
         for table in tables.values():
             ensure_table(session, self.keyspace, table)
@@ -92,32 +113,101 @@ class Publisher:
                 )
             log.info("batch v%d: %d rows to %s", version, written, tables[view.name].name)
         t2 = time.monotonic()
-        self._activate(session, version, run)
+        replaced = self._activate(session, version, run, rebuilt_through)
         t3 = time.monotonic()
-        self._retire(session, version)
+        self._retire(session, version, replaced)
         run.stages.update({"publish ddl": round(t1 - t0, 3), "publish rows": round(t2 - t1, 3),
                            "publish swap": round(t3 - t2, 3),
                            "publish retire": round(time.monotonic() - t3, 3)})  # fmt: skip
         return version
 
-    def _activate(self, session: Session, version: int, run: BatchRun) -> None:
-        values: dict[str, Any] = {
-            "pipeline": self.pipeline.name, "version": version, "horizon": run.horizon,
-            "epoch_ms": self.pipeline.layers.epoch_ms, "bronze_version": run.bronze_version,
-            "views": json.dumps(run.delta_versions, sort_keys=True), "published_at": int(time.time() * 1000),
-        }  # fmt: skip
-        cols = ", ".join(f'"{c}"' for c in values)
-        marks = ", ".join("%s" for _ in values)
-        session.execute(
-            f'INSERT INTO "{self.keyspace}"."{BATCH_META.name}" ({cols}) VALUES ({marks})',
-            list(values.values()),
+    def _refuse_below(self, active: ActiveBatch | None, run: BatchRun, rebuilt_through: int | None) -> None:
+        """A version whose horizon is below the active one's would move the horizon back with no
+        speed rows for the epochs in between (the speed layer left them to the batch): refused,
+        unless those rows were rebuilt."""
+        if active is None or run.horizon >= active.horizon:
+            return
+        if rebuilt_through is not None and rebuilt_through >= active.horizon:
+            return
+        raise ConfigurationError(
+            f"batch version {active.version} of {self.pipeline.name!r} is active with horizon "
+            f"{active.horizon}; this run's horizon {run.horizon} is older: serving would count the "
+            f"events of epochs {run.horizon + 1}..{active.horizon} nowhere",
+            fix=f"run `lambdalake batch run {self.pipeline.name}` (the newest closed epoch); "
+            f"`lambdalake batch restore {self.pipeline.name}` of an older version rebuilds those "
+            "epochs' speed rows from the master dataset first",
         )
 
-    def _retire(self, session: Session, active: int) -> None:
-        """Drop the tables of versions older than the ones kept (never the active one's)."""
-        keep = {active, *range(active - KEEP_PREVIOUS, active)}
+    def _claim(self, session: Session, active: ActiveBatch | None, run: BatchRun) -> int:
+        """A version number no other publish has or will have (``INSERT ... IF NOT EXISTS``)."""
+        claim = SimpleStatement(
+            f'INSERT INTO "{self.keyspace}"."{BATCH_CLAIMS.name}" (pipeline, version, run_id, claimed_at) '
+            "VALUES (%s, %s, %s, %s) IF NOT EXISTS",
+            consistency_level=ConsistencyLevel.QUORUM, serial_consistency_level=ConsistencyLevel.SERIAL,
+        )  # fmt: skip
+        claimed = [
+            r.version
+            for r in session.execute(
+                SimpleStatement(
+                    f'SELECT version FROM "{self.keyspace}"."{BATCH_CLAIMS.name}" WHERE pipeline = %s',
+                    consistency_level=ConsistencyLevel.QUORUM,
+                ),
+                [self.pipeline.name],
+            )
+        ]
+        version = max([active.version if active else 0, *self._versions_in_use(session), *claimed]) + 1
+        while not session.execute(
+            claim, [self.pipeline.name, version, run.run_id, int(time.time() * 1000)]
+        ).was_applied:
+            version += 1
+        return version
+
+    def _activate(
+        self, session: Session, version: int, run: BatchRun, rebuilt_through: int | None
+    ) -> int | None:
+        """Switch the active pointer to ``version`` with a lightweight transaction conditioned on
+        the version it replaces, so two publishes never both believe they won, and the horizon
+        check is made against exactly the version replaced. Returns that version (None: none).
+
+        Raises:
+            ConfigurationError: the active version moved to a horizon above this run's meanwhile.
+        """
+        values: dict[str, Any] = {
+            "version": version, "horizon": run.horizon, "epoch_ms": self.pipeline.layers.epoch_ms,
+            "bronze_version": run.bronze_version, "views": json.dumps(run.delta_versions, sort_keys=True),
+            "published_at": int(time.time() * 1000),
+        }  # fmt: skip
+        table = f'"{self.keyspace}"."{BATCH_META.name}"'
+        lwt = {
+            "consistency_level": ConsistencyLevel.QUORUM,
+            "serial_consistency_level": ConsistencyLevel.SERIAL,
+        }
+        sets = ", ".join(f'"{c}" = %s' for c in values)
+        update = SimpleStatement(f'UPDATE {table} SET {sets} WHERE pipeline = %s IF "version" = %s', **lwt)
+        cols = ", ".join(f'"{c}"' for c in ["pipeline", *values])
+        marks = ", ".join("%s" for _ in range(len(values) + 1))
+        insert = SimpleStatement(f"INSERT INTO {table} ({cols}) VALUES ({marks}) IF NOT EXISTS", **lwt)
+        while True:
+            active = active_batch(session, self.keyspace, self.pipeline.name)
+            self._refuse_below(active, run, rebuilt_through)
+            if active is None:
+                applied = session.execute(insert, [self.pipeline.name, *values.values()]).was_applied
+            else:
+                applied = session.execute(
+                    update, [*values.values(), self.pipeline.name, active.version]
+                ).was_applied
+            if applied:
+                return None if active is None else active.version
+            log.info("the active batch version of %s moved meanwhile; deciding again", self.pipeline.name)
+
+    def _retire(self, session: Session, active: int, replaced: int | None) -> None:
+        """Drop the tables of versions older than the one this publish replaced (kept one more run:
+        serving may still read it for a moment). Versions above it are left alone: another run may
+        be writing or activating them."""
+        if replaced is None:
+            return
         for version in self._versions_in_use(session):
-            if version in keep or version > active:
+            if version >= replaced - (KEEP_PREVIOUS - 1) or version == active:
                 continue
             for view in self.pipeline.views:
                 name = batch_table_def(self.pipeline, view, version).name

@@ -3,10 +3,14 @@ always be rebuilt from the system of record."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyspark.sql import SparkSession
 
 from batch.job import BatchRun, views_path
 from batch.publish import Publisher
+from lambdalake.cassandra.active import active_batch
+from lambdalake.cassandra.session import connect
 from lambdalake.delta import open_table
 from lambdalake.errors import ConfigurationError
 from lambdalake.pipeline import Pipeline
@@ -14,12 +18,19 @@ from lambdalake.settings import Settings
 
 
 def restore(
-    settings: Settings, pipeline: Pipeline, spark: SparkSession, *, version: int | None = None
+    settings: Settings,
+    pipeline: Pipeline,
+    spark: SparkSession,
+    *,
+    version: int | None = None,
+    rebuild_speed: Callable[[list[int]], object] | None = None,
 ) -> BatchRun:
     """Publish the views as Delta ``version`` holds them (default the newest) as a new batch version.
 
     Every run writes every view, so one Delta version names one run across the views; a version
-    whose views come from different runs is refused.
+    whose views come from different runs is refused. A version whose horizon is below the active
+    one's moves the horizon back: the speed rows of the epochs in between are rebuilt first with
+    ``rebuild_speed`` (given the epochs), or the restore is refused when there is none.
 
     Raises:
         ConfigurationError: no views yet, no such version, or views of different runs.
@@ -57,5 +68,10 @@ def restore(
         delta_versions={name: v for name, (v, _) in commits.items()},
         outcome="restored",
     )
-    run.batch_version = Publisher(settings, pipeline, spark).publish(run)
+    active = active_batch(connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name)
+    rebuilt = None
+    if rebuild_speed is not None and active is not None and run.horizon < active.horizon:
+        rebuild_speed(list(range(run.horizon + 1, active.horizon + 1)))
+        rebuilt = active.horizon
+    run.batch_version = Publisher(settings, pipeline, spark).publish(run, rebuilt_through=rebuilt)
     return run

@@ -108,14 +108,22 @@ class Deployer:
         self.settle_s = settle_s
 
     def check(self, pipelines: list[Pipeline]) -> None:
-        """Refuse, before anything changes, a schema version the registry would refuse."""
+        """Refuse, before anything changes (a running job is stopped only for one that will start):
+        a schema version the registry would refuse, layers the master dataset was not written with,
+        a live topic stamped with the producer's time."""
         from confluent_kafka.schema_registry import Schema
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+        from lambdalake.kafka.admin import require_log_append_time
+        from lambdalake.master import MasterDataset, table_path
         from lambdalake.registry import call, client
 
         sr = client(self.settings)
         for p in pipelines:
+            bronze = MasterDataset(table_path(self.settings.storage_root, p.name), event_time=p.event.time)
+            bronze.check_layers(p.layers, pipeline=p.name)
+            if not self.apply_topic_configs:  # else the topic step sets it
+                require_log_append_time(self.settings, p)
             subject = p.schema_.subject
             for i, file in enumerate(p.schema_.versions, start=1):
                 schema = Schema(p.schema_text(i), "AVRO")

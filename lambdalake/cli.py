@@ -684,15 +684,19 @@ def batch_restore(
         int | None, typer.Option(help="Delta version of the views to publish (default: the newest).")
     ] = None,
 ) -> None:
-    """Republish the Cassandra batch tables from a Delta version of the views, as a new batch version."""
+    """Republish the Cassandra batch tables from a Delta version of the views, as a new batch version.
+    An older version's horizon is older: the speed rows of the epochs in between are rebuilt from the
+    master dataset first, so serving counts every event once."""
     from batch.restore import restore
     from lambdalake.spark.session import spark_session
+    from speed.replay import Replayer
 
     settings = get_settings()
     p = _pipeline(pipeline, settings)
     with console.status("restoring from the Delta views..."):
         spark = spark_session(settings, f"lambdalake-restore-{p.name}", workload="batch")
-        run = restore(settings, p, spark, version=version)
+        replayer = Replayer(settings=settings, pipeline=p, spark=spark)
+        run = restore(settings, p, spark, version=version, rebuild_speed=replayer.recompute)
     console.print(
         f"[green]✔[/] {p.name}: batch version {run.batch_version} active, from run {run.run_id} "
         f"(Delta versions {run.delta_versions}, horizon epoch {run.horizon})"

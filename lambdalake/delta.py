@@ -104,9 +104,10 @@ def commit_files(
     mode: Literal["append", "overwrite"],
     metadata: Mapping[str, str],
     partition: tuple[str, pa.DataType] | None = None,
-    app_transaction: tuple[str, int] | None = None,
+    app_transactions: Sequence[tuple[str, int]] = (),
     schema: pa.Schema | None = None,
     stats_columns: Sequence[str] = (),
+    table: DeltaTable | None = None,
 ) -> tuple[int, int]:
     """Commit ``files`` in one Delta commit (creating the table if needed); returns (version, rows).
 
@@ -116,24 +117,27 @@ def commit_files(
         mode: ``append``, or ``overwrite`` (the new files replace every live one, atomically).
         metadata: Commit metadata (kept in the table's history).
         partition: The partition column of the paths and its type, if any.
-        app_transaction: ``(app_id, version)`` recorded with the commit (exactly-once appends).
-        schema: The table schema when ``files`` is empty (an overwrite to no rows).
+        app_transactions: ``(app_id, version)`` pairs recorded with the commit (exactly-once
+            appends; two commits made on one snapshot with the same app id conflict).
+        schema: The table schema when ``files`` is empty and there is no table yet.
         stats_columns: Integer columns whose min and max each file's stats record.
+        table: The snapshot the caller decided on: the commit fails with a conflict if a commit
+            since then recorded one of ``app_transactions``' ids (default: the newest snapshot).
     """
     actions, found, rows = add_actions(uri, list(files), partition=partition, stats_columns=stats_columns)
+    table = table if table is not None else open_table(uri)
     schema = found or schema
+    if schema is None and table is not None:
+        schema = table.schema()
     if schema is None:
         raise ValueError(f"no files to commit to {uri} and no schema given")
     partition_by = [partition[0]] if partition is not None else None
-    table = open_table(uri)
     if table is None:
         DeltaTable.create(
             uri, schema=schema, partition_by=partition_by, mode="ignore", name=PurePosixPath(uri).name
         )
         table = DeltaTable(uri)
-    transactions = (
-        [Transaction(app_id=app_transaction[0], version=app_transaction[1])] if app_transaction else None
-    )
+    transactions = [Transaction(app_id=app, version=version) for app, version in app_transactions] or None
     table.create_write_transaction(
         actions,
         mode=mode,

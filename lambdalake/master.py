@@ -10,19 +10,31 @@ see them, and the replay writes the same names again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
 from pyarrow import fs as pafs
 
+from lambdalake.coverage import (
+    Coverage,
+    covered_until,
+    from_json,
+    merged,
+    normalized,
+    runs,
+    to_json,
+)
 from lambdalake.delta import NULL_PARTITION, commit_files, open_table
 from lambdalake.errors import ConfigurationError
 from lambdalake.pipeline import LayersSpec
@@ -33,6 +45,15 @@ PARTITION = "event_date"
 EPOCH_MS = "lambdalake.epoch_ms"
 DEDUP_DELAY_MS = "lambdalake.dedup_delay_ms"
 PARTITIONS = "lambdalake.partitions"
+#: Per "topic/partition": the [start, end) ranges this commit read, and those every commit so far
+#: read (lambdalake.coverage), and the speed job's read end (exclusive).
+RANGES = "lambdalake.ranges"
+COVERAGE = "lambdalake.coverage"
+SPEED_END = "lambdalake.speed_end"
+#: The app transaction every bronze commit carries: two commits made on one snapshot conflict.
+WRITER_APP = "lambdalake.bronze-writer"
+COMMIT_ATTEMPTS = 20
+RECENT = 20
 #: An event's Kafka coordinates in its topic; each file's stats record their range.
 COORDINATES = ("_partition", "_offset")
 
@@ -42,6 +63,10 @@ log = logging.getLogger("lambdalake.master")
 def recorded_values(layers: LayersSpec) -> dict[str, int]:
     """What each bronze commit records of the layers (and :meth:`MasterDataset.check_layers` compares)."""
     return {EPOCH_MS: layers.epoch_ms, DEDUP_DELAY_MS: layers.dedup_delay_seconds * 1000}
+
+
+def _legacy_ranges(highest: Mapping[str, int]) -> Coverage:
+    return {k: [(0, v + 1)] for k, v in highest.items() if v >= 0}
 
 
 def table_path(storage_root: str, pipeline: str) -> str:
@@ -120,34 +145,154 @@ class MasterDataset:
         app_id: str,
         batch_id: int,
         layers: LayersSpec,
+        ranges: Mapping[str, list[tuple[int, int]]] | None = None,
         partitions: Mapping[str, list[int]] | None = None,
+        speed: bool = False,
     ) -> int | None:
         """Add ``files`` (relative paths written by :func:`write_event_files`) in one commit, unless
         ``app_id`` already committed ``batch_id``. Returns the rows added, or None if skipped.
 
         The commit records what the views depend on (the epoch length and dedup delay, see
-        :meth:`check_layers`) and, per ``"topic/partition"``, the highest offset read and ingest time
-        (ms) of the batch (``partitions``), for the batch layer's horizon."""
-        table = self._table()
-        last = None if table is None else table.transaction_version(app_id)
-        if last is not None and last >= batch_id:
-            return None
-        t0 = time.monotonic()
+        :meth:`check_layers`), the offset ``ranges`` it read per ``"topic/partition"`` (``[start,
+        end)``, valid records or not) and the coverage of every commit so far with them (see
+        :meth:`read_coverage`); ``speed`` marks the speed job's reads (:meth:`read_speed_end`).
+        ``partitions`` (per partition ``[highest offset, highest ingest ms]``) is kept as it was.
+        A commit with no files still records its ranges (a micro-batch of dead letters only).
+
+        Bronze never holds a coordinate twice: rows of ``files`` whose offsets the coverage already
+        holds (a replay archived them ahead of the speed job, or the other way round) are left out,
+        decided against the snapshot the commit is made on. Every commit carries the shared app
+        transaction :data:`WRITER_APP`, so a commit that lands in between makes this one fail with
+        a conflict instead of landing on a stale decision; it is then decided again.
+        """
         files = sorted(set(files))
-        if not files:
-            return 0
-        _version, rows = commit_files(
-            self.path, files, mode="append", partition=(PARTITION, pa.date32()),
-            app_transaction=(app_id, batch_id), stats_columns=COORDINATES,
-            metadata={
-                "lambdalake.batch_id": str(batch_id),
-                "lambdalake.app_id": app_id,
-                **{k: str(v) for k, v in recorded_values(layers).items()},
-                PARTITIONS: json.dumps(dict(partitions or {}), sort_keys=True),
-            },
-        )  # fmt: skip
-        log.debug("master commit of %d files: %.2fs", len(files), time.monotonic() - t0)
-        return rows
+        ranges = {k: normalized(list(v)) for k, v in (ranges or {}).items()}
+        for attempt in range(COMMIT_ATTEMPTS):
+            table = self._table()
+            if table is not None and (table.transaction_version(app_id) or -1) >= batch_id:
+                return None
+            if table is None and not files:
+                return 0  # nothing to record progress on yet
+            coverage, speed_end = self._recorded(table)
+            held = self._held(table, ranges)
+            keep = self._without(files, held) if held else files
+            recorded = speed_end
+            if speed:
+                speed_end = {**speed_end}
+                for key, parts in ranges.items():
+                    speed_end[key] = max(speed_end.get(key, 0), parts[-1][1])
+            if not keep and merged(coverage, ranges) == coverage and speed_end == recorded:
+                return 0  # nothing new to add or record (a replay run again)
+            version = -1 if table is None else table.version()
+            t0 = time.monotonic()
+            try:
+                _version, rows = commit_files(
+                    self.path, keep, mode="append", partition=(PARTITION, pa.date32()), table=table,
+                    app_transactions=[(app_id, batch_id), (WRITER_APP, version + 1)],
+                    stats_columns=COORDINATES,
+                    metadata={
+                        "lambdalake.batch_id": str(batch_id),
+                        "lambdalake.app_id": app_id,
+                        **{k: str(v) for k, v in recorded_values(layers).items()},
+                        PARTITIONS: json.dumps(dict(partitions or {}), sort_keys=True),
+                        RANGES: json.dumps(to_json(ranges)),
+                        COVERAGE: json.dumps(to_json(merged(coverage, ranges))),
+                        SPEED_END: json.dumps(dict(sorted(speed_end.items()))),
+                    },
+                )  # fmt: skip
+            except CommitFailedError as exc:
+                if "Concurrent" not in str(exc) or attempt == COMMIT_ATTEMPTS - 1:
+                    raise
+                log.info("bronze commit of %s met a concurrent commit; deciding again", app_id)
+                continue
+            if held:
+                log.info("left out offsets bronze already held: %s", to_json(held))
+            log.debug("master commit of %d files: %.2fs", len(keep), time.monotonic() - t0)
+            return rows
+        raise AssertionError("unreachable")
+
+    def _recorded(self, table: DeltaTable | None) -> tuple[Coverage, dict[str, int]]:
+        """The coverage and the speed job's read ends as of ``table``'s snapshot."""
+        if table is None:
+            return {}, {}
+        legacy: dict[str, int] = {}
+        version = table.version()
+        recent = table.history(RECENT)
+        # The newest lambdalake commit is nearly always among the last few: read all of the history
+        # only when it is not (a table written before coverage was recorded).
+        entries = recent if any(COVERAGE in e for e in recent) else table.history()
+        for entry in entries:
+            if entry.get("version", 0) > version:
+                continue
+            if COVERAGE in entry:
+                coverage = merged(from_json(json.loads(entry[COVERAGE])), _legacy_ranges(legacy))
+                speed_end = {k: int(v) for k, v in json.loads(entry.get(SPEED_END) or "{}").items()}
+                for key, highest in legacy.items():
+                    speed_end[key] = max(speed_end.get(key, 0), highest + 1)
+                return coverage, speed_end
+            # Commits written before coverage was recorded: the highest offset each read, as it was
+            # then understood (everything before it archived).
+            for key, (offset, _ingest) in json.loads(entry.get(PARTITIONS) or "{}").items():
+                legacy[key] = max(legacy.get(key, -1), offset)
+        return _legacy_ranges(legacy), {k: v + 1 for k, v in legacy.items()}
+
+    def _held(self, table: DeltaTable | None, ranges: Coverage) -> Coverage:
+        """The offsets of ``ranges`` that ``table``'s snapshot holds (read from the files whose
+        offset stats overlap them: none, for a speed micro-batch past everything archived)."""
+        if table is None or not ranges:
+            return {}
+        wanted = [(key, start, end) for key, parts in ranges.items() for start, end in parts]
+        holding = self.files_holding([(int(k.rpartition("/")[2]), s, e) for k, s, e in wanted], table=table)
+        found: dict[str, list[np.ndarray]] = {}
+        for (key, start, end), uris in zip(wanted, holding, strict=True):
+            offsets = offsets_present(uris, partition=int(key.rpartition("/")[2]), start=start, end=end)
+            if len(offsets):
+                found.setdefault(key, []).append(offsets.to_numpy())
+        return {key: runs(np.concatenate(parts)) for key, parts in found.items()}
+
+    def _without(self, files: list[str], held: Coverage) -> list[str]:
+        """``files`` with the rows at ``held`` offsets left out: a file that holds some is written
+        again under a name derived from what it leaves out (idempotent), one that holds only those
+        is dropped."""
+        filesystem, root = pafs.FileSystem.from_uri(self.path)
+        root = root.rstrip("/")
+        digest = hashlib.sha1(json.dumps(to_json(held)).encode()).hexdigest()[:12]
+        out = []
+        for relative in files:
+            rows = pq.read_table(f"{root}/{relative}", filesystem=filesystem)
+            drop = pa.array(np.zeros(rows.num_rows, dtype=bool))
+            for key, parts in held.items():
+                topic, _, partition = key.rpartition("/")
+                here = pc.and_(pc.equal(rows.column("_topic"), topic),
+                               pc.equal(rows.column("_partition"), int(partition)))  # fmt: skip
+                offsets = rows.column("_offset")
+                for start, end in parts:
+                    inside = pc.and_(pc.greater_equal(offsets, start), pc.less(offsets, end))
+                    drop = pc.or_(drop, pc.and_(here, inside))
+            dropped = pc.sum(drop).as_py() or 0
+            if dropped == 0:
+                out.append(relative)
+                continue
+            kept = rows.filter(pc.invert(drop))
+            if kept.num_rows == 0:
+                continue
+            name = relative.rsplit("/", 1)[1].removesuffix(".parquet")
+            out.extend(
+                write_event_files(kept, path=self.path, event_time=self.event_time, name=f"{name}.x{digest}")
+            )
+        return out
+
+    def read_coverage(self, *, version: int | None = None) -> Coverage:
+        """The offsets bronze has covered, per ``"topic/partition"``, as of ``version`` (default the
+        newest): the newest lambdalake commit records all of it (so log cleanup, which keeps the
+        newest commits, never loses it)."""
+        table = open_table(self.path, version=version)
+        return self._recorded(table)[0]
+
+    def read_speed_end(self, *, version: int | None = None) -> dict[str, int]:
+        """Per ``"topic/partition"``, the offset before which the speed job has read everything and
+        written its views (its commits' ranges; a replay's do not count)."""
+        return self._recorded(open_table(self.path, version=version))[1]
 
     def recorded_layers(self) -> dict[str, int] | None:
         """The epoch length and dedup delay (ms) the newest commit recorded (None: no table, or a table
@@ -185,23 +330,19 @@ class MasterDataset:
             )
 
     def read_progress(
-        self, partitions: Iterable[str] | None = None, *, version: int | None = None
+        self,
+        partitions: Iterable[str] | None = None,
+        *,
+        version: int | None = None,
+        low: Mapping[str, int] | None = None,
     ) -> dict[str, int]:
-        """The highest offset the speed job had read, per ``"topic/partition"``, as of ``version``
-        (default the newest): from the commits' metadata, newest first, until every one of
-        ``partitions`` is found (None: every partition any commit recorded, the whole history)."""
-        table = open_table(self.path, version=version)
-        if table is None:
-            return {}
-        wanted, found = (None if partitions is None else set(partitions)), {}
-        for entry in table.history():
-            if version is not None and entry.get("version", 0) > version:
-                continue
-            for key, (offset, _ingest) in json.loads(entry.get(PARTITIONS) or "{}").items():
-                found[key] = max(found.get(key, -1), offset)
-            if wanted is not None and wanted <= set(found):
-                break
-        return found
+        """Per ``"topic/partition"``, the highest offset up to which bronze has covered every offset
+        from the log's first (``low``, default 0): the end of the gap-free run of ranges, minus one
+        (``low - 1``: nothing). ``partitions`` limits the answer (None: every partition recorded)."""
+        coverage = self.read_coverage(version=version)
+        keys = coverage if partitions is None else partitions
+        low = low or {}
+        return {key: covered_until(coverage.get(key, []), low.get(key, 0)) - 1 for key in keys}
 
     def clear_staging(self, prefix: str) -> int:
         """Delete the staging files whose names start with ``prefix`` (a run id: files of attempts
@@ -230,10 +371,13 @@ class MasterDataset:
         counts = pa.table(table.get_add_actions(flatten=True)).column("num_records")
         return None if counts.null_count else int(pc.sum(counts).as_py() or 0)
 
-    def files_holding(self, ranges: Sequence[tuple[int, int, int]]) -> list[list[str]]:
+    def files_holding(
+        self, ranges: Sequence[tuple[int, int, int]], *, table: DeltaTable | None = None
+    ) -> list[list[str]]:
         """Per ``(partition, start, end)``, the live files that may hold offsets ``[start, end)`` of
-        that partition: those whose stats overlap it, and every file committed without them."""
-        table = self._table()
+        that partition: those whose stats overlap it, and every file committed without them (of
+        ``table``'s snapshot; default the newest)."""
+        table = table if table is not None else self._table()
         if table is None:
             return [[] for _ in ranges]
         actions = pa.table(table.get_add_actions(flatten=True))

@@ -29,6 +29,9 @@ _NUMERIC = {"int", "long", "float", "double"}
 NAME_PATTERN = r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$"
 MAX_TABLE_NAME = 48
 
+#: The topic config every pipeline's topic has: the broker's append time is each record's timestamp.
+TIMESTAMP_TYPE, LOG_APPEND_TIME = "message.timestamp.type", "LogAppendTime"
+
 #: Topic-level configs Apache Kafka (3.x) accepts; anything else is a typo caught before Kafka is asked.
 KAFKA_TOPIC_CONFIGS = frozenset(
     {
@@ -86,7 +89,14 @@ class TopicSpec(Strict):
     @field_validator("config")
     @classmethod
     def _config(cls, value: dict[str, str]) -> dict[str, str]:
-        return _check_topic_config(value, "topic.config")
+        stamping = value.get(TIMESTAMP_TYPE, LOG_APPEND_TIME)
+        if stamping != LOG_APPEND_TIME:
+            raise ValueError(
+                f"topic.config: {TIMESTAMP_TYPE} = {stamping!r} is not supported: ingest epochs are offset "
+                "ranges and the first delivery is the first in the log only when the broker stamps each "
+                f"record as it appends it (fix: set {TIMESTAMP_TYPE} = {LOG_APPEND_TIME!r}, or leave it out)"
+            )
+        return _check_topic_config({**value, TIMESTAMP_TYPE: LOG_APPEND_TIME}, "topic.config")
 
     @field_validator("dlq_config")
     @classmethod

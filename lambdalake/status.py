@@ -86,10 +86,8 @@ def _stream(settings: Settings, pipeline: Pipeline, status: PipelineStatus) -> N
     try:
         with offset_consumer(settings) as consumer:
             try:
-                ends = {
-                    p: hi
-                    for p, (_lo, hi) in watermarks(consumer, topic, settings.kafka.connect_timeout_s).items()
-                }
+                marks = watermarks(consumer, topic, settings.kafka.connect_timeout_s)
+                ends = {p: hi for p, (_lo, hi) in marks.items()}
             except ConfigurationError:
                 status.problems.append(f"topic {topic} does not exist (run `lambdalake deploy`)")
                 return
@@ -103,7 +101,9 @@ def _stream(settings: Settings, pipeline: Pipeline, status: PipelineStatus) -> N
         return
     bronze = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
     try:
-        read = bronze.read_progress([f"{topic}/{p}" for p in ends])
+        read = bronze.read_progress(
+            [f"{topic}/{p}" for p in ends], low={f"{topic}/{p}": lo for p, (lo, _hi) in marks.items()}
+        )
     except Exception as exc:  # storage unreadable: report, show the broker side anyway
         status.problems.append(f"master dataset unreadable: {exc}")
         read = {}

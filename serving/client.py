@@ -146,7 +146,7 @@ class ServingClient:
         """
         p, v = self.view(pipeline, view)
         values = key_values(p, v, key, types=self._types[p.name])
-        active = self.active(pipeline)
+        active = self._active_for(p, v)
         try:
             sent = self._send(p, v, values, active, start, end)
             return self._answer(p, v, values, active, *sent)
@@ -168,7 +168,7 @@ class ServingClient:
         active-batch row, cached, is read synchronously at most once per ``meta_ttl_s``)."""
         p, v = self.view(pipeline, view)
         values = key_values(p, v, key, types=self._types[p.name])
-        active = self.active(pipeline)
+        active = self._active_for(p, v)
         try:
             sent = self._send(p, v, values, active, start, end)
             await _completed(*sent)
@@ -179,13 +179,21 @@ class ServingClient:
             await _completed(*sent)
             return self._answer(p, v, values, active, *sent)
 
+    def _active_for(
+        self, p: Pipeline, v: LatestView | WindowedView, *, refresh: bool = False
+    ) -> ActiveBatch | None:
+        """The active batch version if it published ``v``; None for a view added since the last
+        publish: served from its speed rows alone until a batch run publishes it."""
+        active = self.active(p.name, refresh=refresh)
+        return active if active is not None and v.name in active.views else None
+
     def _recover(
         self, exc: InvalidRequest, p: Pipeline, v: LatestView | WindowedView, active: ActiveBatch | None
     ) -> ActiveBatch | None:
         """After a read failed: the active version to retry with, or the error to show."""
         if active is not None and batch_table(p, v, active.version) in str(exc):
             # The cached version was retired meanwhile: read the metadata row again, once.
-            return self.active(p.name, refresh=True)
+            return self._active_for(p, v, refresh=True)
         if speed_table(p, v) in str(exc):
             raise ConfigurationError(
                 f"the view tables of {p.name!r} do not exist in keyspace {self.keyspace!r}",
@@ -357,17 +365,23 @@ def _typed(column: str, t: pa.DataType, value: Any) -> Any:
 def _ms(value: Moment, what: str) -> int:
     """Epoch milliseconds from a datetime, a number of ms or ISO-8601 text."""
     if isinstance(value, datetime):
-        return int((value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp() * 1000)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    text = str(value).strip()
-    if text.lstrip("-").isdigit():
-        return int(text)
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        ms = int((value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp() * 1000)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        ms = value
+    elif (text := str(value).strip()).lstrip("-").isdigit():
+        ms = int(text)
+    else:
+        try:
+            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            ms = int((parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp() * 1000)
+        except (ValueError, OverflowError):
+            raise BadQuery(
+                f"{what} {value!r} is not a time",
+                fix="give ISO-8601 (2026-11-23T02:00:00Z) or epoch milliseconds",
+            ) from None
+    if not EARLIEST_MS <= ms <= LATEST_MS:
         raise BadQuery(
-            f"{what} {value!r} is not a time",
-            fix="give ISO-8601 (2026-11-23T02:00:00Z) or epoch milliseconds",
-        ) from None
-    return int((parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp() * 1000)
+            f"{what} {value!r} is outside the times a view stores",
+            fix=f"give epoch milliseconds from {EARLIEST_MS} to {LATEST_MS}, or ISO-8601 in years 1-9999",
+        )
+    return ms

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import gc
 import hmac
+import logging
 import time
 from typing import Annotated, Any
 
+from cassandra import OperationTimedOut, ReadFailure, ReadTimeout, Unavailable
+from cassandra.cluster import NoHostAvailable
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -24,6 +27,11 @@ from serving.client import BadQuery, NotFound, ServingClient, _ms
 from serving.metrics import make_registry
 
 _bearer = HTTPBearer(auto_error=False)
+log = logging.getLogger("lambdalake.serving")
+#: Seconds a client is asked to wait when Cassandra is unavailable.
+RETRY_AFTER_S = 5
+#: The driver's errors of a store that is down or overloaded (a 503, not a 500).
+UNAVAILABLE = (NoHostAvailable, OperationTimedOut, Unavailable, ReadTimeout, ReadFailure)
 
 
 def make_app(settings: Settings, *, client: ServingClient | None = None) -> FastAPI:
@@ -62,9 +70,12 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
         try:
             client.session.execute("SELECT release_version FROM system.local", timeout=5)
         except Exception as exc:  # unhealthy, not an error page
+            # The driver's text names hosts and internals: logged for operators, not shown to anyone.
+            log.warning("health check: Cassandra unreachable: %s", exc)
             return JSONResponse(
-                {"status": "unavailable", "detail": str(exc).splitlines()[0]}, status_code=503
-            )
+                {"status": "unavailable", "detail": "Cassandra is unreachable"},
+                status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
+            )  # fmt: skip
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", summary="Prometheus metrics", dependencies=[Depends(authorized)])
@@ -89,6 +100,7 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
             str | None, Query(alias="to", description="Windows starting before (ISO-8601 or epoch ms)")
         ] = None,
     ) -> JSONResponse:
+        start, end = start or None, end or None  # an empty value is absent
         try:
             if start is not None and end is not None and _ms(start, "from") > _ms(end, "to"):
                 return JSONResponse({"detail": f"from ({start}) is after to ({end})"}, status_code=400)
@@ -97,6 +109,12 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
             return _error(404, exc)
         except BadQuery as exc:
             return _error(422, exc)
+        except UNAVAILABLE as exc:
+            log.warning("query of %s/%s: Cassandra unavailable: %s", pipeline, view, exc)
+            return JSONResponse(
+                {"detail": "the view store (Cassandra) is unavailable", "fix": "retry later"},
+                status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
+            )  # fmt: skip
         if not answer.found:
             return JSONResponse(
                 {

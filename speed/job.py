@@ -40,10 +40,12 @@ from pyspark.sql.streaming import StreamingQuery
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import deploy_speed_tables, speed_table_def
 from lambdalake.errors import ConfigurationError, LambdalakeError
+from lambdalake.kafka.admin import require_log_append_time
 from lambdalake.master import MasterDataset, table_path
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decode
+from lambdalake.spark.kafka_source import FROM, positions
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.sinks import upsert_view
 from lambdalake.spark.views import INGEST_TS, windowed
@@ -258,10 +260,30 @@ class SpeedJob:
         deploy_speed_tables(session, self.settings.cassandra, self.pipeline)
 
     def _archived(self) -> dict[int, int]:
-        """Per partition, the highest offset bronze holds (what a rebuilt checkpoint re-reads)."""
+        """Per partition, the highest offset before which bronze has covered every offset (what a
+        rebuilt checkpoint re-reads): those are neither archived nor dead-lettered again."""
         topic = self.pipeline.topic.name
         every = self.master.read_progress()
         return {int(k.rsplit("/", 1)[1]): v for k, v in every.items() if k.rsplit("/", 1)[0] == topic}
+
+    def batch_ranges(self, batch_id: int) -> dict[str, list[tuple[int, int]]]:
+        """The offsets ``[start, end)`` per ``"topic/partition"`` that micro-batch ``batch_id`` of
+        the main query reads, from its entry in the checkpoint's offset log (written before the
+        batch runs; the Kafka source keeps the batch's start in it, see ``kafka_source.FROM``)."""
+        text = read_text(f"{self.checkpoints}/main/offsets/{batch_id}")
+        if text is None:
+            raise RuntimeError(f"no offset log entry for batch {batch_id} under {self.checkpoints}/main")
+        offset = json.loads(text.splitlines()[2])  # "v1", the batch's metadata, then the source's
+        start, end = offset.get(FROM), positions(offset)
+        if start is None:  # an entry written before FROM was kept: the previous entry's end
+            previous = read_text(f"{self.checkpoints}/main/offsets/{batch_id - 1}") if batch_id else None
+            start = positions(json.loads(previous.splitlines()[2])) if previous else {}
+        return {
+            f"{topic}/{p}": [(int(start.get(topic, {}).get(p, 0)), int(until))]
+            for topic, ps in end.items()
+            for p, until in ps.items()
+            if int(until) > int(start.get(topic, {}).get(p, 0))
+        }
 
     def starting_offsets(self) -> str:
         """Where queries without a checkpoint start: ``speed reset`` leaves its choice beside the
@@ -360,9 +382,12 @@ class SpeedJob:
             drain(df)
         t1 = time.monotonic()
         files = self.files.value
+        # Every batch commits, with no files too (dead letters only, or nothing valid): its ranges
+        # are the partitions' progress, which the batch horizon waits for.
         self.master.commit(
             files, app_id=f"speed-{self.pipeline.name}-{self.run_id}", batch_id=batch_id,
             layers=self.pipeline.layers, partitions=self.read_progress.value,
+            ranges=self.batch_ranges(batch_id), speed=True,
         )  # fmt: skip
         log.debug("main batch %d: pass %.2fs, commit %.2fs (%d files)", batch_id, t1 - t0,
                   time.monotonic() - t1, len(files))  # fmt: skip
@@ -371,6 +396,7 @@ class SpeedJob:
 
     def start(self) -> list[StreamingQuery]:
         self.master.check_layers(self.pipeline.layers, pipeline=self.pipeline.name)
+        require_log_append_time(self.settings, self.pipeline)
         self.deploy()
         self.run_id = self._run_id()
         self.master.clear_staging(f"{self.run_id}-")

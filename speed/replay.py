@@ -47,8 +47,17 @@ from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decoder
 from lambdalake.spark.kafka_source import KafkaPartition, SourceOptions, read_partition
 from lambdalake.spark.kafka_source import plan as plan_pieces
 from lambdalake.spark.sinks import upsert_view
-from lambdalake.spark.views import INGEST_EPOCH, INGEST_TS, deduplicate, latest, latest_order, windowed
+from lambdalake.spark.views import (
+    INGEST_EPOCH,
+    INGEST_TS,
+    deduplicate,
+    latest,
+    latest_order,
+    read_bronze,
+    windowed,
+)
 from lambdalake.views import RANK
+from speed.sinks import send_dead_letters
 
 
 @dataclass
@@ -60,15 +69,18 @@ class ReplayPlan:
         ranges: Per partition, the [start, end) offsets read: the asked range widened to whole epochs.
         epochs: The ingest epochs the range holds.
         horizon: The active batch's horizon (None: no batch yet).
+        speed_end: Per partition, the offset up to which the speed job has read (its commits).
         batch_epochs: Touched epochs at or before the horizon: left to the next batch run.
-        speed_epochs: Touched epochs after the horizon that have closed: recomputed.
-        open_epochs: Touched epochs not closed yet: left to the running speed job.
+        speed_epochs: Touched epochs after the horizon that have closed: their end plus grace has
+            passed and the speed job has read past their end on every partition. Recomputed.
+        open_epochs: Touched epochs not closed yet: left to the speed job, whose state holds them.
     """
 
     asked: dict[int, tuple[int, int]]
     ranges: dict[int, tuple[int, int]]
     epochs: list[int]
     horizon: int | None
+    speed_end: dict[int, int] = field(default_factory=dict)
     batch_epochs: list[int] = field(default_factory=list)
     speed_epochs: list[int] = field(default_factory=list)
     open_epochs: list[int] = field(default_factory=list)
@@ -112,7 +124,7 @@ def plan_replay(
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     with offset_consumer(settings) as consumer:
         bounds = watermarks(consumer, topic)
-        unknown = sorted(set(from_offsets or {}) | set(to_offsets or {}) - set(bounds))
+        unknown = sorted((set(from_offsets or {}) | set(to_offsets or {})) - set(bounds))
         if unknown:
             raise ConfigurationError(
                 f"{topic} has no partition {unknown}", fix=f"partitions are {sorted(bounds)}"
@@ -138,18 +150,33 @@ def plan_replay(
         epochs = list(range(first // epoch_ms, last // epoch_ms + 1))
         begin = offsets_at(consumer, topic, epochs[0] * epoch_ms)
         finish = offsets_at(consumer, topic, (epochs[-1] + 1) * epoch_ms)
-    ranges = {p: (begin[p], finish[p]) for p in bounds if finish[p] > begin[p]}
-    horizon = _horizon(settings, pipeline)
-    grace_ms = pipeline.layers.grace_seconds * 1000
-    out = ReplayPlan(asked, ranges, epochs, horizon)
-    for e in epochs:
-        if horizon is not None and e <= horizon:
-            out.batch_epochs.append(e)
-        elif (e + 1) * epoch_ms + grace_ms <= now_ms:
-            out.speed_epochs.append(e)
-        else:
-            out.open_epochs.append(e)
+        ranges = {p: (begin[p], finish[p]) for p in bounds if finish[p] > begin[p]}
+        horizon = _horizon(settings, pipeline)
+        grace_ms = pipeline.layers.grace_seconds * 1000
+        speed_end = MasterDataset(
+            table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
+        ).read_speed_end()
+        out = ReplayPlan(asked, ranges, epochs, horizon, speed_end={
+            p: speed_end.get(f"{topic}/{p}", low) for p, (low, _) in bounds.items()
+        })  # fmt: skip
+        for e in epochs:
+            if horizon is not None and e <= horizon:
+                out.batch_epochs.append(e)
+            elif (e + 1) * epoch_ms + grace_ms <= now_ms and _speed_passed(
+                out.speed_end, offsets_at(consumer, topic, (e + 1) * epoch_ms), bounds
+            ):
+                out.speed_epochs.append(e)
+            else:
+                out.open_epochs.append(e)
     return out
+
+
+def _speed_passed(
+    speed_end: dict[int, int], boundary: dict[int, int], bounds: dict[int, tuple[int, int]]
+) -> bool:
+    """Whether the speed job has read every partition up to ``boundary`` (an epoch's end): it never
+    writes that epoch's rows again, so a recompute of it is not overwritten by a partial value."""
+    return all(speed_end.get(p, low) >= boundary[p] or boundary[p] <= low for p, (low, _) in bounds.items())
 
 
 def _horizon(settings: Settings, pipeline: Pipeline) -> int | None:
@@ -183,6 +210,11 @@ class _ArchiveJob:
     path: str
     event_time: str
     run_id: str
+    #: Where invalid records go when the speed job has not read them yet (per partition, offsets
+    #: from its read end on): a replay ahead of the job is their first read.
+    dlq_topic: str = ""
+    kafka_config: dict[str, Any] = field(default_factory=dict)
+    speed_end: dict[int, int] = field(default_factory=dict)
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The ``mapInArrow`` function over the pieces' indexes."""
@@ -204,9 +236,18 @@ class _ArchiveJob:
             name = f"{self.run_id}-{piece.partition}-{table.column('_offset')[0].as_py()}"
             files.extend(write_event_files(table, path=self.path, event_time=self.event_time, name=name))
 
+        unread = self.speed_end.get(piece.partition, 0)
         for batch in decoder(self.spec)(_lacking(read_partition(self.source, piece), present)):
-            # Invalid records reached the dead-letter topic on their first read.
-            table = pa.Table.from_batches([batch]).filter(pc.is_null(batch.column("_error_rule")))
+            failed = pc.is_valid(batch.column("_error_rule"))
+            # Invalid records reached the dead-letter topic on their first read, if the speed job
+            # has made it (at least once: the job may yet read some of these too).
+            first_read = pc.and_(failed, pc.greater_equal(batch.column("_offset"), unread))
+            if self.dlq_topic and pc.any(first_read).as_py():
+                send_dead_letters(
+                    pa.Table.from_batches([batch]).filter(first_read), kafka_config=self.kafka_config,
+                    topic=self.dlq_topic, pipeline=self.spec.pipeline, stage="replay",
+                )  # fmt: skip
+            table = pa.Table.from_batches([batch]).filter(pc.invert(failed))
             valid += table.num_rows
             if table.num_rows:
                 pending.append(table.drop_columns(list(ERROR_FIELDS)))
@@ -243,7 +284,7 @@ class Replayer:
         if not plan.ranges:
             return result
         self.bronze.check_layers(self.pipeline.layers, pipeline=self.pipeline.name)
-        result.read, result.archived = self._archive(plan)
+        result.read, result.archived = self.archive(plan)
         t1 = time.monotonic()
         if plan.speed_epochs:
             result.cells = self.recompute(plan.speed_epochs, records=plan.records)
@@ -252,7 +293,7 @@ class Replayer:
         result.seconds = t2 - t0
         return result
 
-    def _archive(self, plan: ReplayPlan) -> tuple[int, int]:
+    def archive(self, plan: ReplayPlan) -> tuple[int, int]:
         """Read the range, decode it and commit what bronze lacks (by coordinates); returns the valid
         events read and how many were archived.
 
@@ -281,6 +322,9 @@ class Replayer:
             path=self.bronze.path,
             event_time=self.pipeline.event.time,
             run_id=run_id,
+            dlq_topic=self.pipeline.topic.dlq,
+            kafka_config=self.settings.kafka.client_config(),
+            speed_end=dict(plan.speed_end),
         )
         # One task per piece (range() spreads n ids over n partitions, one each). mapInArrow, not an
         # RDD: the Cassandra writes after it then reuse the same warm Python workers.
@@ -288,9 +332,12 @@ class Replayer:
         done = self.spark.range(0, n, 1, n).mapInArrow(job.run, from_arrow_schema(PIECE_DONE)).collect()
         files = [f for row in done for f in row["files"]]
         read = sum(row["valid"] for row in done)
-        if not files:
-            return read, 0
-        rows = self.bronze.commit(files, app_id=run_id, batch_id=0, layers=self.pipeline.layers)
+        # The commit records the range as read (so a gap it fills counts as archived) and leaves out
+        # whatever a concurrent writer archived since the pieces looked (decided in the commit).
+        ranges = {f"{topic}/{p}": [(start, end)] for p, (start, end) in plan.ranges.items()}
+        rows = self.bronze.commit(
+            files, app_id=run_id, batch_id=0, layers=self.pipeline.layers, ranges=ranges
+        )
         return read, int(rows or 0)
 
     def recompute(self, epochs: list[int], *, records: int | None = None) -> dict[str, int]:
@@ -300,7 +347,7 @@ class Replayer:
             epochs: The ingest epochs to rebuild.
             records: About how many events those epochs hold (a replay's range), if known.
         """
-        bronze = self.spark.read.parquet(*self.bronze.file_uris())
+        bronze = read_bronze(self.spark, self.bronze.file_uris())
         # Copies of these events anywhere in history decide which delivery counts (as in the batch).
         candidates = bronze
         total = self.bronze.num_records()

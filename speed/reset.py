@@ -6,6 +6,9 @@ rebuilt from the topic: every closed epoch after the batch horizon is recomputed
 ``replay`` does). Epochs not closed yet are re-read from the topic by the restarted job, which keeps
 them in its state; the records of those epochs bronze already holds are not archived again.
 
+Records between what bronze has read without a gap and the new start are archived from the topic
+first (dead-lettering the invalid ones: nobody read them before).
+
 Steps: the speed tables are truncated (no tombstones: ``latest`` rows written with their rank as the
 write timestamp stay writable), the old checkpoints are deleted, the start offsets of the new ones
 (the first offset of the oldest open epoch, per partition) are written beside them, and the closed
@@ -24,13 +27,13 @@ from pyspark.sql import functions as F
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import deploy_speed_tables
-from lambdalake.kafka.offsets import offset_consumer, offsets_at
+from lambdalake.kafka.offsets import offset_consumer, offsets_at, watermarks
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.views import INGEST_EPOCH
 from lambdalake.storage import delete_folder, write_text
 from speed.job import RESET_FILE, checkpoints_path
-from speed.replay import Replayer
+from speed.replay import Replayer, ReplayPlan
 
 
 @dataclass
@@ -40,6 +43,9 @@ class ResetResult:
     starting_offsets: dict[int, int]
     rebuilt_epochs: list[int] = field(default_factory=list)
     cells: dict[str, int] = field(default_factory=dict)
+    #: Valid records read from the gap between bronze's progress and the new start, and archived.
+    gap_records: int = 0
+    archived: int = 0
 
 
 def reset_speed(
@@ -52,8 +58,10 @@ def reset_speed(
     session = connect(settings.cassandra)
     active = active_batch(session, settings.cassandra.keyspace, pipeline.name)
     horizon = active.horizon if active is not None else None
+    topic = pipeline.topic.name
     with offset_consumer(settings) as consumer:
-        starts = offsets_at(consumer, pipeline.topic.name, first_open * layers.epoch_ms)
+        starts = offsets_at(consumer, topic, first_open * layers.epoch_ms)
+        lows = {p: low for p, (low, _) in watermarks(consumer, topic).items()}
     for table in deploy_speed_tables(session, settings.cassandra, pipeline):
         session.execute(f'TRUNCATE "{settings.cassandra.keyspace}"."{table.name}"', timeout=120)
     checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
@@ -62,6 +70,20 @@ def reset_speed(
     write_text(f"{checkpoints}/{RESET_FILE}", json.dumps(offsets))
     result = ResetResult(horizon, first_open, starts)
     replayer = Replayer(settings=settings, pipeline=pipeline, spark=spark)
+    # The new checkpoints start at the oldest open epoch: what bronze has not read before that (the
+    # old job's progress may stop short of it) is archived from the topic first, so no record falls
+    # between the two and the closed epochs are recomputed whole.
+    read = replayer.bronze.read_progress(
+        [f"{topic}/{p}" for p in starts], low={f"{topic}/{p}": low for p, low in lows.items()}
+    )
+    gaps = {
+        p: (read[f"{topic}/{p}"] + 1, start)
+        for p, start in starts.items()
+        if start > read[f"{topic}/{p}"] + 1
+    }
+    if gaps:
+        plan = ReplayPlan(gaps, gaps, [], horizon, speed_end={p: s for p, (s, _) in gaps.items()})
+        result.gap_records, result.archived = replayer.archive(plan)
     files = replayer.bronze.file_uris()
     if files:
         epochs = spark.read.parquet(*files).select(INGEST_EPOCH).distinct()

@@ -43,7 +43,9 @@ def _dlq_producer(kafka_config: dict[str, Any]) -> Any:
     return _producers[key]
 
 
-def send_dead_letters(failures: pa.Table, *, kafka_config: dict[str, Any], topic: str, pipeline: str) -> None:
+def send_dead_letters(
+    failures: pa.Table, *, kafka_config: dict[str, Any], topic: str, pipeline: str, stage: str = "speed"
+) -> None:
     """Send failed records to the DLQ with rule, reason and source. At least once: a replay may
     repeat some. Raises (failing the task, so Spark retries it) if any is not acknowledged."""
     if failures.num_rows == 0:
@@ -60,7 +62,7 @@ def send_dead_letters(failures: pa.Table, *, kafka_config: dict[str, Any], topic
         *(failures.column(c).to_pylist() for c in cols), strict=True
     ):
         headers = dlq.headers(
-            pipeline=pipeline, stage="speed", rule=rule, reason=reason,
+            pipeline=pipeline, stage=stage, rule=rule, reason=reason,
             source=f"{src_topic}/{partition}/{offset}",
         )  # fmt: skip
         producer.produce(topic, key=key, value=value, headers=headers, on_delivery=delivered)

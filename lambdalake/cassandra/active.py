@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
+from cassandra.query import SimpleStatement
 
 from lambdalake.cassandra.tables import BATCH_META
 
@@ -34,10 +36,14 @@ class ActiveBatch:
 
 def active_batch(session: Session, keyspace: str, pipeline: str) -> ActiveBatch | None:
     """The pipeline's active batch version (None before the first publish)."""
+    # QUORUM: the pointer is switched by a lightweight transaction whose commit is acknowledged by
+    # a quorum, so a quorum read sees the newest switch on a cluster with replication factor 3.
+    query = SimpleStatement(
+        f'SELECT * FROM "{keyspace}"."{BATCH_META.name}" WHERE pipeline = %s',
+        consistency_level=ConsistencyLevel.QUORUM,
+    )
     try:
-        row = session.execute(
-            f'SELECT * FROM "{keyspace}"."{BATCH_META.name}" WHERE pipeline = %s', [pipeline]
-        ).one()
+        row = session.execute(query, [pipeline]).one()
     except Exception as exc:  # no metadata table yet: nothing published
         if "unconfigured" in str(exc).lower() or "does not exist" in str(exc).lower():
             return None

@@ -130,6 +130,16 @@ BATCH_META = TableDef(
 )  # fmt: skip
 
 
+#: Batch versions claimed by publishes (``INSERT ... IF NOT EXISTS``): two runs never write one
+#: version's tables, whatever they saw of each other.
+BATCH_CLAIMS = TableDef(
+    "lambdalake_batch_claims",
+    (("pipeline", "text"), ("version", "bigint"), ("run_id", "text"), ("claimed_at", "timestamp")),
+    ("pipeline",),
+    ("version",),
+)
+
+
 def create_keyspace(session: Session, settings: CassandraSettings) -> None:
     replication = json.dumps(settings.replication).replace('"', "'")
     session.execute(f'CREATE KEYSPACE IF NOT EXISTS "{settings.keyspace}" WITH replication = {replication}')

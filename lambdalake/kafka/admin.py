@@ -8,8 +8,8 @@ from typing import Literal
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
-from lambdalake.errors import ServiceUnavailable
-from lambdalake.pipeline import Pipeline
+from lambdalake.errors import ConfigurationError, ServiceUnavailable
+from lambdalake.pipeline import LOG_APPEND_TIME, TIMESTAMP_TYPE, Pipeline
 from lambdalake.settings import Settings
 
 
@@ -102,3 +102,26 @@ def ensure_pipeline_topics(
         ensure_topic(admin, spec.dlq, partitions=1,
                      replication_factor=spec.replication_factor, config=spec.dlq_config, apply=apply),
     ]  # fmt: skip
+
+
+def require_log_append_time(settings: Settings, pipeline: Pipeline, admin: AdminClient | None = None) -> None:
+    """Refuse a live topic whose records carry the producer's time (CreateTime): ingest epochs would
+    not be offset ranges, and the first delivery not the first in the log. A topic that does not
+    exist yet passes (it is created with the definition's LogAppendTime).
+
+    Raises:
+        ConfigurationError: naming the topic, its setting and the fix.
+    """
+    admin = admin or require_broker(settings)
+    topic = pipeline.topic.name
+    found = admin.list_topics(topic, timeout=10).topics.get(topic)
+    if found is None or found.error is not None:
+        return
+    entries = next(iter(admin.describe_configs([ConfigResource("topic", topic)]).values())).result()
+    have = entries[TIMESTAMP_TYPE].value if TIMESTAMP_TYPE in entries else None
+    if have is not None and have != LOG_APPEND_TIME:
+        raise ConfigurationError(
+            f"topic {topic!r} has {TIMESTAMP_TYPE}={have}: its records carry the producer's time, so "
+            "ingest epochs are not offset ranges and the first delivery is not the first in the log",
+            fix=f"run `lambdalake topics {pipeline.name} --apply` (sets {TIMESTAMP_TYPE}={LOG_APPEND_TIME})",
+        )

@@ -38,6 +38,10 @@ META_FIELDS = [
     pa.field("_raw_value", pa.binary()),
 ]
 #: Meta columns that describe a failure; dropped from valid events.
+NO_TIMESTAMP_REASON = (
+    "the Kafka record has no timestamp, so its ingest epoch is unknown (the topic must stamp records "
+    "with message.timestamp.type=LogAppendTime)"
+)
 ERROR_FIELDS = ("_error_rule", "_error_reason", "_raw_key", "_raw_value")
 
 
@@ -135,6 +139,12 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
             records: list[dict[str, Any] | None] = []
             failures: dict[int, tuple[str, str]] = {}  # row -> (rule, reason)
             for row, (raw, ts_us) in enumerate(zip(values, stamps, strict=True)):
+                if ts_us is None:
+                    # No ingest epoch without it: dead-lettered (and counted) rather than archived
+                    # where no view's epoch would ever count it.
+                    failures[row] = ("no_timestamp", NO_TIMESTAMP_REASON)
+                    records.append(None)
+                    continue
                 try:
                     record = wire.decode(raw)
                 except (WireFormatError, UnknownSchemaId) as exc:

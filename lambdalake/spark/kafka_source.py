@@ -81,6 +81,10 @@ Offsets = dict[str, dict[str, int]]
 #: Key of the planned end offsets' fingerprints in a streaming offset ('$' is not valid in a topic
 #: name): {"topic/partition": [offset, timestamp_ms, crc32 of the value] | null}.
 CHECK = "$lambdalake.check"
+#: Key of a planned end offset's start (the previous end): {"topic": {"partition": offset}}. Kept in
+#: each offset-log entry so a micro-batch's whole range is known from its own entry (the first
+#: batch's start is logged nowhere else): bronze records the ranges it covered.
+FROM = "$lambdalake.from"
 Fingerprint = list[int] | None
 
 
@@ -98,7 +102,7 @@ class BrokerUnavailableError(KafkaSourceError):
 
 def positions(offsets: dict) -> Offsets:
     """The topic/partition offsets of a streaming offset, without its fingerprints."""
-    return {t: ps for t, ps in offsets.items() if t != CHECK}
+    return {t: ps for t, ps in offsets.items() if not t.startswith("$")}
 
 
 @dataclass(frozen=True)
@@ -511,7 +515,7 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         checks: dict[str, Fingerprint] = start.get(CHECK, {})
-        start = positions(start)
+        previous, start = start, positions(start)
         latest = self._latest = self.oracle.latest()
         for topic, ps in start.items():
             missing = set(ps) - set(latest.get(topic, {}))
@@ -529,7 +533,11 @@ class KafkaStreamReader(DataSourceStreamReader):
         fingerprints = {k: v for k, v in checks.items() if k not in lost}
         fingerprints.update({k: None for k in lost})
         fingerprints.update(self.oracle.fingerprints(moved))
-        return {**end, CHECK: fingerprints}
+        if end == start and fingerprints == checks:
+            # Nothing to read: the same offset as before, so Spark plans no batch (a new FROM would
+            # read as new data).
+            return previous
+        return {**end, CHECK: fingerprints, FROM: start}
 
     def _lost(self, start: Offsets, latest: Offsets, checks: dict[str, Fingerprint]) -> set[str]:
         """Partitions whose log lost records the query had read: its end is behind the checkpoint,

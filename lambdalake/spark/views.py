@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import reduce
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
@@ -28,6 +28,8 @@ from lambdalake.views import (
 #: Columns the decoder adds to every event (its Kafka coordinates and ingest time).
 INGEST_TS = "_ingest_ts"
 INGEST_EPOCH = "_epoch"
+#: The bronze file a row was read from (:func:`read_bronze`).
+FILE = "_file"
 
 
 def _version(df: DataFrame, view: LatestView) -> Column:
@@ -114,6 +116,10 @@ def deduplicate(df: DataFrame, pipeline: Pipeline, *, copies: str | None = None)
     identity = list(pipeline.event.identity)
     n = copies or "_copies"
     coordinates = [INGEST_TS, "_partition", "_offset"]
+    # A coordinate bronze holds twice (archived twice before commits left held ones out) is one
+    # delivery: its copies are told apart by the file they lie in, so exactly one of them is kept,
+    # and a loser's coordinate never takes the winner's row with it.
+    apart = [FILE] if FILE in df.columns else []
     repeated = df.groupBy(*identity).agg(F.count(F.lit(1)).alias(n)).filter(F.col(n) > 1)
 
     def on(left: str, right: str) -> Column:
@@ -123,17 +129,24 @@ def deduplicate(df: DataFrame, pipeline: Pipeline, *, copies: str | None = None)
         )
 
     deliveries = (
-        df.select(*identity, "_topic", *coordinates)
+        df.select(*identity, "_topic", *coordinates, *apart)
         .alias("_d")
         .join(repeated.alias("_r"), on("_d", "_r"), "left_semi")
     )
-    # Window partitions group nulls together, as groupBy does.
-    rank = F.row_number().over(Window.partitionBy(*identity).orderBy(*coordinates, "_topic"))
+    # Window partitions group nulls together, as groupBy does. Without the file column a held-twice
+    # coordinate shares its rank (dense): it may count twice, but is never dropped whole.
+    order = Window.partitionBy(*identity).orderBy(*coordinates, "_topic", *apart)
+    rank = F.row_number().over(order) if apart else F.dense_rank().over(order)
     losers = deliveries.withColumn("_rank", rank).filter(F.col("_rank") > 1)
-    out = df.join(
-        losers.select("_topic", "_partition", "_offset"), ["_topic", "_partition", "_offset"], "left_anti"
-    )
+    key = ["_topic", "_partition", "_offset", *apart]
+    out = df.join(losers.select(*key), key, "left_anti")
     if copies:
         counted = out.alias("_e").join(repeated.alias("_r"), on("_e", "_r"), "left")
         out = counted.select("_e.*", F.coalesce(F.col(f"_r.{n}"), F.lit(1).cast("long")).alias(copies))
-    return out
+    return out.drop(*apart)
+
+
+def read_bronze(spark: SparkSession, uris: list[str]) -> DataFrame:
+    """The master dataset's live files as events, each row with the file it lies in (``FILE``, for
+    :func:`deduplicate`)."""
+    return spark.read.parquet(*uris).withColumn(FILE, F.col("_metadata.file_path"))

@@ -1,0 +1,166 @@
+"""Bronze records the offset ranges every commit read; a coordinate is never held twice, even when two
+writers commit overlapping ranges from one snapshot; how far a partition is archived is the gap-free
+run of ranges, not the highest offset any commit read."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from lambdalake.coverage import covered_until, intersection, merged, normalized
+from lambdalake.master import MasterDataset, write_event_files
+from lambdalake.pipeline import LayersSpec
+
+LAYERS = LayersSpec(epoch="1 hour", dedup_delay="10 minutes")
+
+
+def events(partition: int, offsets: range, topic: str = "t") -> pa.Table:
+    n = len(offsets)
+    return pa.table({
+        "id": [f"e{partition}-{o}" for o in offsets],
+        "event_time": pa.array([datetime(2026, 1, 1, 10, tzinfo=UTC)] * n, type=pa.timestamp("us", tz="UTC")),
+        "_topic": [topic] * n,
+        "_partition": pa.array([partition] * n, type=pa.int32()),
+        "_offset": pa.array(list(offsets), type=pa.int64()),
+    })  # fmt: skip
+
+
+def coordinates(bronze: MasterDataset) -> list[tuple[int, int]]:
+    table = bronze.read()
+    return sorted(
+        zip(table.column("_partition").to_pylist(), table.column("_offset").to_pylist(), strict=True)
+    )
+
+
+@pytest.mark.parametrize(
+    ("ranges", "more", "want"),
+    [
+        ([], [(0, 10)], [(0, 10)]),
+        ([(0, 10)], [(10, 20)], [(0, 20)]),
+        ([(0, 10)], [(30, 40)], [(0, 10), (30, 40)]),
+        ([(0, 10), (30, 40)], [(5, 35)], [(0, 40)]),
+        ([(0, 10)], [(3, 3)], [(0, 10)]),
+    ],
+)
+def test_ranges_merge(ranges: list, more: list, want: list) -> None:
+    assert merged({"t/0": ranges}, {"t/0": more}).get("t/0", []) == want
+
+
+def test_gap_free_run_and_overlap() -> None:
+    assert covered_until(normalized([(0, 10), (20, 30)]), 0) == 10
+    assert covered_until(normalized([(0, 10), (10, 30)]), 0) == 30
+    assert covered_until(normalized([(5, 10)]), 0) == 0  # offsets 0-4 were never read
+    assert covered_until(normalized([(5, 10)]), 5) == 10  # the log starts at 5
+    assert intersection({"t/0": [(0, 10), (20, 30)]}, {"t/0": [(5, 25)], "t/1": [(0, 5)]}) == {
+        "t/0": [(5, 10), (20, 25)]
+    }
+
+
+def test_progress_is_the_gap_free_run_and_every_batch_records_it(tmp_path: Path) -> None:
+    path = str(tmp_path / "bronze")
+    bronze = MasterDataset(path, event_time="event_time")
+    first = write_event_files(events(0, range(0, 100)), path=path, event_time="event_time", name="a")
+    bronze.commit(first, app_id="speed", batch_id=0, layers=LAYERS, ranges={"t/0": [(0, 100)]}, speed=True)
+    ahead = write_event_files(events(0, range(200, 300)), path=path, event_time="event_time", name="b")
+    bronze.commit(ahead, app_id="replay", batch_id=0, layers=LAYERS, ranges={"t/0": [(200, 300)]})
+    # The highest offset read is 299, but 100-199 were never read: progress stays at 99.
+    assert bronze.read_progress(["t/0"]) == {"t/0": 99}
+    assert bronze.read_speed_end() == {"t/0": 100}
+    # A micro-batch whose records all went to the dead-letter topic writes no file, and still
+    # records its range: the gap closes and the run reaches the replay's range.
+    assert (
+        bronze.commit([], app_id="speed", batch_id=1, layers=LAYERS, ranges={"t/0": [(100, 200)]}, speed=True)
+        == 0
+    )
+    assert bronze.read_progress(["t/0", "t/1"]) == {"t/0": 299, "t/1": -1}
+    assert bronze.read_speed_end() == {"t/0": 200}
+    # The same batch again is skipped (exactly once per app transaction).
+    assert bronze.commit([], app_id="speed", batch_id=1, layers=LAYERS, ranges={"t/0": [(100, 200)]}) is None
+
+
+def test_a_commit_leaves_out_the_coordinates_bronze_holds(tmp_path: Path) -> None:
+    path = str(tmp_path / "bronze")
+    bronze = MasterDataset(path, event_time="event_time")
+    replay = write_event_files(events(0, range(50, 150)), path=path, event_time="event_time", name="replay")
+    bronze.commit(replay, app_id="replay", batch_id=0, layers=LAYERS, ranges={"t/0": [(50, 150)]})
+    speed = write_event_files(events(0, range(0, 120)), path=path, event_time="event_time", name="speed")
+    speed += write_event_files(events(1, range(0, 10)), path=path, event_time="event_time", name="speed1")
+    added = bronze.commit(
+        speed, app_id="speed", batch_id=0, layers=LAYERS, ranges={"t/0": [(0, 120)], "t/1": [(0, 10)]}
+    )
+    assert added == 50 + 10
+    assert coordinates(bronze) == [(0, o) for o in range(150)] + [(1, o) for o in range(10)]
+    assert bronze.read_progress(["t/0"]) == {"t/0": 149}
+
+
+def test_concurrent_writers_of_one_range_never_hold_a_coordinate_twice(tmp_path: Path) -> None:
+    """Writers deciding on one snapshot: the commit that lands second conflicts and decides again."""
+    path = str(tmp_path / "bronze")
+    bronze = MasterDataset(path, event_time="event_time")
+    seed = write_event_files(events(0, range(0, 1)), path=path, event_time="event_time", name="seed")
+    bronze.commit(seed, app_id="seed", batch_id=0, layers=LAYERS, ranges={"t/0": [(0, 1)]})
+    writers = 6
+    files = [
+        write_event_files(events(0, range(1 + 10 * i, 60 + 10 * i)), path=path, event_time="event_time",
+                          name=f"w{i}")
+        for i in range(writers)
+    ]  # fmt: skip
+    barrier = threading.Barrier(writers)
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        try:
+            barrier.wait()
+            MasterDataset(path, event_time="event_time").commit(
+                files[i],
+                app_id=f"w{i}",
+                batch_id=0,
+                layers=LAYERS,
+                ranges={"t/0": [(1 + 10 * i, 60 + 10 * i)]},
+            )
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    held = coordinates(bronze)
+    assert held == [(0, o) for o in range(60 + 10 * (writers - 1))]
+    assert bronze.read_coverage() == {"t/0": [(0, 60 + 10 * (writers - 1))]}
+    assert pc.sum(pc.equal(bronze.read().column("_offset"), 30)).as_py() == 1
+
+
+def test_a_coordinate_held_twice_is_one_delivery_in_deduplication(spark, tmp_path: Path) -> None:
+    """Bronze written before commits left held coordinates out may hold one Kafka record twice (a
+    replay and the speed job archived it side by side): deduplication keeps exactly one copy of it,
+    and never drops the event because its two copies ranked 1 and 2."""
+    from lambdalake.delta import commit_files
+    from lambdalake.pipeline import configured_pipeline
+    from lambdalake.spark.views import INGEST_TS, deduplicate, read_bronze
+
+    pipeline = configured_pipeline("offers")
+    identity = list(pipeline.event.identity)
+    base = events(0, range(0, 6))
+    ingest = pa.array(
+        [datetime(2026, 1, 1, 10, 0, i, tzinfo=UTC) for i in range(6)], pa.timestamp("us", tz="UTC")
+    )
+    rows = base.append_column(INGEST_TS, ingest)
+    for name in identity:  # identities: e0-0 .. e0-5, except offsets 4 and 5 repeat offset 3's
+        rows = rows.append_column(name, pa.array([f"{name}-{min(o, 3)}" for o in range(6)]))
+    path = str(tmp_path / "bronze")
+    # Offsets 0-5 in one file; offsets 2 and 3 again in a second (the same records archived twice).
+    once = write_event_files(rows, path=path, event_time="event_time", name="speed")
+    twice = write_event_files(rows.slice(2, 2), path=path, event_time="event_time", name="replay")
+    commit_files(path, once + twice, mode="append", metadata={}, partition=("event_date", pa.date32()))
+    bronze = read_bronze(spark, MasterDataset(path, event_time="event_time").file_uris())
+    kept = deduplicate(bronze, pipeline).select("_offset").collect()
+    # 0, 1 and 2 once each; 3 is the first delivery of its identity (4 and 5 repeat it), once.
+    assert sorted(r[0] for r in kept) == [0, 1, 2, 3]
