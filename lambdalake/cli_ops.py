@@ -101,7 +101,9 @@ def replay(
     console.print(f"[green]✔[/] read {result.read:,} valid events in {result.seconds:.1f}s ({rate:,.0f}/s); "
                   f"{result.archived:,} were missing from bronze and are archived now")  # fmt: skip
     for view, rows in result.cells.items():
-        console.print(f"[green]✔[/] {view}: {rows:,} speed rows rewritten")
+        emptied = result.emptied.get(view)
+        note = f", {emptied:,} no event counts in any more emptied" if emptied else ""
+        console.print(f"[green]✔[/] {view}: {rows:,} speed rows rewritten{note}")
     if plan.batch_epochs:
         question = (
             f"epochs {plan.batch_epochs} are the batch layer's: run `lambdalake batch run {p.name}` now?"

@@ -30,6 +30,7 @@ from lambdalake.coverage import (
     Coverage,
     covered_until,
     from_json,
+    intersection,
     merged,
     normalized,
     runs,
@@ -174,7 +175,9 @@ class MasterDataset:
             if table is None and not files:
                 return 0  # nothing to record progress on yet
             coverage, speed_end = self._recorded(table)
-            held = self._held(table, ranges)
+            # Only offsets some commit read can be held (every lambdalake commit records its ranges):
+            # a speed micro-batch past everything archived reads no file here.
+            held = self._held(table, intersection(coverage, ranges))
             keep = self._without(files, held) if held else files
             recorded = speed_end
             if speed:

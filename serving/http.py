@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from lambdalake.errors import LambdalakeError
+from lambdalake.errors import LambdalakeError, ServiceUnavailable
 from lambdalake.settings import Settings
 from serving.client import BadQuery, NotFound, ServingClient, _ms
 from serving.metrics import make_registry
@@ -31,7 +31,7 @@ log = logging.getLogger("lambdalake.serving")
 #: Seconds a client is asked to wait when Cassandra is unavailable.
 RETRY_AFTER_S = 5
 #: The driver's errors of a store that is down or overloaded (a 503, not a 500).
-UNAVAILABLE = (NoHostAvailable, OperationTimedOut, Unavailable, ReadTimeout, ReadFailure)
+UNAVAILABLE = (ServiceUnavailable, NoHostAvailable, OperationTimedOut, Unavailable, ReadTimeout, ReadFailure)
 
 
 def make_app(settings: Settings, *, client: ServingClient | None = None) -> FastAPI:

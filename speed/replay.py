@@ -22,6 +22,7 @@ Delivery guarantee: idempotent. Running the same replay twice changes nothing th
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -56,8 +57,10 @@ from lambdalake.spark.views import (
     read_bronze,
     windowed,
 )
-from lambdalake.views import RANK
+from lambdalake.views import EPOCH, RANK, WINDOW_START
 from speed.sinks import send_dead_letters
+
+log = logging.getLogger("lambdalake.replay")
 
 
 @dataclass
@@ -100,6 +103,8 @@ class ReplayResult:
     read: int = 0
     archived: int = 0
     cells: dict[str, int] = field(default_factory=dict)
+    #: Stored cells of the recomputed epochs that the recompute no longer yields, deleted.
+    emptied: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     #: Seconds per stage: read+archive (Kafka, decode, bronze files and commit), recompute.
     stages: dict[str, float] = field(default_factory=dict)
@@ -277,6 +282,8 @@ class Replayer:
         self.bronze = MasterDataset(
             table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
         )
+        #: Per windowed view, the stored cells the last recompute emptied.
+        self.emptied: dict[str, int] = {}
 
     def run(self, plan: ReplayPlan) -> ReplayResult:
         t0 = time.monotonic()
@@ -288,6 +295,7 @@ class Replayer:
         t1 = time.monotonic()
         if plan.speed_epochs:
             result.cells = self.recompute(plan.speed_epochs, records=plan.records)
+            result.emptied = dict(self.emptied)
         t2 = time.monotonic()
         result.stages = {"read+archive": round(t1 - t0, 2), "recompute": round(t2 - t1, 2)}
         result.seconds = t2 - t0
@@ -369,11 +377,31 @@ class Replayer:
                 if isinstance(view, WindowedView):
                     rows = windowed(firsts, self.pipeline, view, epoch=epoch)
                     cells[view.name] = upsert_view(rows, table=table, cassandra=cassandra, **bulk)
+                    # Cells a delivery of these epochs once made (any copy the speed job counted)
+                    # that the recompute no longer yields, e.g. a far copy deduplication now drops.
+                    every = windowed(bronze.filter(F.col(INGEST_EPOCH).isin(epochs)), self.pipeline, view,
+                                     epoch=epoch)  # fmt: skip
+                    cell = [*view.key, WINDOW_START, EPOCH]
+                    stale = every.select(*cell).subtract(rows.select(*cell)).collect()
+                    _delete_cells(self.settings, table, cell, stale)
+                    self.emptied[view.name] = len(stale)
                 else:
                     cells[view.name] = _upsert_latest(firsts, self.pipeline, view, table, cassandra)
         finally:
             firsts.unpersist()
         return cells
+
+
+def _delete_cells(settings: Settings, table: Any, cell: list[str], rows: list[Any]) -> None:
+    """Delete the speed cells ``rows`` (values of the ``cell`` columns, its primary key)."""
+    if not rows:
+        return
+    session = connect(settings.cassandra)
+    where = " AND ".join(f'"{c}" = ?' for c in cell)
+    delete = session.prepare(f'DELETE FROM "{settings.cassandra.keyspace}"."{table.name}" WHERE {where}')
+    for row in rows:
+        session.execute(delete, list(row))
+    log.info("emptied %d speed cells of %s that the recompute no longer yields", len(rows), table.name)
 
 
 def _upsert_latest(

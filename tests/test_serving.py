@@ -335,3 +335,50 @@ def test_status_shows_each_pipeline(served: Any) -> None:
         assert {v["view"] for v in status["views"]} == {v.name for v in served["pipelines"][name].views}
         assert all(v["last_batch_at"] for v in status["views"])
         assert status["last_batch"]["run_id"]
+
+
+def test_http_errors_name_the_problem_and_never_answer_500(served: Any) -> None:
+    """Times out of range: 422; an empty `from`: absent; a view published by no batch yet: its speed
+    rows alone; Cassandra unreachable: 503 with Retry-After, and /health hides the driver's text."""
+    from fastapi.testclient import TestClient
+
+    from lambdalake.cassandra.tables import deploy_speed_tables
+    from lambdalake.pipeline import configured_pipeline
+    from serving.http import make_app
+
+    settings, offers = served["settings"], served["pipelines"]["offers"]
+    hourly = offers.views[1]
+    key = sorted(stored_keys(settings, offers, hourly))[0][0]
+    url = f"/v1/pipelines/offers/views/{hourly.name}/keys/{key}"
+    with TestClient(make_app(settings)) as http:
+        whole = http.get(url)
+        assert whole.status_code == 200
+        assert http.get(url, params={"from": "", "to": ""}).json() == whole.json()
+        for far in ("99999999999999999999", "-99999999999999999999"):
+            answer = http.get(url, params={"from": far})
+            assert answer.status_code == 422 and "outside the times" in answer.json()["detail"], answer.text
+
+    # A view added to the definition after the last publish.
+    folder = served["tmp"] / "pipelines-with-a-new-view"
+    folder.mkdir(exist_ok=True)
+    for file in settings.pipelines_dir.iterdir():
+        (folder / file.name).write_text(file.read_text())
+    daily = (
+        '\n[[views]]\nname = "merchant_offers_daily"\nkind = "windowed"\nkey = ["merchant_id"]\n'
+        'window = "1 day"\naggregates = [{ name = "updates", fn = "count" }]\n'
+    )
+    (folder / "offers.toml").write_text((folder / "offers.toml").read_text() + daily)
+    grown = settings.model_copy(update={"pipelines_dir": folder})
+    deploy_speed_tables(connect(grown.cassandra), grown.cassandra, configured_pipeline("offers", grown))
+    with TestClient(make_app(grown)) as http:
+        answer = http.get(f"/v1/pipelines/offers/views/merchant_offers_daily/keys/{key}")
+        assert answer.status_code == 404, answer.text  # no speed rows for it yet, and no error
+        assert answer.json()["provenance"]["batch_version"] is None
+
+    down = settings.model_copy(update={"cassandra": settings.cassandra.model_copy(update={"port": 1})})
+    with TestClient(make_app(down)) as http:
+        health = http.get("/health")
+        assert health.status_code == 503 and health.headers["Retry-After"]
+        assert health.json() == {"status": "unavailable", "detail": "Cassandra is unreachable"}
+        answer = http.get(url)
+        assert answer.status_code == 503 and answer.headers["Retry-After"], answer.text

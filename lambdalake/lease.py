@@ -1,0 +1,235 @@
+"""One writer per pipeline and role, on every host: a lease in Cassandra.
+
+A writer takes its pipeline's lease for what it writes with a lightweight transaction (``INSERT ...
+IF NOT EXISTS USING TTL``) in the pipeline's keyspace, renews it while it runs (``UPDATE ... IF
+holder = me``, every third of the TTL) and releases it on a clean stop (``DELETE ... IF holder =
+me``). A holder killed with -9 blocks no one for longer than the TTL (default 30 s): its row expires.
+
+Which writers exclude which follows from what each writes:
+
+========== ============ =======================================================================
+lease      taken by     why
+========== ============ =======================================================================
+``speed``  speed job,   two jobs on one checkpoint interleave its logs and overwrite each
+           speed reset  other's absolute view values; a reset deletes the checkpoint under a job
+``batch``  batch run,   two publishes of one pipeline, or a publish and a restore, race for the
+           restore      active version (the publish's own transactions keep it exact, the lease
+                        keeps operators apart)
+``replay`` replay       two recomputes of one epoch write it twice
+========== ============ =======================================================================
+
+A batch run or a replay beside the speed job is allowed (the README's design): they take other
+leases.
+
+Delivery guarantee: mutual exclusion while the holder renews in time. A holder that cannot renew
+(Cassandra unreachable for longer than the TTL, or the lease taken over after it expired) learns it
+at the next renewal: :attr:`Lease.lost` is set and the holder stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+from cassandra import ConsistencyLevel
+from cassandra.cluster import Session
+from cassandra.query import SimpleStatement
+
+from lambdalake.cassandra.tables import TableDef, create_keyspace, ensure_table
+from lambdalake.errors import LambdalakeError
+from lambdalake.settings import CassandraSettings
+
+log = logging.getLogger("lambdalake.lease")
+
+Role = Literal["speed job", "speed reset", "batch run", "batch restore", "replay"]
+#: The lease each role takes: roles that share one exclude each other.
+LEASE_OF: dict[str, str] = {
+    "speed job": "speed",
+    "speed reset": "speed",
+    "batch run": "batch",
+    "batch restore": "batch",
+    "replay": "replay",
+}
+DEFAULT_TTL_S = 30
+
+LEASES = TableDef(
+    "lambdalake_leases",
+    (
+        ("pipeline", "text"), ("lease", "text"), ("holder", "text"), ("role", "text"), ("host", "text"),
+        ("pid", "int"), ("since", "timestamp"), ("renewed", "timestamp"),
+    ),
+    ("pipeline",),
+    ("lease",),
+)  # fmt: skip
+
+
+class LeaseHeld(LambdalakeError):
+    """Another writer holds the lease (exit 2, naming it and the fix)."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lease, and for how long it lasts without a renewal."""
+
+    role: str
+    host: str
+    pid: int
+    since: datetime | None
+    renewed: datetime | None
+    expires_in_s: int | None
+
+    def describe(self) -> str:
+        def at(t: datetime | None) -> str:
+            return t.replace(tzinfo=UTC).isoformat(timespec="seconds") if t is not None else "?"
+
+        when = f"since {at(self.since)}, last renewed {at(self.renewed)}"
+        return f"{self.role} on {self.host} (pid {self.pid}) {when}"
+
+
+class Lease:
+    """The lease of one pipeline and role, held from :meth:`acquire` to :meth:`release`.
+
+    Args:
+        session: A Cassandra session.
+        cassandra: The cluster's settings (keyspace).
+        pipeline: The pipeline's name.
+        role: What the holder does; decides the lease (:data:`LEASE_OF`).
+        ttl_s: Seconds the lease lasts without a renewal. Default 30.
+
+    Use as a context manager: ``with Lease(...).acquire():`` renews in a thread and releases on exit.
+    """
+
+    def __init__(
+        self,
+        *,
+        session: Session,
+        cassandra: CassandraSettings,
+        pipeline: str,
+        role: Role,
+        ttl_s: int = DEFAULT_TTL_S,
+    ) -> None:
+        self.session = session
+        self.keyspace = cassandra.keyspace
+        self.cassandra = cassandra
+        self.pipeline = pipeline
+        self.role = role
+        self.lease = LEASE_OF[role]
+        self.ttl_s = ttl_s
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        #: Set when a renewal found the lease gone or taken: the holder must stop writing.
+        self.lost = threading.Event()
+        self._since_ms = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lwt = {"consistency_level": ConsistencyLevel.QUORUM,
+                     "serial_consistency_level": ConsistencyLevel.SERIAL}  # fmt: skip
+
+    def _table(self) -> str:
+        return f'"{self.keyspace}"."{LEASES.name}"'
+
+    def acquire(self) -> Lease:
+        """Take the lease, or raise :class:`LeaseHeld` naming the holder and the fix."""
+        create_keyspace(self.session, self.cassandra)
+        ensure_table(self.session, self.keyspace, LEASES)
+        now = int(time.time() * 1000)
+        insert = SimpleStatement(
+            f"INSERT INTO {self._table()} (pipeline, lease, holder, role, host, pid, since, renewed) "
+            f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s) IF NOT EXISTS USING TTL {self.ttl_s}",
+            **self._lwt,
+        )
+        self._since_ms = now
+        taken = self.session.execute(
+            insert,
+            [self.pipeline, self.lease, self.holder, self.role, socket.gethostname(), os.getpid(), now, now],
+        ).was_applied
+        if not taken:
+            holder = self.current()
+            raise LeaseHeld(*self._refusal(holder))
+        self._thread = threading.Thread(target=self._renew, name=f"lease-{self.lease}", daemon=True)
+        self._thread.start()
+        log.info("took the %s lease of %s (%s)", self.lease, self.pipeline, self.holder)
+        return self
+
+    def _refusal(self, holder: Holder | None) -> tuple[str, str]:
+        who = holder.describe() if holder is not None else "another writer (it just released it: try again)"
+        message = f"{self.role} of {self.pipeline!r} refused: the {self.lease} lease is held by {who}"
+        left = (
+            f"{holder.expires_in_s} s"
+            if holder is not None and holder.expires_in_s is not None
+            else "the TTL"
+        )
+        fix = (
+            f"stop that writer first (`lambdalake undeploy --pipeline {self.pipeline}` for a deployed speed "
+            f"job or scheduler), or, if it crashed, wait for its lease to expire: {left} at most"
+        )
+        return message, fix
+
+    def current(self) -> Holder | None:
+        """Who holds the lease now (None: nobody)."""
+        row = self.session.execute(
+            SimpleStatement(
+                f"SELECT role, host, pid, since, renewed, TTL(holder) AS left FROM {self._table()} "
+                "WHERE pipeline = %s AND lease = %s",
+                serial_consistency_level=ConsistencyLevel.SERIAL,
+                consistency_level=ConsistencyLevel.SERIAL,
+            ),
+            [self.pipeline, self.lease],
+        ).one()
+        if row is None:
+            return None
+        return Holder(row.role, row.host, row.pid, row.since, row.renewed, row.left)
+
+    def _renew(self) -> None:
+        update = SimpleStatement(
+            # Every column again: each cell carries its own TTL, and the row lives while one does.
+            f"UPDATE {self._table()} USING TTL {self.ttl_s} SET holder = %s, role = %s, host = %s, pid = %s, "
+            "since = %s, renewed = %s WHERE pipeline = %s AND lease = %s IF holder = %s",
+            **self._lwt,
+        )
+        while not self._stop.wait(self.ttl_s / 3):
+            try:
+                applied = self.session.execute(
+                    update,
+                    [self.holder, self.role, socket.gethostname(), os.getpid(), self._since_ms,
+                     int(time.time() * 1000), self.pipeline, self.lease, self.holder],
+                ).was_applied  # fmt: skip
+            except Exception as exc:  # Cassandra down for a moment: try again before the TTL runs out
+                log.warning("renewing the %s lease of %s failed: %s", self.lease, self.pipeline, exc)
+                continue
+            if not applied:
+                log.error(
+                    "the %s lease of %s was lost (expired and taken?): stopping", self.lease, self.pipeline
+                )
+                self.lost.set()
+                return
+
+    def release(self) -> None:
+        """Stop renewing and give the lease back (only if still ours)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+        try:
+            self.session.execute(
+                SimpleStatement(
+                    f"DELETE FROM {self._table()} WHERE pipeline = %s AND lease = %s IF holder = %s",
+                    **self._lwt,
+                ),
+                [self.pipeline, self.lease, self.holder],
+            )
+        except Exception as exc:  # it expires with its TTL anyway
+            log.warning("releasing the %s lease of %s failed (it expires in %d s): %s", self.lease,
+                        self.pipeline, self.ttl_s, exc)  # fmt: skip
+
+    def __enter__(self) -> Lease:
+        return self if self._thread is not None else self.acquire()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
