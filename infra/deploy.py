@@ -217,7 +217,10 @@ class Deployer:
         wanted = fingerprint(self.settings, p)
         return self._ensure_process(
             proc, f"speed job {p.name}", wanted,
-            [sys.executable, "-m", "lambdalake", "speed", "run", p.name],
+            # A predecessor stopped by SIGKILL (it did not stop in time) holds its lease until the
+            # TTL ends: the new job waits that long for it.
+            [sys.executable, "-m", "lambdalake", "speed", "run", p.name,
+             "--lease-wait", str(self.settings.cassandra.lease_ttl_s + 5)],
         )  # fmt: skip
 
     def _scheduler(self) -> Change:

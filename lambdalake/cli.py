@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -24,6 +24,7 @@ from lambdalake.pipeline import Pipeline, configured_pipeline, list_pipelines
 from lambdalake.settings import Settings, get_settings
 
 if TYPE_CHECKING:
+    from lambdalake.lease import Lease, Role
     from lambdalake.produce.producer import ProduceStats
 
 
@@ -68,6 +69,23 @@ OnlyOpt = Annotated[
 
 def _pipeline(name: str, settings: Settings) -> Pipeline:
     return configured_pipeline(name, settings)
+
+
+@contextmanager
+def writer_lease(settings: Settings, pipeline: str, role: Role, *, wait_s: float = 0.0) -> Iterator[Lease]:
+    """Hold the pipeline's lease for ``role`` (:mod:`lambdalake.lease`) while the block runs; taken
+    before any Spark session starts, so a refused writer exits 2 at once."""
+    from lambdalake.cassandra.session import connect
+    from lambdalake.lease import Lease
+
+    lease = Lease(
+        session=connect(settings.cassandra), cassandra=settings.cassandra, pipeline=pipeline, role=role
+    )
+    lease.acquire(wait_s=wait_s)
+    try:
+        yield lease
+    finally:
+        lease.release()
 
 
 # --- services ----------------------------------------------------------------------------------
@@ -512,8 +530,17 @@ def speed_run(
             "--no-fail-on-data-loss goes on past them with a warning."
         ),
     ] = True,
+    lease_wait: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds to wait for the pipeline's speed lease while another job holds it "
+            "(0: refuse at once, exit 2, naming the holder).",
+        ),
+    ] = 0.0,
 ) -> None:
-    """Run the pipeline's streaming queries until SIGTERM/Ctrl-C (checkpoints under the storage root)."""
+    """Run the pipeline's streaming queries until SIGTERM/Ctrl-C (checkpoints under the storage root).
+    One speed job per pipeline runs at a time, on every host: a second one refuses (exit 2)."""
     import logging
 
     from speed.job import SpeedJob, SpeedOptions
@@ -531,17 +558,19 @@ def speed_run(
         broker_wait_s=broker_wait,
         fail_on_data_loss=fail_on_data_loss,
     )
-    job = SpeedJob(settings=settings, pipeline=_pipeline(pipeline, settings), options=options)
-    if not once:
-        job.run_until_stopped()
-        return
-    t0 = time.monotonic()
-    with console.status("processing what the topic holds..."):
-        job.start()
-        try:
-            job.catch_up()
-        finally:
-            job.close()
+    p = _pipeline(pipeline, settings)
+    with writer_lease(settings, p.name, "speed job", wait_s=lease_wait) as lease:
+        job = SpeedJob(settings=settings, pipeline=p, options=options)
+        if not once:
+            job.run_until_stopped(lost=lease.lost)
+            return
+        t0 = time.monotonic()
+        with console.status("processing what the topic holds..."):
+            job.start()
+            try:
+                job.catch_up()
+            finally:
+                job.close()
     for name, stats in job.progress.stats.items():
         behind = (
             f", {stats.dropped_behind_watermark} behind the watermark"
@@ -651,7 +680,10 @@ def batch_run(
     settings = get_settings()
     p = _pipeline(pipeline, settings)
     t0 = time.monotonic()
-    with console.status("starting Spark...") as status:
+    with (
+        writer_lease(settings, p.name, "batch run") if not dry_run else nullcontext(),
+        console.status("starting Spark...") as status,
+    ):
         job = BatchJob(settings=settings, pipeline=p)
         result = job.run(
             horizon=horizon,
@@ -693,7 +725,7 @@ def batch_restore(
 
     settings = get_settings()
     p = _pipeline(pipeline, settings)
-    with console.status("restoring from the Delta views..."):
+    with writer_lease(settings, p.name, "batch restore"), console.status("restoring from the Delta views..."):
         spark = spark_session(settings, f"lambdalake-restore-{p.name}", workload="batch")
         replayer = Replayer(settings=settings, pipeline=p, spark=spark)
         run = restore(settings, p, spark, version=version, rebuild_speed=replayer.recompute)
@@ -726,8 +758,9 @@ def batch_schedule(
 
     def run(p: Pipeline) -> str:
         nonlocal spark
-        spark = spark or spark_session(settings, "lambdalake-batch-schedule", workload="batch")
-        return BatchJob(settings=settings, pipeline=p, spark=spark).run().outcome
+        with writer_lease(settings, p.name, "batch run"):
+            spark = spark or spark_session(settings, "lambdalake-batch-schedule", workload="batch")
+            return BatchJob(settings=settings, pipeline=p, spark=spark).run().outcome
 
     scheduler = Scheduler(settings=settings, pipelines=chosen, runner=run, first_run_now=once)
     if once:

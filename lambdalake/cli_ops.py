@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from lambdalake.cli import PipelineArg, _pipeline, _timestamp_ms, app, console, out, speed_app
+from lambdalake.cli import PipelineArg, _pipeline, _timestamp_ms, app, console, out, speed_app, writer_lease
 from lambdalake.errors import LambdalakeError
 from lambdalake.settings import Settings, get_settings
 
@@ -94,9 +94,10 @@ def replay(
         return
     from lambdalake.spark.session import spark_session
 
-    spark = spark_session(settings, f"lambdalake-replay-{p.name}", workload="replay")
-    with console.status(f"replaying {plan.records:,} records..."):
-        result = Replayer(settings=settings, pipeline=p, spark=spark).run(plan)
+    with writer_lease(settings, p.name, "replay"):
+        spark = spark_session(settings, f"lambdalake-replay-{p.name}", workload="replay")
+        with console.status(f"replaying {plan.records:,} records..."):
+            result = Replayer(settings=settings, pipeline=p, spark=spark).run(plan)
     rate = result.read / result.seconds if result.seconds else 0
     console.print(f"[green]✔[/] read {result.read:,} valid events in {result.seconds:.1f}s ({rate:,.0f}/s); "
                   f"{result.archived:,} were missing from bronze and are archived now")  # fmt: skip
@@ -112,7 +113,7 @@ def replay(
         if wanted:
             from batch.job import BatchJob
 
-            with console.status("running the batch..."):
+            with writer_lease(settings, p.name, "batch run"), console.status("running the batch..."):
                 run = BatchJob(settings=settings, pipeline=p, spark=spark).run()
             console.print(
                 f"[green]✔[/] batch: {run.outcome}, horizon {run.horizon}, version {run.batch_version}"
@@ -140,9 +141,10 @@ def speed_reset(
         typer.confirm(f"truncate the speed tables of {p.name} and delete its checkpoints?", abort=True)
     from lambdalake.spark.session import spark_session
 
-    spark = spark_session(settings, f"lambdalake-speed-reset-{p.name}", workload="replay")
-    with console.status("rebuilding the speed rows from bronze..."):
-        result = reset_speed(settings, p, spark)
+    with writer_lease(settings, p.name, "speed reset"):
+        spark = spark_session(settings, f"lambdalake-speed-reset-{p.name}", workload="replay")
+        with console.status("rebuilding the speed rows from bronze..."):
+            result = reset_speed(settings, p, spark)
     console.print(
         f"[green]✔[/] horizon {result.horizon}; rebuilt epochs from bronze: {result.rebuilt_epochs or 'none'}"
     )

@@ -57,7 +57,6 @@ LEASE_OF: dict[str, str] = {
     "batch restore": "batch",
     "replay": "replay",
 }
-DEFAULT_TTL_S = 30
 
 LEASES = TableDef(
     "lambdalake_leases",
@@ -101,7 +100,7 @@ class Lease:
         cassandra: The cluster's settings (keyspace).
         pipeline: The pipeline's name.
         role: What the holder does; decides the lease (:data:`LEASE_OF`).
-        ttl_s: Seconds the lease lasts without a renewal. Default 30.
+        ttl_s: Seconds the lease lasts without a renewal. Default ``cassandra.lease_ttl_s`` (30).
 
     Use as a context manager: ``with Lease(...).acquire():`` renews in a thread and releases on exit.
     """
@@ -113,7 +112,7 @@ class Lease:
         cassandra: CassandraSettings,
         pipeline: str,
         role: Role,
-        ttl_s: int = DEFAULT_TTL_S,
+        ttl_s: int | None = None,
     ) -> None:
         self.session = session
         self.keyspace = cassandra.keyspace
@@ -121,7 +120,7 @@ class Lease:
         self.pipeline = pipeline
         self.role = role
         self.lease = LEASE_OF[role]
-        self.ttl_s = ttl_s
+        self.ttl_s = ttl_s or cassandra.lease_ttl_s
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         #: Set when a renewal found the lease gone or taken: the holder must stop writing.
         self.lost = threading.Event()
@@ -134,10 +133,25 @@ class Lease:
     def _table(self) -> str:
         return f'"{self.keyspace}"."{LEASES.name}"'
 
-    def acquire(self) -> Lease:
-        """Take the lease, or raise :class:`LeaseHeld` naming the holder and the fix."""
+    def acquire(self, *, wait_s: float = 0.0) -> Lease:
+        """Take the lease, or raise :class:`LeaseHeld` naming the holder and the fix.
+
+        Args:
+            wait_s: How long to keep trying while another writer holds it (a predecessor stopped by
+                SIGKILL leaves its lease until the TTL ends). Default 0: refuse at once.
+        """
         create_keyspace(self.session, self.cassandra)
         ensure_table(self.session, self.keyspace, LEASES)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return self._take()
+            except LeaseHeld:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+    def _take(self) -> Lease:
         now = int(time.time() * 1000)
         insert = SimpleStatement(
             f"INSERT INTO {self._table()} (pipeline, lease, holder, role, host, pid, since, renewed) "
@@ -187,28 +201,31 @@ class Lease:
         return Holder(row.role, row.host, row.pid, row.since, row.renewed, row.left)
 
     def _renew(self) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            if not self._renew_once():
+                return
+
+    def _renew_once(self) -> bool:
+        """Renew once; False when the lease is lost (:attr:`lost` is then set)."""
         update = SimpleStatement(
             # Every column again: each cell carries its own TTL, and the row lives while one does.
             f"UPDATE {self._table()} USING TTL {self.ttl_s} SET holder = %s, role = %s, host = %s, pid = %s, "
             "since = %s, renewed = %s WHERE pipeline = %s AND lease = %s IF holder = %s",
             **self._lwt,
         )
-        while not self._stop.wait(self.ttl_s / 3):
-            try:
-                applied = self.session.execute(
-                    update,
-                    [self.holder, self.role, socket.gethostname(), os.getpid(), self._since_ms,
-                     int(time.time() * 1000), self.pipeline, self.lease, self.holder],
-                ).was_applied  # fmt: skip
-            except Exception as exc:  # Cassandra down for a moment: try again before the TTL runs out
-                log.warning("renewing the %s lease of %s failed: %s", self.lease, self.pipeline, exc)
-                continue
-            if not applied:
-                log.error(
-                    "the %s lease of %s was lost (expired and taken?): stopping", self.lease, self.pipeline
-                )
-                self.lost.set()
-                return
+        try:
+            applied = self.session.execute(
+                update,
+                [self.holder, self.role, socket.gethostname(), os.getpid(), self._since_ms,
+                 int(time.time() * 1000), self.pipeline, self.lease, self.holder],
+            ).was_applied  # fmt: skip
+        except Exception as exc:  # Cassandra down for a moment: try again before the TTL runs out
+            log.warning("renewing the %s lease of %s failed: %s", self.lease, self.pipeline, exc)
+            return True
+        if not applied:
+            log.error("the %s lease of %s was lost (expired and taken?): stopping", self.lease, self.pipeline)
+            self.lost.set()
+        return applied
 
     def release(self) -> None:
         """Stop renewing and give the lease back (only if still ours)."""

@@ -160,6 +160,9 @@ class CassandraSettings(BaseModel):
     #: Rows per unlogged batch in bulk writes: a batch publish, a replay's rewrite of whole epochs
     #: (larger batches pay off; a batch over the cluster's size limit is split and sent again).
     publish_batch_rows: int = Field(default=100, ge=1, le=1000)
+    #: Seconds a writer's lease (lambdalake.lease) lasts without a renewal: how long a writer killed
+    #: with -9 blocks the next one at most. Renewed every third of it.
+    lease_ttl_s: int = Field(default=30, ge=3, le=3600, description="seconds, 3-3600", examples=["30"])
     #: Embedded server only. Memtables get a quarter of it: at 512M a bulk publish flushed twice a
     #: second and Cassandra's CPU per row was twice what it is at 3G (measured on 2 cores).
     heap: str = "3G"

@@ -24,10 +24,10 @@ from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_p
 from lambdalake.settings import Settings
 from lambdalake.views import RANK, WINDOW_START, batch_table, speed_table
 from serving.answers import Answer, LatestRow, Provenance
+from serving.contract import EARLIEST_MS, LATEST_MS
 from serving.merge import RowSet, aware_utc_values, merge_windows, pick_latest
 
 #: Window bounds when a query gives none (Cassandra timestamps are epoch milliseconds).
-EARLIEST_MS, LATEST_MS = -(2**62), 2**62
 
 #: The ``latest`` speed row's rank is the write timestamp of a column every row has.
 RANKED_COLUMN = "_ingest_ts"
@@ -372,7 +372,7 @@ def _ms(value: Moment, what: str) -> int:
         ms = int(text)
     else:
         try:
-            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            parsed = datetime.fromisoformat(text.upper().replace("Z", "+00:00"))
             ms = int((parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp() * 1000)
         except (ValueError, OverflowError):
             raise BadQuery(

@@ -16,14 +16,15 @@ from typing import Annotated, Any
 
 from cassandra import OperationTimedOut, ReadFailure, ReadTimeout, Unavailable
 from cassandra.cluster import NoHostAvailable
-from fastapi import Depends, FastAPI, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lambdalake.errors import LambdalakeError, ServiceUnavailable
 from lambdalake.settings import Settings
 from serving.client import BadQuery, NotFound, ServingClient, _ms
+from serving.contract import TIME_PARAMETER, AnswerBody, HealthBody, answers
 from serving.metrics import make_registry
 
 _bearer = HTTPBearer(auto_error=False)
@@ -64,8 +65,15 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
         )  # fmt: skip
 
     app.add_middleware(_Timed, latency=latency)
+    names = client.pipeline_names()
+    views = sorted({v.name for name in names for v in client.pipeline(name).views})
 
-    @app.get("/health", summary="Liveness and Cassandra reachability")
+    @app.get(
+        "/health", summary="Liveness and Cassandra reachability (open: no token needed)",
+        response_model=HealthBody,
+        responses={503: {"description": "Cassandra is unreachable", "model": HealthBody,
+                         "headers": {"Retry-After": {"schema": {"type": "integer"}}}}},
+    )  # fmt: skip
     def health() -> JSONResponse:
         try:
             client.session.execute("SELECT release_version FROM system.local", timeout=5)
@@ -78,7 +86,13 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
             )  # fmt: skip
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics", summary="Prometheus metrics", dependencies=[Depends(authorized)])
+    @app.get(
+        "/metrics", summary="Prometheus metrics", dependencies=[Depends(authorized)],
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                         "description": "Prometheus text exposition format"},
+                   **answers(401, media_type="application/json")},
+    )  # fmt: skip
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -86,20 +100,31 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
         "/v1/pipelines/{pipeline}/views/{view}/keys/{key}",
         summary="The merged answer for one key of a view",
         dependencies=[Depends(authorized)],
-        responses={401: {"description": "Token missing or wrong"}, 404: {"description": "Unknown "
-                   "pipeline, view or key"}, 422: {"description": "A key or time the view cannot take"}},
+        response_model=AnswerBody,
+        responses=answers(400, 401, 404, 422, 503),
     )  # fmt: skip
     async def query(
-        pipeline: str,
-        view: str,
-        key: str,
+        pipeline: Annotated[str, Path(description="A pipeline's name", json_schema_extra={"enum": names})],
+        view: Annotated[str, Path(description="One of its views", json_schema_extra={"enum": views})],
+        key: Annotated[str, Path(description="The key; a composite one as its values joined by commas")],
         start: Annotated[
-            str | None, Query(alias="from", description="Windows starting at or after (ISO-8601 or epoch ms)")
+            str | None,
+            Query(
+                alias="from",
+                description="Windows starting at or after this (RFC 3339 date-time or epoch "
+                "ms; empty: no bound)",
+                json_schema_extra=TIME_PARAMETER,
+            ),
         ] = None,
         end: Annotated[
-            str | None, Query(alias="to", description="Windows starting before (ISO-8601 or epoch ms)")
+            str | None,
+            Query(
+                alias="to",
+                description="Windows starting before this (RFC 3339 date-time or epoch ms; empty: no bound)",
+                json_schema_extra=TIME_PARAMETER,
+            ),
         ] = None,
-    ) -> JSONResponse:
+    ) -> Response:
         start, end = start or None, end or None  # an empty value is absent
         try:
             if start is not None and end is not None and _ms(start, "from") > _ms(end, "to"):

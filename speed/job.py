@@ -475,9 +475,14 @@ class SpeedJob:
         if self._owns_spark:
             self.spark.stop()
 
-    def run_until_stopped(self) -> None:
+    def run_until_stopped(self, *, lost: threading.Event | None = None) -> None:
         """Run until SIGTERM/SIGINT; then stop the queries (every write is idempotent, so stopping
-        mid-batch is safe: the batch is replayed from the checkpoint next time)."""
+        mid-batch is safe: the batch is replayed from the checkpoint next time).
+
+        Args:
+            lost: Set when this job's lease was lost (:mod:`lambdalake.lease`): the job stops with
+                an error, since another job may now write the same checkpoint and views.
+        """
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
@@ -487,6 +492,12 @@ class SpeedJob:
                 for q in self.queries:
                     if not q.isActive:
                         raise self._failure(q, q.exception())
+                if lost is not None and lost.is_set():
+                    raise LambdalakeError(
+                        f"the speed job of {self.pipeline.name!r} lost its lease (not renewed in time): "
+                        "another job may be running, so this one stops",
+                        fix="check `lambdalake status`; start it again once no other speed job runs",
+                    )
                 stop.wait(0.5)
         finally:
             log.info("stopping %s", ", ".join(q.name for q in self.queries))

@@ -4,7 +4,12 @@ incompatible schema version is refused before anything changes, `undeploy` stops
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,10 +19,11 @@ from confluent_kafka.admin import AdminClient
 
 from infra.deploy import scheduler_process, serving_process, speed_process
 from lambdalake.cassandra.session import connect
-from lambdalake.cassandra.tables import speed_table_def
+from lambdalake.cassandra.tables import create_keyspace, ensure_table, speed_table_def
+from lambdalake.lease import LEASES, Lease
 from lambdalake.registry import client
 from lambdalake.settings import PROJECT_ROOT, Settings
-from tests.conftest import isolated, pipeline_named, run_cli
+from tests.conftest import env_for, isolated, pipeline_named, run_cli
 from tests.helpers import pipelines_folder
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -70,6 +76,14 @@ def test_deploy_twice_then_an_incompatible_schema_then_undeploy(services: Settin
         assert "no changes" in second.stdout.decode(), second.stdout.decode()
         assert job.pid() == pid
 
+        # A manual run beside the deployed job: refused at once (no Spark JVM), naming the holder.
+        manual = run_cli(settings, "speed", "run", "telemetry", "--once")
+        output = manual.stdout.decode() + manual.stderr.decode()
+        assert manual.returncode == 2, output
+        assert f"held by speed job on {socket.gethostname()}" in output and "undeploy" in output, output
+        assert "incubator" not in output, output
+        assert job.pid() == pid
+
         # An incompatible version: refused with the reason, before anything changes.
         versions = client(settings).get_versions(subject)
         v3 = incompatible_version(schemas)
@@ -87,3 +101,44 @@ def test_deploy_twice_then_an_incompatible_schema_then_undeploy(services: Settin
     assert speed_process(settings, "telemetry").pid() is None
     assert scheduler_process(settings).pid() is None
     assert serving_process(settings).pid() is None
+    # Undeploy released the lease: a manual run now starts.
+    after = run_cli(settings, "speed", "run", "telemetry", "--once")
+    assert after.returncode == 0, after.stdout.decode() + after.stderr.decode()
+
+
+def test_a_job_killed_with_minus_nine_blocks_the_next_one_no_longer_than_its_lease(
+    services: Settings, tmp_path: Path
+) -> None:
+    unique = f"k{int(time.time() * 1000) % 10**8}"
+    base = isolated(services, tmp_path, unique)
+    pipeline = pipeline_named(base, "offers", topic=f"offers-{unique}")
+    settings = base.model_copy(update={
+        "pipelines_dir": pipelines_folder(tmp_path, pipeline), "state_dir": tmp_path / "state",
+        "cassandra": base.cassandra.model_copy(update={"lease_ttl_s": 10}),
+    })  # fmt: skip
+    run_cli(settings, "topics", "offers", "--apply")
+    env = env_for(settings)
+    job = subprocess.Popen(
+        [sys.executable, "-m", "lambdalake", "speed", "run", "offers"], env=env, cwd=PROJECT_ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        probe = Lease(session=connect(settings.cassandra), cassandra=settings.cassandra, pipeline="offers",
+                      role="speed job")  # fmt: skip
+        create_keyspace(probe.session, settings.cassandra)
+        ensure_table(probe.session, settings.cassandra.keyspace, LEASES)
+        while probe.current() is None:  # until the job holds its lease
+            assert time.monotonic() < deadline and job.poll() is None, "the job did not take its lease"
+            time.sleep(0.5)
+        holder = probe.current()
+        assert holder is not None and holder.pid == job.pid, holder
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(30)
+        t0 = time.monotonic()
+        again = run_cli(settings, "speed", "run", "offers", "--once", "--lease-wait", "30")
+        assert again.returncode == 0, again.stdout.decode() + again.stderr.decode()
+        assert time.monotonic() - t0 < 30 + 60  # the TTL (10 s), then a run of an empty topic
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)

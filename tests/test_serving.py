@@ -382,3 +382,17 @@ def test_http_errors_name_the_problem_and_never_answer_500(served: Any) -> None:
         assert health.json() == {"status": "unavailable", "detail": "Cassandra is unreachable"}
         answer = http.get(url)
         assert answer.status_code == 503 and answer.headers["Retry-After"], answer.text
+
+
+def test_the_openapi_document_is_true_to_the_api(served: Any, server: Any) -> None:
+    """schemathesis (an OpenAPI fuzzer, a real client of the document) runs every operation of
+    /openapi.json against the served data with a token, with every check, and finds nothing."""
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "schemathesis"), "run", f"{server['url']}/openapi.json",
+         "--checks", "all", "--header", f"Authorization: Bearer {server['token']}",
+         "--max-examples", "40", "--seed", "1"],
+        capture_output=True, timeout=600, cwd=PROJECT_ROOT,
+    )  # fmt: skip
+    output = result.stdout.decode() + result.stderr.decode()
+    assert result.returncode == 0, output[-6000:]
+    assert "No issues found" in output or "passed" in output, output[-3000:]
