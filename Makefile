@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup up down status deploy undeploy test demo lint bench clean
+.PHONY: setup up down status deploy undeploy test soak demo lint bench clean
 
 setup: $(STAMP) .lambdalake/.apt .lambdalake/.cassandra .lambdalake/.spark-cds
 
@@ -58,6 +58,11 @@ undeploy: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# The seeded operations schedule, long (make test runs a short one): STEPS=40 SEED=123 make soak.
+soak: setup
+	LAMBDALAKE_SCHEDULE_STEPS=$${STEPS:-40} LAMBDALAKE_SCHEDULE_SEED=$${SEED:-} \
+		$(BIN)/python -m pytest -s tests/test_operations_schedule.py
 
 lint: setup
 	$(BIN)/ruff check .

@@ -165,7 +165,8 @@ class Lease:
         ).was_applied
         if not taken:
             holder = self.current()
-            raise LeaseHeld(*self._refusal(holder))
+            message, fix = self._refusal(holder)
+            raise LeaseHeld(message, fix=fix)
         self._thread = threading.Thread(target=self._renew, name=f"lease-{self.lease}", daemon=True)
         self._thread.start()
         log.info("took the %s lease of %s (%s)", self.lease, self.pipeline, self.holder)

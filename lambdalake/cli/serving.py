@@ -1,5 +1,4 @@
-"""``lambdalake query``, ``serve`` and the per-pipeline half of ``status`` (registered on the one
-``lambdalake`` app; layers are imported inside each command)."""
+"""``lambdalake query`` and ``serve``, and the per-pipeline half of ``status``."""
 
 from __future__ import annotations
 
@@ -12,8 +11,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from lambdalake.cli import PipelineArg, app, console, out
+from lambdalake.cli.common import (
+    PipelineArg,
+    console,
+    out,
+)
+from lambdalake.errors import LambdalakeError
+from lambdalake.pipeline import list_pipelines
 from lambdalake.settings import Settings, get_settings
+
+app = typer.Typer()
 
 if TYPE_CHECKING:
     from serving.answers import Answer
@@ -145,8 +152,7 @@ def serve(
 
 def pipeline_statuses(settings: Settings) -> list[dict[str, Any]]:
     """Every valid pipeline's status as dicts (a broken pipeline file is listed with its error)."""
-    from lambdalake.errors import LambdalakeError
-    from lambdalake.pipeline import configured_pipeline, list_pipelines
+    from lambdalake.pipeline import configured_pipeline
     from lambdalake.status import pipeline_status
 
     found = []

@@ -1,0 +1,47 @@
+"""The ``lambdalake`` command line: one module per command group, joined here (the composition root;
+layers are imported inside each command)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+from rich.markup import escape
+
+from lambdalake.cli import batch, offsets, platform, produce, replay, schemas, serving, speed
+from lambdalake.cli.common import console
+from lambdalake.errors import LambdalakeError
+
+app = typer.Typer(
+    name="lambdalake",
+    help="A Kafka-backed lambda-architecture data platform: embedded services, schemas, producers and "
+    "pipeline jobs. Configuration comes from LAMBDALAKE_* environment variables (see README).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+for module in (platform, produce, replay, serving):
+    app.add_typer(module.app)
+app.add_typer(schemas.app, name="schemas")
+app.add_typer(speed.app, name="speed")
+app.add_typer(batch.app, name="batch")
+app.add_typer(offsets.app, name="offsets")
+
+
+def main() -> None:
+    try:
+        app()
+    except LambdalakeError as exc:
+        # User text (file contents, record values) may hold rich markup: print it escaped.
+        console.print(f"[red]error:[/] {escape(exc.message)}")
+        if exc.fix:
+            console.print(f"[yellow]fix:[/] {escape(exc.fix)}")
+        sys.exit(2)
+    except Exception as exc:
+        # A failure nobody foresaw: say what it was and how to see more, not a bare traceback.
+        if os.environ.get("LAMBDALAKE_DEBUG"):
+            raise
+        console.print(f"[red]error:[/] unexpected {type(exc).__name__}: {escape(str(exc))}")
+        console.print("[yellow]fix:[/] rerun with LAMBDALAKE_DEBUG=1 for the full trace, and report it")
+        sys.exit(1)

