@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -74,3 +74,10 @@ def timestamp_ms(text: str) -> int:
 
 
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print what would be touched; change nothing.")]
+
+
+def cell_text(value: Any) -> str:
+    """A value as a table cell shows it."""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "" if value is None else str(value)

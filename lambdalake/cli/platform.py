@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -13,6 +13,7 @@ from rich.table import Table
 from lambdalake.cli.common import (
     OnlyOpt,
     PipelineArg,
+    cell_text,
     console,
     out,
     pipeline_of,
@@ -85,7 +86,6 @@ def status(
     of each speed view, DLQ records, the active batch version and horizon, and the last batch run.
     Exits 1 if any service is unhealthy."""
     from infra.services import all_services
-    from lambdalake.cli_serving import pipeline_statuses, print_pipeline_statuses
 
     settings = get_settings()
     statuses = [s.status() for s in all_services(settings)]
@@ -229,3 +229,45 @@ def _print_changes(changes) -> None:
     out.print(table)
     changed = [c for c in changes if c.changed]
     out.print(f"{len(changed)} change(s)" if changed else "[green]no changes[/]")
+
+
+def pipeline_statuses(settings: Settings) -> list[dict[str, Any]]:
+    """Every valid pipeline's status as dicts (a broken pipeline file is listed with its error)."""
+    from lambdalake.pipeline import configured_pipeline
+    from lambdalake.status import pipeline_status
+
+    found = []
+    for name in list_pipelines(settings.pipelines_dir):
+        try:
+            found.append(pipeline_status(settings, configured_pipeline(name, settings)).to_dict())
+        except LambdalakeError as exc:
+            found.append({"pipeline": name, "problems": [exc.message]})
+    return found
+
+
+def print_pipeline_statuses(statuses: list[dict[str, Any]]) -> None:
+    for s in statuses:
+        out.print(f"\n[bold]{s['pipeline']}[/]" + (f" (topic {s['topic']})" if s.get("topic") else ""))
+        for problem in s.get("problems", []):
+            out.print(f"  [red]![/] {problem}")
+        if "partitions" not in s:
+            continue
+        lags = ", ".join(f"p{p['partition']}: {p['lag']:,}" for p in s["partitions"]) or "-"
+        out.print(f"  stream lag (records not archived yet): {lags}")
+        if s["dlq_records"] is not None:
+            out.print(f"  dead-letter records: {s['dlq_records']:,}")
+        table = Table("speed view", "query", "last micro-batch", "ago", "lag then")
+        for v in s["views"]:
+            ago = f"{v['seconds_since']:.0f}s" if v["seconds_since"] is not None else "-"
+            table.add_row(v["view"], v["query"], v["last_batch_at"] or "never", ago, cell_text(v["lag"]))
+        out.print(table)
+        if s["batch_version"] is None:
+            out.print("  batch: none published yet (answers come from the speed layer alone)")
+        else:
+            out.print(f"  batch: version {s['batch_version']} active, horizon epoch {s['horizon']}")
+        last = s.get("last_batch")
+        if last:
+            out.print(
+                f"  last batch run {last.get('run_id')}: {last.get('outcome')}"
+                f" (horizon {last.get('horizon')}, {sum((last.get('stages') or {}).values()):.0f}s)"
+            )

@@ -13,12 +13,11 @@ from rich.table import Table
 
 from lambdalake.cli.common import (
     PipelineArg,
+    cell_text,
     console,
     out,
 )
-from lambdalake.errors import LambdalakeError
-from lambdalake.pipeline import list_pipelines
-from lambdalake.settings import Settings, get_settings
+from lambdalake.settings import get_settings
 
 app = typer.Typer()
 
@@ -93,7 +92,7 @@ def print_answer(answer: Answer) -> None:
     if answer.latest is not None:
         table = Table("column", "value")
         for name, value in answer.latest.values.items():
-            table.add_row(name, _cell(value))
+            table.add_row(name, cell_text(value))
         table.add_row("[dim]from[/]", f"{answer.latest.source} (rank {answer.latest.rank})")
         out.print(table)
         return
@@ -108,7 +107,7 @@ def print_answer(answer: Answer) -> None:
         )
         table.add_row(
             w.window_start.strftime("%Y-%m-%d %H:%M"),
-            *[_cell(w.values.get(n)) for n in names],
+            *[cell_text(w.values.get(n)) for n in names],
             " + ".join(layers),
         )
     out.print(table)
@@ -117,12 +116,6 @@ def print_answer(answer: Answer) -> None:
 def _component(name: str, values: dict[str, Any]) -> bool:
     """An average's stored sum or count (shown derived, as the average)."""
     return any(name.endswith(s) and name.removesuffix(s) in values for s in ("_sum", "_count"))
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return "" if value is None else str(value)
 
 
 @app.command()
@@ -148,45 +141,3 @@ def serve(
     # Each worker builds its app (and Cassandra session) from the environment's settings.
     uvicorn.run("serving.http:create_app", factory=True, host=host, port=port, workers=workers,
                 log_level="warning", access_log=False)  # fmt: skip
-
-
-def pipeline_statuses(settings: Settings) -> list[dict[str, Any]]:
-    """Every valid pipeline's status as dicts (a broken pipeline file is listed with its error)."""
-    from lambdalake.pipeline import configured_pipeline
-    from lambdalake.status import pipeline_status
-
-    found = []
-    for name in list_pipelines(settings.pipelines_dir):
-        try:
-            found.append(pipeline_status(settings, configured_pipeline(name, settings)).to_dict())
-        except LambdalakeError as exc:
-            found.append({"pipeline": name, "problems": [exc.message]})
-    return found
-
-
-def print_pipeline_statuses(statuses: list[dict[str, Any]]) -> None:
-    for s in statuses:
-        out.print(f"\n[bold]{s['pipeline']}[/]" + (f" (topic {s['topic']})" if s.get("topic") else ""))
-        for problem in s.get("problems", []):
-            out.print(f"  [red]![/] {problem}")
-        if "partitions" not in s:
-            continue
-        lags = ", ".join(f"p{p['partition']}: {p['lag']:,}" for p in s["partitions"]) or "-"
-        out.print(f"  stream lag (records not archived yet): {lags}")
-        if s["dlq_records"] is not None:
-            out.print(f"  dead-letter records: {s['dlq_records']:,}")
-        table = Table("speed view", "query", "last micro-batch", "ago", "lag then")
-        for v in s["views"]:
-            ago = f"{v['seconds_since']:.0f}s" if v["seconds_since"] is not None else "-"
-            table.add_row(v["view"], v["query"], v["last_batch_at"] or "never", ago, _cell(v["lag"]))
-        out.print(table)
-        if s["batch_version"] is None:
-            out.print("  batch: none published yet (answers come from the speed layer alone)")
-        else:
-            out.print(f"  batch: version {s['batch_version']} active, horizon epoch {s['horizon']}")
-        last = s.get("last_batch")
-        if last:
-            out.print(
-                f"  last batch run {last.get('run_id')}: {last.get('outcome')}"
-                f" (horizon {last.get('horizon')}, {sum((last.get('stages') or {}).values()):.0f}s)"
-            )
