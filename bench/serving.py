@@ -213,6 +213,7 @@ def bench_http(settings: Settings, rate: int, seconds: float, workers: int) -> d
 def bench_replay(settings: Settings, events: int) -> dict[str, Any]:
     """Produce ``events`` to a fresh topic, then replay the whole range into an empty bronze."""
     from lambdalake.kafka.admin import ensure_pipeline_topics
+    from lambdalake.kafka.offsets import offset_consumer, watermarks
     from lambdalake.produce.generator import Mix, generate
     from lambdalake.produce.producer import EventProducer
     from lambdalake.spark.session import spark_session
@@ -235,7 +236,10 @@ def bench_replay(settings: Settings, events: int) -> dict[str, Any]:
     session_s = round(time.perf_counter() - started, 1)
     # The events' epoch closes an hour from now: judge "closed" as of then, as a later replay would.
     later = int(time.time() * 1000) + 2 * pipeline.layers.epoch_ms
-    plan = plan_replay(run_settings, pipeline, from_ms=0, now_ms=later)
+    # And as if the speed job had read the whole topic (a replay recomputes only epochs it has passed).
+    with offset_consumer(run_settings) as consumer:
+        ends = {p: high for p, (_, high) in watermarks(consumer, pipeline.topic.name).items()}
+    plan = plan_replay(run_settings, pipeline, from_ms=0, now_ms=later, speed_end=ends)
     from speed.job import SpeedJob
 
     SpeedJob(settings=run_settings, pipeline=pipeline, spark=spark).deploy()  # the speed tables

@@ -28,6 +28,7 @@ from serving.contract import TIME_PARAMETER, AnswerBody, HealthBody, answers
 from serving.metrics import make_registry
 
 _bearer = HTTPBearer(auto_error=False)
+QUERY_PATH = "/v1/pipelines/{pipeline}/views/{view}/keys/{key}"
 log = logging.getLogger("lambdalake.serving")
 #: Seconds a client is asked to wait when Cassandra is unavailable.
 RETRY_AFTER_S = 5
@@ -97,15 +98,15 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get(
-        "/v1/pipelines/{pipeline}/views/{view}/keys/{key}",
+        QUERY_PATH,
         summary="The merged answer for one key of a view",
         dependencies=[Depends(authorized)],
         response_model=AnswerBody,
         responses=answers(400, 401, 404, 422, 503),
     )  # fmt: skip
     async def query(
-        pipeline: Annotated[str, Path(description="A pipeline's name", json_schema_extra={"enum": names})],
-        view: Annotated[str, Path(description="One of its views", json_schema_extra={"enum": views})],
+        pipeline: Annotated[str, Path(description="A pipeline's name")],
+        view: Annotated[str, Path(description="One of its views")],
         key: Annotated[str, Path(description="The key; a composite one as its values joined by commas")],
         start: Annotated[
             str | None,
@@ -150,6 +151,19 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
             )
         return Response(answer.to_json(), media_type="application/json")
 
+    document = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        """The generated document, with the pipelines and views this server knows as enums."""
+        if app.openapi_schema is None:
+            spec = document()
+            for parameter in spec["paths"][QUERY_PATH]["get"]["parameters"]:
+                known = {"pipeline": names, "view": views}.get(parameter["name"])
+                if known:
+                    parameter["schema"]["enum"] = known
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
 
 

@@ -119,8 +119,12 @@ def plan_replay(
     to_offsets: dict[int, int] | None = None,
     to_ms: int | None = None,
     now_ms: int | None = None,
+    speed_end: dict[int, int] | None = None,
 ) -> ReplayPlan:
-    """Resolve the asked range, widen it to whole epochs and sort the epochs by who owns them."""
+    """Resolve the asked range, widen it to whole epochs and sort the epochs by who owns them.
+
+    ``now_ms`` and ``speed_end`` (per partition, the offset the speed job has read up to) judge
+    "closed" as of another moment; by default now, and what bronze's commits record."""
     if (from_offsets is None) == (from_ms is None):
         raise ConfigurationError("give exactly one of --from-offsets and --from-timestamp")
     if to_offsets is not None and to_ms is not None:
@@ -158,12 +162,12 @@ def plan_replay(
         ranges = {p: (begin[p], finish[p]) for p in bounds if finish[p] > begin[p]}
         horizon = _horizon(settings, pipeline)
         grace_ms = pipeline.layers.grace_seconds * 1000
-        speed_end = MasterDataset(
-            table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
-        ).read_speed_end()
-        out = ReplayPlan(asked, ranges, epochs, horizon, speed_end={
-            p: speed_end.get(f"{topic}/{p}", low) for p, (low, _) in bounds.items()
-        })  # fmt: skip
+        if speed_end is None:
+            recorded = MasterDataset(
+                table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
+            ).read_speed_end()
+            speed_end = {p: recorded.get(f"{topic}/{p}", low) for p, (low, _) in bounds.items()}
+        out = ReplayPlan(asked, ranges, epochs, horizon, speed_end=dict(speed_end))
         for e in epochs:
             if horizon is not None and e <= horizon:
                 out.batch_epochs.append(e)

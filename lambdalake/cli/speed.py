@@ -198,6 +198,8 @@ def speed_reset(
     console.print(
         f"[green]✔[/] horizon {result.horizon}; rebuilt epochs from bronze: {result.rebuilt_epochs or 'none'}"
     )
+    if result.gap_records:
+        console.print(f"[green]✔[/] archived {result.archived:,} records bronze lacked before the new start")
     for view, rows in result.cells.items():
         console.print(f"  {view}: {rows:,} rows")
     starts = ", ".join(f"p{k}@{v}" for k, v in sorted(result.starting_offsets.items()))
