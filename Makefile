@@ -21,10 +21,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	@chmod +x $$($(BIN)/python -c 'import noida_db, pathlib; print(pathlib.Path(noida_db.__file__).parent / "noida-db")')
 	@touch $@
 
-# kcat: an independent Kafka client the tests count records with. Java 17 and npm come with the machine.
+# kcat: an independent Kafka client the tests count records with; curl: the HTTP contract test's client.
+# Java 17 and npm come with the machine.
 .lambdalake/.apt:
 	@mkdir -p .lambdalake
 	@command -v kcat >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat >/dev/null; }
+	@command -v curl >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl >/dev/null; }
 	@command -v java >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
 	@command -v npm >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null; }
 	@touch $@
