@@ -30,6 +30,12 @@ def arrow_type(avro_type: Any, named: dict[str, pa.DataType]) -> pa.DataType:
     kind, logical = avro_type["type"], avro_type.get("logicalType")
     if logical == "timestamp-millis" or logical == "timestamp-micros":
         return pa.timestamp("us", tz="UTC")
+    if logical == "date" and kind == "int":
+        return pa.date32()
+    if kind == "fixed":
+        t = pa.binary(int(avro_type["size"]))
+        named[avro_type["name"]] = t
+        return t
     if kind == "enum":
         named[avro_type["name"]] = pa.string()
         return pa.string()
