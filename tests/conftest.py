@@ -31,6 +31,8 @@ def settings_for(state_dir: Path, ports: dict[str, int] = TEST_PORTS) -> Setting
             "port": ports["cassandra"],
             "storage_port": ports["storage"],
             "keyspace": "lambdalake_test",
+            # A writer killed with -9 (the fault tests do it) blocks the next one this long at most.
+            "lease_ttl_s": 6,
         },
         state_dir=state_dir,
         storage_root=str(state_dir / "storage"),

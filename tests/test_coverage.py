@@ -15,6 +15,7 @@ import pytest
 from lambdalake.coverage import covered_until, intersection, merged, normalized
 from lambdalake.master import MasterDataset, write_event_files
 from lambdalake.pipeline import LayersSpec
+from lambdalake.settings import Settings
 
 LAYERS = LayersSpec(epoch="1 hour", dedup_delay="10 minutes")
 
@@ -146,7 +147,7 @@ def test_a_coordinate_held_twice_is_one_delivery_in_deduplication(spark, tmp_pat
     from lambdalake.pipeline import configured_pipeline
     from lambdalake.spark.views import INGEST_TS, deduplicate, read_bronze
 
-    pipeline = configured_pipeline("offers")
+    pipeline = configured_pipeline("offers", Settings())
     identity = list(pipeline.event.identity)
     base = events(0, range(0, 6))
     ingest = pa.array(

@@ -75,7 +75,8 @@ class Producing:
 
 def start_job(settings: Settings, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "lambdalake", "speed", "run", "offers"],
+        # After a kill -9 the next job waits out its predecessor's lease, as a supervisor's restart would.
+        [sys.executable, "-m", "lambdalake", "speed", "run", "offers", "--lease-wait", "60"],
         env=env_for(settings), stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
         cwd=PROJECT_ROOT,
     )  # fmt: skip

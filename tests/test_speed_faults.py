@@ -81,7 +81,8 @@ def wait_for_log(log: Path, text: str, *, count: int, timeout: float) -> None:
 
 def start_job(settings: Settings, name: str, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "lambdalake", "speed", "run", name],
+        # A restart after kill -9 waits out the killed job's lease, as a supervisor's restart would.
+        [sys.executable, "-m", "lambdalake", "speed", "run", name, "--lease-wait", "60"],
         env=env_for(settings),
         stdout=open(log, "ab"),
         stderr=subprocess.STDOUT,
