@@ -81,7 +81,7 @@ class TopicSpec(Strict):
     replication_factor: int = Field(1, ge=1)
     #: Topic configs. ``min.compaction.lag.ms`` must outlast the archiving of every event into the
     #: Delta master dataset, since compaction drops superseded versions of a key.
-    config: dict[str, str] = Field(default_factory=dict)
+    config: dict[str, str] = Field(default_factory=dict, validate_default=True)
     dlq_config: dict[str, str] = Field(
         default_factory=lambda: {"cleanup.policy": "delete", "retention.ms": str(30 * 24 * 3600 * 1000)}
     )

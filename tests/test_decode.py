@@ -154,3 +154,22 @@ def test_millisecond_timestamps_decode_as_before_whatever_wrote_them(telemetry: 
     assert times.to_pylist()[0] == expected == datetime.fromtimestamp((now_ms - 1234) / 1000, UTC)
     assert times.to_pylist()[1] == expected  # the micros writer, floored to the reader's milliseconds
     assert times.to_pylist()[3] == datetime(1900, 1, 1, tzinfo=UTC)
+
+
+def test_a_record_without_a_timestamp_is_dead_lettered_not_lost(telemetry: tuple) -> None:
+    """No ingest epoch without the Kafka timestamp: the record goes to the DLQ with its reason."""
+    pipeline, spec = telemetry
+    now_ms = int(time.time() * 1000)
+    reading = {
+        "vehicle_id": "veh-1", "event_time": now_ms - 1000, "speed_kmh": 50.0, "heading_deg": 90.0,
+        "latitude": 1.0, "longitude": 2.0, "engine_state": "running", "odometer_km": 10.0,
+        "fuel_level_pct": None,
+    }  # fmt: skip
+    value = WireEncoder(2, parse_schema(pipeline.schema_text(2))).encode(reading)
+    batch = source_batch([value, value], now_ms * 1000)
+    stamps = pa.array([now_ms * 1000, None], pa.timestamp("us", tz="UTC"))
+    batch = batch.set_column(batch.schema.get_field_index("timestamp"), "timestamp", stamps)
+    out = pa.Table.from_batches(list(decode.decoder(spec)(iter([batch]))))
+    assert out.column("_error_rule").to_pylist() == [None, "no_timestamp"]
+    assert "LogAppendTime" in out.column("_error_reason").to_pylist()[1]
+    assert out.column("_raw_value").to_pylist()[1] == value

@@ -54,3 +54,27 @@ def test_config_drift_is_set_with_apply(services: Settings, unique: str) -> None
     assert ("message.timestamp.type", "LogAppendTime", "CreateTime") in report.fixed
     (report, _) = ensure_pipeline_topics(services, pipeline)
     assert (report.action, report.drift, report.fixed) == ("exists", [], [])
+
+
+def test_producer_time_is_refused_in_a_definition_and_on_a_live_topic(
+    services: Settings, unique: str
+) -> None:
+    """Ingest epochs are offset ranges only when the broker stamps records: CreateTime is refused in
+    a pipeline file, and a live topic set to it stops the speed job and deploy, naming the fix."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from pydantic import ValidationError
+
+    from lambdalake.errors import ConfigurationError
+    from lambdalake.kafka.admin import require_log_append_time
+    from lambdalake.pipeline import TopicSpec
+
+    with pytest.raises(ValidationError, match="LogAppendTime"):
+        TopicSpec(name="t", config={"message.timestamp.type": "CreateTime"})
+    assert TopicSpec(name="t").config["message.timestamp.type"] == "LogAppendTime"
+    pipeline = pipeline_named(services, "offers", topic=f"offers-ct-{unique}")
+    admin = AdminClient(services.kafka.client_config())
+    new = NewTopic(pipeline.topic.name, 1, 1, config={"message.timestamp.type": "CreateTime"})
+    admin.create_topics([new])[pipeline.topic.name].result()
+    with pytest.raises(ConfigurationError) as refused:
+        require_log_append_time(services, pipeline)
+    assert "CreateTime" in refused.value.message and "--apply" in (refused.value.fix or "")
