@@ -177,7 +177,7 @@ class MasterDataset:
             coverage, speed_end = self._recorded(table)
             # Only offsets some commit read can be held (every lambdalake commit records its ranges):
             # a speed micro-batch past everything archived reads no file here.
-            held = self._held(table, intersection(coverage, ranges))
+            held = self._held(table, intersection(coverage, ranges)) if files else {}
             keep = self._without(files, held) if held else files
             recorded = speed_end
             if speed:

@@ -51,10 +51,10 @@ from lambdalake.spark.sinks import upsert_view
 from lambdalake.spark.views import (
     INGEST_EPOCH,
     INGEST_TS,
-    deduplicate,
     latest,
     latest_order,
     read_bronze,
+    split_deliveries,
     windowed,
 )
 from lambdalake.views import EPOCH, RANK, WINDOW_START
@@ -370,7 +370,10 @@ class Replayer:
             identity = list(self.pipeline.event.identity)
             touched = bronze.filter(F.col(INGEST_EPOCH).isin(epochs))
             candidates = bronze.join(touched.select(*identity).distinct(), identity, "left_semi")
-        firsts = deduplicate(candidates, self.pipeline).filter(F.col(INGEST_EPOCH).isin(epochs)).persist()
+        # The losers are persisted first so that computing the firsts fills them in one pass.
+        (firsts, losers) = split_deliveries(candidates, self.pipeline, whole=True)
+        losers = losers.persist()
+        firsts = firsts.filter(F.col(INGEST_EPOCH).isin(epochs)).persist()
         cells = {}
         cassandra = self.settings.cassandra
         bulk = bulk_options(cassandra)
@@ -381,19 +384,40 @@ class Replayer:
                 if isinstance(view, WindowedView):
                     rows = windowed(firsts, self.pipeline, view, epoch=epoch)
                     cells[view.name] = upsert_view(rows, table=table, cassandra=cassandra, **bulk)
-                    # Cells a delivery of these epochs once made (any copy the speed job counted)
-                    # that the recompute no longer yields, e.g. a far copy deduplication now drops.
-                    every = windowed(bronze.filter(F.col(INGEST_EPOCH).isin(epochs)), self.pipeline, view,
-                                     epoch=epoch)  # fmt: skip
-                    cell = [*view.key, WINDOW_START, EPOCH]
-                    stale = every.select(*cell).subtract(rows.select(*cell)).collect()
-                    _delete_cells(self.settings, table, cell, stale)
+                    lost = losers.filter(F.col(INGEST_EPOCH).isin(epochs))
+                    stale = _stale_cells(firsts, lost, self.pipeline, view, epoch)
+                    _delete_cells(self.settings, table, [*view.key, WINDOW_START, EPOCH], stale)
                     self.emptied[view.name] = len(stale)
                 else:
                     cells[view.name] = _upsert_latest(firsts, self.pipeline, view, table, cassandra)
         finally:
             firsts.unpersist()
+            losers.unpersist()
         return cells
+
+
+def _stale_cells(
+    firsts: DataFrame, losers: DataFrame, pipeline: Pipeline, view: WindowedView, epoch: Any
+) -> list[Any]:
+    """Cells a delivery of the recomputed epochs once made (any copy the speed job counted) that the
+    recompute no longer yields, e.g. a far copy deduplication now drops.
+
+    Only a losing delivery can make such a cell (a cell with a first delivery in it is yielded), so
+    the losers' cells are the candidates, and only their keys' firsts are looked at: copies are rare,
+    and this costs no pass over the epochs' events.
+    """
+    cell = [*view.key, WINDOW_START, EPOCH]
+    lost = {tuple(r) for r in windowed(losers, pipeline, view, epoch=epoch).select(*cell).collect()}
+    # A null key component makes no stored cell (it is part of the Cassandra primary key).
+    lost = {c for c in lost if None not in c}
+    if not lost:
+        return []
+    keys = firsts.sparkSession.createDataFrame(
+        sorted({c[: len(view.key)] for c in lost}), schema=firsts.select(*view.key).schema
+    )
+    mine = firsts.join(F.broadcast(keys), list(view.key), "left_semi")
+    kept = {tuple(r) for r in windowed(mine, pipeline, view, epoch=epoch).select(*cell).collect()}
+    return sorted(lost - kept)
 
 
 def _delete_cells(settings: Settings, table: Any, cell: list[str], rows: list[Any]) -> None:

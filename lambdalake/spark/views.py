@@ -106,12 +106,30 @@ def deduplicate(df: DataFrame, pipeline: Pipeline, *, copies: str | None = None)
     within a partition this is the first in its log, the copy the speed layer keeps; across
     partitions (copies written before partitions were added) the earlier ingest time wins.
     ``copies`` names a column to count each identity's deliveries in (none by default).
+    """
+    return split_deliveries(df, pipeline, copies=copies)[0]
+
+
+def split_deliveries(
+    df: DataFrame, pipeline: Pipeline, *, copies: str | None = None, whole: bool = False
+) -> tuple[DataFrame, DataFrame]:
+    """:func:`deduplicate`'s first deliveries, and the deliveries that lose to them.
 
     Copies are rare, so only they are sorted: a narrow count per identity finds the identities
     delivered more than once; their deliveries' coordinates alone (a narrow read) rank them; and the
     events pass once through a (usually broadcast) anti-join with the coordinates of the copies that
     lose. No whole row is picked by an aggregation (``min_by`` over a struct cannot use Spark's hash
     aggregation), and the events keep their partitioning (no union of two plans).
+
+    Args:
+        df: Decoded events, with :data:`FILE` when read by :func:`read_bronze`.
+        pipeline: The pipeline (its event identity).
+        copies: A column to count each identity's deliveries in (none by default).
+        whole: The losers carry every column of ``df`` (else their coordinates only). A caller that
+            persists the losers before running the firsts computes them once.
+
+    Returns:
+        (firsts, losers).
     """
     identity = list(pipeline.event.identity)
     n = copies or "_copies"
@@ -128,22 +146,20 @@ def deduplicate(df: DataFrame, pipeline: Pipeline, *, copies: str | None = None)
             lambda a, b: a & b, [F.col(f"{left}.{c}").eqNullSafe(F.col(f"{right}.{c}")) for c in identity]
         )
 
-    deliveries = (
-        df.select(*identity, "_topic", *coordinates, *apart)
-        .alias("_d")
-        .join(repeated.alias("_r"), on("_d", "_r"), "left_semi")
-    )
+    narrow = df if whole else df.select(*identity, "_topic", *coordinates, *apart)
+    deliveries = narrow.alias("_d").join(repeated.alias("_r"), on("_d", "_r"), "left_semi")
     # Window partitions group nulls together, as groupBy does. Without the file column a held-twice
     # coordinate shares its rank (dense): it may count twice, but is never dropped whole.
     order = Window.partitionBy(*identity).orderBy(*coordinates, "_topic", *apart)
     rank = F.row_number().over(order) if apart else F.dense_rank().over(order)
-    losers = deliveries.withColumn("_rank", rank).filter(F.col("_rank") > 1)
+    # The anti-join reads the very plan returned, so a caller's persisted losers serve both.
+    losers = deliveries.withColumn("_rank", rank).filter(F.col("_rank") > 1).drop("_rank")
     key = ["_topic", "_partition", "_offset", *apart]
     out = df.join(losers.select(*key), key, "left_anti")
     if copies:
         counted = out.alias("_e").join(repeated.alias("_r"), on("_e", "_r"), "left")
         out = counted.select("_e.*", F.coalesce(F.col(f"_r.{n}"), F.lit(1).cast("long")).alias(copies))
-    return out.drop(*apart)
+    return out.drop(*apart), losers
 
 
 def read_bronze(spark: SparkSession, uris: list[str]) -> DataFrame:
