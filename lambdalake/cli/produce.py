@@ -20,7 +20,9 @@ from lambdalake.errors import LambdalakeError
 from lambdalake.settings import get_settings
 
 if TYPE_CHECKING:
-    from lambdalake.produce.producer import ProduceStats
+    from typing import TextIO
+
+    from lambdalake.produce.producer import EventProducer, ProduceStats
 
 
 from lambdalake.cli.common import (
@@ -57,7 +59,18 @@ def produce(
     pipeline: PipelineArg,
     file: Annotated[
         Path | None,
-        typer.Option("--file", "-f", help="JSON lines to produce ('-' for stdin).", allow_dash=True),
+        typer.Option(
+            "--file",
+            "-f",
+            allow_dash=True,
+            help="Records to produce: JSON lines ('-' for stdin), CSV or Parquet (see --format).",
+        ),
+    ] = None,
+    fmt: Annotated[
+        str | None,
+        typer.Option(
+            "--format", help="json, csv or parquet (default: by the file's extension; JSON lines else)."
+        ),
     ] = None,
     generate: Annotated[
         int | None, typer.Option("--generate", "-n", help="Generate N synthetic events.")
@@ -83,6 +96,7 @@ def produce(
     from lambdalake.produce.generator import Mix
     from lambdalake.produce.generator import generate as generate_records
     from lambdalake.produce.producer import EventProducer, ProducerFailed
+    from lambdalake.produce.reader import format_of
 
     if (file is None) == (generate is None):
         raise LambdalakeError(
@@ -101,7 +115,7 @@ def produce(
             )
         mix = Mix(duplicates=duplicates, invalid=invalid, late=late)
         records = generate_records(p.generator.kind, generate, seed=seed, mix=mix)
-        lines = None
+        kind = "json"
         total: int | None = generate
     else:
         if str(file) != "-" and not Path(file).is_file():
@@ -109,8 +123,13 @@ def produce(
                 f"input file {file} does not exist or is not a file",
                 fix="check the path given to --file (or use '-' to read standard input)",
             )
-        stream = sys.stdin.buffer if str(file) == "-" else open(file, "rb")  # noqa: SIM115
-        lines = (line for line in stream if line.strip())
+        if fmt not in (None, "json", "csv", "parquet"):
+            raise LambdalakeError(f"unknown --format {fmt!r}", fix="use json, csv or parquet")
+        kind = format_of(file, fmt)  # type: ignore[arg-type]
+        if kind != "json" and str(file) == "-":
+            raise LambdalakeError(
+                "standard input is read as JSON lines", fix="give a file for CSV or Parquet"
+            )
         records = None
         total = None
 
@@ -123,28 +142,22 @@ def produce(
         console=console, transient=True, disable=not console.is_terminal,
     )  # fmt: skip
     failure: str | None = None
+    shown = 0
     with _interruptible() as stop, progress:
         task = progress.add_task("produce", total=total, rate=0.0)
-        source = records if records is not None else lines
-        assert source is not None
         try:
-            for item in source:
-                if stop[0]:
-                    console.print("[yellow]interrupted: flushing what is in flight...[/]")
-                    break
-                if records is not None:
-                    if saved:
-                        saved.write(json.dumps(item) + "\n")
-                    producer.send(item)
-                else:
-                    producer.send_json_line(item)
-                count += 1
+            for n in _units(producer, records, file, kind, rate, saved):
+                count += n
                 if rate:
                     ahead = count / rate - (time.monotonic() - t0)
                     if ahead > 0:
                         producer.poll(ahead)
-                if count % 5000 == 0:
+                if count - shown >= 5000:
+                    shown = count
                     progress.update(task, completed=count, rate=count / max(time.monotonic() - t0, 1e-9))
+                if stop[0]:
+                    console.print("[yellow]interrupted: flushing what is in flight...[/]")
+                    break
         except ProducerFailed as exc:
             failure = f"the Kafka producer failed fatally: {exc}"
         except OSError as exc:
@@ -166,6 +179,47 @@ def produce(
         if stats.unacknowledged:
             console.print(f"[red]✘ {stats.unacknowledged} record(s) were not acknowledged by the broker[/]")
         raise typer.Exit(1)
+
+
+def _units(
+    producer: EventProducer,
+    records: Iterator[dict] | None,
+    file: Path | None,
+    kind: str,
+    rate: float | None,
+    saved: TextIO | None,
+) -> Iterator[int]:
+    """Sends the input in units (a record, a line or a chunk), yielding each unit's record count.
+
+    Files go in chunks through the columnar path (:meth:`EventProducer.send_json_lines`,
+    :meth:`EventProducer.send_batch`); generated records, and JSON lines at a ``rate``, one by one.
+    """
+    from lambdalake.produce.reader import line_chunks, table_batches
+
+    if records is not None:
+        for item in records:
+            if saved:
+                saved.write(json.dumps(item) + "\n")
+            producer.send(item)
+            yield 1
+        return
+    assert file is not None
+    if kind != "json":
+        rows = max(1, int(rate // 10)) if rate else 65_536
+        for batch in table_batches(file, kind, rows=rows):  # type: ignore[arg-type]
+            producer.send_batch(batch)
+            yield batch.num_rows
+        return
+    with sys.stdin.buffer if str(file) == "-" else open(file, "rb") as stream:
+        if rate:
+            for line in stream:
+                if line.strip():
+                    producer.send_json_line(line)
+                    yield 1
+            return
+        for chunk in line_chunks(stream):
+            producer.send_json_lines(chunk)
+            yield len(chunk)
 
 
 def _produce_summary(stats: ProduceStats, count: int, elapsed: float) -> None:

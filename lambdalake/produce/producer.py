@@ -7,18 +7,24 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from lambdalake.avro import WireEncoder, parse_schema
+from lambdalake.columnar import ColumnarEncoder
+from lambdalake.columnar.validate import ColumnarValidator
 from lambdalake.kafka import dlq
 from lambdalake.kafka.admin import ensure_pipeline_topics
 from lambdalake.pipeline import Pipeline
+from lambdalake.produce.json_pieces import JsonPieces
 from lambdalake.registry import register_pipeline
 from lambdalake.settings import Settings
 from lambdalake.validation import RecordValidator, Rejection, checked_rules
@@ -60,6 +66,28 @@ class ProduceStats:
         """Records (valid or dead-lettered) the broker did not confirm, less those kept in the
         rejects file."""
         return (self.sent - self.acked) + (self.rejected - self.dlq_acked - self.rejects_written)
+
+
+@dataclass
+class BatchOutcome:
+    """What :meth:`EventProducer.send_batch` did with a batch: how many records went to the topic,
+    and each refused one (its index in the batch and the rejection; it went to the DLQ)."""
+
+    accepted: int = 0
+    refused: list[tuple[int, Rejection]] = field(default_factory=list)
+    #: Records that took the per-record path (the columnar checks could not vouch for them).
+    one_by_one: int = 0
+
+
+@dataclass
+class _Ready:
+    """Per record of a batch, its encoded key and value when the columnar path cleared it."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        self.keys: list[bytes | None] = [None] * self.n
+        self.values: list[bytes | None] = [None] * self.n
 
 
 class ProducerFailed(Exception):
@@ -121,6 +149,15 @@ def _timestamp_fields(schema: Mapping[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
+def _float_fields(schema: Mapping[str, Any]) -> frozenset[str]:
+    def floating(t: Any) -> bool:
+        if isinstance(t, list):
+            return any(floating(b) for b in t)
+        return t in ("float", "double") or (isinstance(t, dict) and t.get("type") in ("float", "double"))
+
+    return frozenset(f["name"] for f in schema["fields"] if floating(f["type"]))
+
+
 class EventProducer:
     """Produces one pipeline's events to its topic, refusing invalid ones to ``<topic>.dlq``.
 
@@ -164,6 +201,13 @@ class EventProducer:
         self._validator = RecordValidator(
             checked_rules(pipeline), schema=schema, parsed_schema=parsed, now=clock
         )
+        self._clock = clock
+        self._columnar = ColumnarEncoder(schema, self.schema_id)
+        self._columns = ColumnarValidator(
+            checked_rules(pipeline), schema=schema, drop_unknown=pipeline.event.unknown_fields == "drop"
+        )
+        self._float_fields = _float_fields(schema)
+        self._pieces = JsonPieces(schema)
         self._ts_fields = _timestamp_fields(schema)
         self._fields = frozenset(f["name"] for f in schema["fields"])
         self._drop_unknown = pipeline.event.unknown_fields == "drop"
@@ -328,6 +372,112 @@ class EventProducer:
             self.reject(None, rejection, original=line)
             return rejection
         return self.send(record, original=line)
+
+    def send_batch(self, records: Sequence[Mapping[str, Any]] | pa.Table | pa.RecordBatch) -> BatchOutcome:
+        """Validate and produce many records at once, in order; refused ones go to the DLQ.
+
+        The records are checked and encoded over Arrow columns; a record the columnar checks cannot
+        vouch for (see :mod:`lambdalake.columnar.validate`) takes :meth:`send`'s path, so the
+        verdicts, reasons and DLQ payloads are exactly :meth:`send`'s. Delivery guarantee as
+        :meth:`send`: the counts in :meth:`flush` say what the broker acknowledged.
+
+        Args:
+            records: Dicts of the schema's fields, or an Arrow table or record batch whose columns
+                are named as the fields (a null is a field the record lacks).
+        """
+        if isinstance(records, pa.RecordBatch):
+            records = pa.Table.from_batches([records])
+        if isinstance(records, pa.Table):
+            table = records
+            return self._send_table(table, lambda i: self.send(table.slice(i, 1).to_pylist()[0]))
+        rows = list(records)
+        try:
+            table = pa.Table.from_pylist(rows)  # type: ignore[arg-type]
+        except (pa.ArrowException, TypeError, ValueError, AttributeError):
+            table = None  # mixed types, or not all dicts: every record goes one by one
+        if table is None or table.num_rows != len(rows):
+            return self._one_by_one(len(rows), lambda i: self.send(rows[i]))  # type: ignore[arg-type]
+        return self._send_table(table, lambda i: self.send(rows[i]))  # type: ignore[arg-type]
+
+    def send_json_lines(self, lines: Sequence[bytes]) -> BatchOutcome:
+        """:meth:`send_json_line` for many lines (each one JSON object), read as Arrow tables.
+
+        A line the JSON reader refuses (not an object, invalid UTF-8, a value of another kind than
+        the rows before...) goes through :meth:`send_json_line` in its place, and reaches the DLQ
+        with its own reason; see :class:`lambdalake.produce.json_pieces.JsonPieces`.
+        """
+        ready = _Ready(len(lines))
+        for positions, table in self._pieces.read(lines):
+            self._encode_clear(table, positions, ready)
+        return self._produce_in_order(ready, lambda i: self.send_json_line(lines[i]))
+
+    def _send_table(self, table: pa.Table, one: Callable[[int], Rejection | None]) -> BatchOutcome:
+        ready = _Ready(table.num_rows)
+        self._encode_clear(table, np.arange(table.num_rows), ready)
+        return self._produce_in_order(ready, one)
+
+    def _one_by_one(self, n: int, one: Callable[[int], Rejection | None]) -> BatchOutcome:
+        return self._produce_in_order(_Ready(n), one)
+
+    def _encode_clear(self, table: pa.Table, positions: np.ndarray, ready: _Ready) -> None:
+        """Encodes the rows of ``table`` the columnar checks clear into ``ready`` (row ``i`` is
+        record ``positions[i]``); the others stay for the per-record path."""
+        table = self._columns.known_columns(table)
+        suspect = self._columns.suspects(table, now=self._clock()) | self._key_suspects(table)
+        clear = np.flatnonzero(~suspect)
+        if not len(clear):
+            return
+        rows = table if len(clear) == table.num_rows else table.take(pa.array(clear))
+        try:
+            values = self._columnar.encode(self._writer_columns(rows)).to_pylist()
+            keys = pc.cast(pc.cast(rows.column(self._key), pa.string()), pa.binary()).to_pylist()
+        except (pa.ArrowException, ValueError, TypeError, OverflowError):
+            return  # whatever the columns could not take, the per-record path names (never lost)
+        for i, key, value in zip(positions[clear].tolist(), keys, values, strict=True):
+            ready.keys[i] = key
+            ready.values[i] = value
+
+    def _produce_in_order(self, ready: _Ready, one: Callable[[int], Rejection | None]) -> BatchOutcome:
+        """Every record in order: an encoded one straight to the topic, the others by ``one(i)``."""
+        outcome = BatchOutcome()
+        topic, callback, values, keys = self._topic, self._on_delivery, ready.values, ready.keys
+        produced = 0
+        for i in range(len(values)):
+            value = values[i]
+            if value is not None:
+                try:
+                    self._produce(topic, keys[i], value, callback)
+                    produced += 1
+                    if produced % 1000 == 0:
+                        self.poll(0)
+                    continue
+                except KafkaException:
+                    pass  # refused by the client (too large...): the per-record path names why
+            outcome.one_by_one += 1
+            rejection = one(i)
+            if rejection is not None:
+                outcome.refused.append((i, rejection))
+        self.stats.sent += produced
+        outcome.accepted = len(values) - len(outcome.refused)
+        return outcome
+
+    def _key_suspects(self, table: pa.Table) -> np.ndarray:
+        """Rows whose Kafka key the columns cannot make as :meth:`send` does (``str(key)``)."""
+        if self._key not in table.column_names:
+            return np.ones(table.num_rows, dtype=bool)
+        column = table.column(self._key)
+        if not (pa.types.is_string(column.type) or pa.types.is_signed_integer(column.type)):
+            return np.ones(table.num_rows, dtype=bool)
+        return np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+
+    def _writer_columns(self, rows: pa.Table) -> pa.Table:
+        """Cleared rows with integers of float fields as doubles (as fastavro writes them)."""
+        for name in self._float_fields & set(rows.column_names):
+            index = rows.column_names.index(name)
+            column = rows.column(index)
+            if not pa.types.is_floating(column.type) and not pa.types.is_null(column.type):
+                rows = rows.set_column(index, name, pc.cast(column, pa.float64()))
+        return rows
 
     def poll(self, timeout: float = 0) -> None:
         """Serve delivery reports for up to ``timeout`` seconds.

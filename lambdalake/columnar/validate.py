@@ -1,0 +1,229 @@
+"""Edge validation over Arrow columns: which rows surely pass, so only the others are checked one by one.
+
+The per-record checks of :mod:`lambdalake.validation` stay the definition of a verdict (rule names,
+reasons, DLQ payloads). Over columns every rule and every type check of the writer schema is a
+vectorised test that is *conservative*: a row it clears, the per-record path clears too; a row it
+cannot vouch for is a suspect, and the per-record path gives its verdict. Both paths therefore give
+identical verdicts by construction, and only the rare suspect pays for Python per record.
+
+What cannot be told apart in a column makes a row a suspect: a null (a JSON ``null`` or a missing
+field look alike, and the schema treats them differently unless the field defaults to null), a value
+Arrow inferred with another type than the field's (``1.0`` for a ``long``, an ISO string read as a
+timestamp), a column not in the schema, a number too large to compare exactly as a double.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lambdalake.pipeline import AllowedRule, NotFutureRule, RangeRule, RequiredRule, Rule
+from lambdalake.validation import INT32, RANK_VERSION_LIMIT, RankRule
+
+#: Integers beyond this magnitude lose precision as doubles: comparisons with float bounds defer.
+EXACT_DOUBLE = 1 << 53
+#: Every character ``str.strip`` removes (``str.isspace``), for the ``required`` rule's blank test.
+_SPACES = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
+    "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+_BLANK_START = "^[" + "".join(f"\\x{{{ord(c):x}}}" for c in _SPACES) + "]"
+
+
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    avro: Any  # the type without null, resolved
+    nullable: bool
+    has_default: bool
+    default: Any
+
+
+def _resolve(avro_type: Any, named: dict[str, Any]) -> Any:
+    if isinstance(avro_type, str) and avro_type in named:
+        return named[avro_type]
+    if isinstance(avro_type, dict) and isinstance(avro_type.get("type"), dict | list):
+        return _resolve(avro_type["type"], named)
+    return avro_type
+
+
+def _fields(schema: Mapping[str, Any]) -> list[_Field]:
+    named: dict[str, Any] = {}
+    out = []
+    for f in schema["fields"]:
+        t = f["type"]
+        if isinstance(t, dict) and "name" in t:
+            named[t["name"]] = t
+        branches = t if isinstance(t, list) else [t]
+        nullable = any(b == "null" or b == {"type": "null"} for b in branches)
+        others = [_resolve(b, named) for b in branches if b != "null" and b != {"type": "null"}]
+        # A general union is left to the per-record path (None: never vouched for).
+        avro = others[0] if len(others) == 1 else None
+        out.append(_Field(f["name"], avro, nullable, "default" in f, f.get("default")))
+    return out
+
+
+def _kind(avro: Any) -> tuple[str | None, str | None]:
+    if isinstance(avro, str):
+        return avro, None
+    if isinstance(avro, dict):
+        return avro.get("type"), avro.get("logicalType")
+    return None, None
+
+
+def _is_signed(t: pa.DataType) -> bool:
+    return pa.types.is_signed_integer(t)
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_signed_integer(t) or pa.types.is_floating(t)
+
+
+def _mask(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A boolean Arrow array as numpy, null as False."""
+    return np.asarray(pc.fill_null(array, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _finite_and_exact(column: pa.ChunkedArray) -> np.ndarray:
+    """Numbers that compare with float bounds exactly as Python does: finite doubles, and integers
+    a double holds exactly."""
+    if pa.types.is_floating(column.type):
+        return _mask(pc.is_finite(column))
+    return _mask(pc.less(pc.abs_checked(pc.cast(column, pa.float64())), float(EXACT_DOUBLE)))
+
+
+class ColumnarValidator:
+    """Finds the rows of an Arrow table that the per-record checks would surely accept.
+
+    Args:
+        rules: The pipeline's checked rules (:func:`lambdalake.validation.checked_rules`).
+        schema: The writer schema (JSON) records are checked against.
+        drop_unknown: Columns not in the schema are dropped (the pipeline's ``unknown_fields =
+            "drop"``) rather than making every row a suspect.
+    """
+
+    def __init__(
+        self, rules: Sequence[Rule | RankRule], *, schema: Mapping[str, Any], drop_unknown: bool = False
+    ) -> None:
+        self._rules = list(rules)
+        self._fields = _fields(schema)
+        self._known = frozenset(f.name for f in self._fields)
+        self._drop_unknown = drop_unknown
+
+    def known_columns(self, table: pa.Table) -> pa.Table:
+        """``table`` without columns the schema lacks when those are dropped, else as it is."""
+        if not self._drop_unknown:
+            return table
+        return table.select([n for n in table.column_names if n in self._known])
+
+    def suspects(self, table: pa.Table, *, now: float) -> np.ndarray:
+        """Per row, True where only the per-record checks can give the verdict.
+
+        Args:
+            table: The records, one row each (columns named as fields; an absent column is a field
+                every row lacks).
+            now: Reference time in seconds for ``not_future`` rules (as the per-record check gets).
+        """
+        n = table.num_rows
+        if n == 0:
+            return np.zeros(0, dtype=bool)
+        if any(name not in self._known for name in table.column_names):
+            if not self._drop_unknown:
+                return np.ones(n, dtype=bool)
+            table = self.known_columns(table)
+        ok = np.ones(n, dtype=bool)
+        for field in self._fields:
+            ok &= self._shape(field, table, n)
+        for rule in self._rules:
+            column = table.column(rule.field) if rule.field in table.column_names else None
+            ok &= self._rule(rule, column, n, now)
+        return ~ok
+
+    def _shape(self, field: _Field, table: pa.Table, n: int) -> np.ndarray:
+        if field.name not in table.column_names:
+            return np.full(n, field.has_default)
+        column = table.column(field.name)
+        # A null is a JSON null or a missing field: only a field defaulting to null takes both alike.
+        nulls_ok = field.nullable and field.has_default and field.default is None
+        valid = _mask(pc.is_valid(column))
+        if pa.types.is_null(column.type):
+            return np.full(n, nulls_ok)
+        fits = self._fits(field.avro, column)
+        return np.where(valid, fits, nulls_ok)
+
+    def _fits(self, avro: Any, column: pa.ChunkedArray) -> np.ndarray | bool:
+        """Per non-null value, whether it surely has the Avro type (as the per-record test sees it)."""
+        t = column.type
+        kind, logical = _kind(avro)
+        if kind == "long":
+            # A timestamp read from an ISO string is a string in the record: the per-record path
+            # converts it.
+            return _is_signed(t)
+        if kind == "int":
+            if logical is not None or not _is_signed(t):
+                return False
+            lo, hi = INT32
+            return _mask(pc.and_(pc.greater_equal(column, lo), pc.less_equal(column, hi)))
+        if kind in ("float", "double"):
+            if pa.types.is_floating(t):
+                return _mask(pc.is_finite(column))
+            return _is_signed(t)
+        if kind == "boolean":
+            return pa.types.is_boolean(t)
+        if kind == "string" and logical is None:
+            return pa.types.is_string(t) or pa.types.is_large_string(t)
+        if kind == "enum":
+            if not pa.types.is_string(t):
+                return False
+            return _mask(pc.is_in(column, value_set=pa.array(avro["symbols"], pa.string())))
+        return False  # bytes, fixed, records, arrays, maps, uuid strings, general unions
+
+    def _rule(self, rule: Rule | RankRule, column: pa.ChunkedArray | None, n: int, now: float) -> np.ndarray:
+        if column is None or pa.types.is_null(column.type):
+            # Every value is None: the rules let None pass, except ``required``.
+            return np.full(n, not isinstance(rule, RequiredRule))
+        valid = _mask(pc.is_valid(column))
+        t = column.type
+        match rule:
+            case RequiredRule():
+                if pa.types.is_string(t) or pa.types.is_large_string(t):
+                    blank = pc.match_substring_regex(column, _BLANK_START)
+                    filled = pc.and_(pc.greater(pc.utf8_length(column), 0), pc.invert(blank))
+                    return valid & _mask(filled)
+                return valid
+            case RangeRule(min=lo, max=hi, max_inclusive=incl):
+                if not _is_number(t):
+                    return ~valid
+                inside = _finite_and_exact(column)
+                if lo is not None:
+                    inside &= _mask(pc.greater_equal(column, lo))
+                if hi is not None:
+                    inside &= _mask(pc.less_equal(column, hi) if incl else pc.less(column, hi))
+                return ~valid | inside
+            case AllowedRule(values=values):
+                strings = all(isinstance(v, str) for v in values)
+                integers = all(type(v) is int for v in values)
+                if strings and pa.types.is_string(t):
+                    return ~valid | _mask(pc.is_in(column, value_set=pa.array(values, pa.string())))
+                if integers and _is_signed(t):
+                    return ~valid | _mask(pc.is_in(column, value_set=pa.array(values, pa.int64())))
+                return ~valid
+            case NotFutureRule(max_skew_s=skew):
+                if not _is_number(t):
+                    return ~valid
+                limit = (now + skew) * 1000
+                if not math.isfinite(limit):
+                    return ~valid
+                return ~valid | (_finite_and_exact(column) & _mask(pc.less_equal(column, limit)))
+            case RankRule():
+                if not _is_number(t):
+                    return ~valid
+                inside = pc.and_(pc.greater(column, -RANK_VERSION_LIMIT), pc.less(column, RANK_VERSION_LIMIT))
+                return ~valid | (_finite_and_exact(column) & _mask(inside))
+        return ~valid
