@@ -1,8 +1,14 @@
-"""Ingest rate of ``EventProducer`` (validate + Avro + idempotent produce) against a raw producer.
+"""Ingest rate of ``EventProducer`` against the clients a user would otherwise pick.
 
-The baseline is a plain confluent-kafka producer with the same settings sending the same keys and
-the same pre-encoded bytes, so the ratio is the cost of validation and encoding on this machine.
-Runs alternate baseline / candidate to spread machine noise across both.
+Per round, on the same generated records and the same broker, in turn:
+
+- raw: a plain confluent-kafka producer with the same settings sending the same keys and the same
+  pre-encoded bytes of the valid records (the floor: no validation, no encoding);
+- confluent: confluent-kafka's own ``AvroSerializer`` + ``Producer`` on the valid records (encoding,
+  no validation);
+- send: ``EventProducer.send`` per record (validation, fastavro encoding, invalid ones to the DLQ);
+- send_batch(dicts) and send_batch(table): the columnar path, 10,000 records a call, from dicts and
+  from Arrow tables built beforehand.
 
     python -m bench.produce [--events 200000] [--rounds 3]
 """
@@ -13,15 +19,50 @@ import argparse
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 
+import pyarrow as pa
 from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 
 from bench.common import bench_settings, write_result
 from infra.services import running
 from lambdalake.kafka.admin import admin_client, ensure_topic
-from lambdalake.pipeline import load_pipeline
+from lambdalake.pipeline import Pipeline, load_pipeline
 from lambdalake.produce.generator import generate
 from lambdalake.produce.producer import PRODUCER_DEFAULTS, EventProducer
+from lambdalake.settings import Settings
+
+BATCH = 10_000
+
+
+def _raw_producer(settings: Settings) -> tuple[Producer, list[int], Callable]:
+    raw = Producer({**settings.kafka.client_config(), **PRODUCER_DEFAULTS})
+    acked = [0]
+
+    def on_delivery(err, _msg) -> None:
+        if err is None:
+            acked[0] += 1
+
+    return raw, acked, on_delivery
+
+
+def _produce_all(raw: Producer, topic: str, pairs, on_delivery) -> None:
+    for key, value in pairs:
+        while True:
+            try:
+                raw.produce(topic, value=value, key=key, on_delivery=on_delivery)
+                break
+            except BufferError:
+                raw.poll(0.05)
+
+
+def _topic(settings: Settings, p: Pipeline, name: str) -> str:
+    ensure_topic(admin_client(settings), name, partitions=p.topic.partitions, replication_factor=1,
+                 config=dict(p.topic.config))  # fmt: skip
+    return name
 
 
 def main() -> None:
@@ -32,76 +73,90 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     settings = bench_settings()
+    rates: dict[str, list[float]] = {
+        k: [] for k in ("raw", "confluent", "send", "batch_dicts", "batch_table")
+    }
     with running(settings, ["broker", "registry"]):
         base = load_pipeline("offers", pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir)
         records = list(generate("offers", args.events, seed=42))
-        raw_rates, our_rates = [], []
+        registry = SchemaRegistryClient({"url": settings.registry.url})
         for round_no in range(args.rounds):
             run = uuid.uuid4().hex[:6]
-            p = base.model_copy(update={"topic": base.topic.model_copy(update={"name": f"bench-{run}"})})
-            producer = EventProducer(settings=settings, pipeline=p)
-            # The same bytes the candidate will send, encoded up front (valid records only).
-            encoded = [
-                (r["offer_id"].encode(), producer._encoder.encode(r))
-                for r in records
-                if producer._validator.check(r) is None
-            ]
-            raw_topic = f"bench-raw-{run}"
-            ensure_topic(
-                admin_client(settings),
-                raw_topic,
-                partitions=p.topic.partitions,
-                replication_factor=1,
-                config=dict(p.topic.config),
-            )
-            raw = Producer({**settings.kafka.client_config(), **PRODUCER_DEFAULTS})
-            acked = [0]
 
-            def on_delivery(err, _msg, acked=acked):
-                if err is None:
-                    acked[0] += 1
+            def pipeline(kind: str, run: str = run) -> Pipeline:
+                topic = base.topic.model_copy(update={"name": f"bench-{kind}-{run}"})
+                return base.model_copy(update={"topic": topic})
 
+            producers = {k: EventProducer(settings=settings, pipeline=pipeline(k))
+                         for k in ("send", "batch_dicts", "batch_table")}  # fmt: skip
+            check = producers["send"]
+            valid = [r for r in records if check._validator.check(r) is None]
+            encoded = [(r["offer_id"].encode(), check._encoder.encode(r)) for r in valid]
+            dict_batches = [records[i : i + BATCH] for i in range(0, len(records), BATCH)]
+            tables = [pa.Table.from_pylist(valid[i : i + BATCH]) for i in range(0, len(valid), BATCH)]
+
+            raw_topic = _topic(settings, base, f"bench-raw-{run}")
+            raw, acked, on_delivery = _raw_producer(settings)
             t0 = time.perf_counter()
-            for key, value in encoded:
-                while True:
-                    try:
-                        raw.produce(raw_topic, value=value, key=key, on_delivery=on_delivery)
-                        break
-                    except BufferError:
-                        raw.poll(0.05)
+            _produce_all(raw, raw_topic, encoded, on_delivery)
             raw.flush(120)
-            raw_s = time.perf_counter() - t0
+            rates["raw"].append(len(encoded) / (time.perf_counter() - t0))
             assert acked[0] == len(encoded), "baseline lost records"
-            raw_rates.append(len(encoded) / raw_s)
+
+            topic = _topic(settings, base, f"bench-confluent-{run}")
+            serializer = AvroSerializer(registry, base.schema_text(len(base.schema_.versions)))
+            context = SerializationContext(topic, MessageField.VALUE)
+            confluent, acked, on_delivery = _raw_producer(settings)
+            t0 = time.perf_counter()
+            pairs = ((r["offer_id"].encode(), serializer(r, context)) for r in valid)
+            _produce_all(confluent, topic, pairs, on_delivery)
+            confluent.flush(120)
+            rates["confluent"].append(len(valid) / (time.perf_counter() - t0))
+            assert acked[0] == len(valid), "confluent-kafka lost records"
 
             t0 = time.perf_counter()
             for r in records:
-                producer.send(dict(r))
-            stats = producer.flush(120)
-            ours_s = time.perf_counter() - t0
-            assert stats.unacknowledged == 0 and stats.acked == len(encoded)
-            our_rates.append(len(records) / ours_s)
-            del producer, raw  # disconnect before the broker stops
-            print(
-                f"round {round_no + 1}: raw {raw_rates[-1]:,.0f} ev/s, lambdalake {our_rates[-1]:,.0f} ev/s "
-                f"(ratio {our_rates[-1] / raw_rates[-1]:.2f})"
-            )
-    ratios = [o / r for o, r in zip(our_rates, raw_rates, strict=True)]
+                producers["send"].send(dict(r))
+            stats = producers["send"].flush(120)
+            rates["send"].append(len(records) / (time.perf_counter() - t0))
+            assert stats.unacknowledged == 0 and stats.acked == len(valid)
+
+            t0 = time.perf_counter()
+            for batch in dict_batches:
+                producers["batch_dicts"].send_batch(batch)
+            stats = producers["batch_dicts"].flush(120)
+            rates["batch_dicts"].append(len(records) / (time.perf_counter() - t0))
+            assert stats.unacknowledged == 0 and stats.acked == len(valid)
+
+            t0 = time.perf_counter()
+            for table in tables:
+                producers["batch_table"].send_batch(table)
+            stats = producers["batch_table"].flush(120)
+            rates["batch_table"].append(len(valid) / (time.perf_counter() - t0))
+            assert stats.unacknowledged == 0 and stats.acked == len(valid)
+            del producers, raw, confluent, check  # disconnect before the broker stops
+            print(f"round {round_no + 1}: " + ", ".join(f"{k} {v[-1]:,.0f} ev/s" for k, v in rates.items()))
+
+    def ratios(a: str, b: str) -> list[float]:
+        return [x / y for x, y in zip(rates[a], rates[b], strict=True)]
+
     result = {
         "events_per_round": args.events,
-        "valid_per_round": len(encoded),
-        "raw_events_per_s": raw_rates,
-        "lambdalake_events_per_s": our_rates,
-        "ratio_per_round": ratios,
-        "median_ratio": statistics.median(ratios),
-        "median_lambdalake_events_per_s": statistics.median(our_rates),
-        "targets": {"ratio": 0.8, "events_per_s": 50_000},
+        "valid_per_round": len(valid),
+        "events_per_s": rates,
+        "median_events_per_s": {k: statistics.median(v) for k, v in rates.items()},
+        "ratios_per_round": {
+            "send / raw": ratios("send", "raw"),
+            "batch_table / raw": ratios("batch_table", "raw"),
+            "batch_dicts / raw": ratios("batch_dicts", "raw"),
+            "batch_table / confluent": ratios("batch_table", "confluent"),
+            "batch_dicts / confluent": ratios("batch_dicts", "confluent"),
+        },
+        "targets": {"batch / confluent": 3.0, "batch / raw": 0.6},
     }
     path = write_result("produce", result)
-    print(
-        f"median: lambdalake {result['median_lambdalake_events_per_s']:,.0f} ev/s, "
-        f"ratio to raw {result['median_ratio']:.2f}  -> {path}"
-    )
+    medians = {k: statistics.median(v) for k, v in result["ratios_per_round"].items()}
+    print("median ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in medians.items()) + f"  -> {path}")
 
 
 if __name__ == "__main__":

@@ -170,6 +170,8 @@ def compile_reader(writer: Any, reader: Any) -> Reader:
 
         return booleans
     if w in ("int", "long"):
+        if wl in TIMESTAMPS and rl in TIMESTAMPS and wl != rl:
+            return _retimed(wl, rl, target)
         return _integers(w, rl, target)
     if w in ("float", "double"):
         width, dtype = (4, "<f4") if w == "float" else (8, "<f8")
@@ -249,6 +251,28 @@ def _uuids(cur: Cursor, idx: np.ndarray, text: pa.Array) -> pa.Array:
             cur.fail(idx[i : i + 1], "corrupt: a uuid that is not one")
             values[i] = ""
     return pa.array(values, pa.string())
+
+
+TIMESTAMPS = ("timestamp-millis", "timestamp-micros")
+
+
+def _retimed(written: str, read: str, target: pa.DataType) -> Reader:
+    """A timestamp written in one unit and read in the other: the writer's unit says what the long
+    means, and the reader's unit floors it (as fastavro reads a datetime and the reader keeps whole
+    milliseconds)."""
+
+    def retimed(cur: Cursor, idx: np.ndarray) -> pa.Array:
+        v = cur.varint(idx)
+        lo, hi = MILLIS_RANGE if written == "timestamp-millis" else MICROS_RANGE
+        beyond = (v < lo) | (v > hi)
+        if beyond.any():
+            cur.fail(idx[beyond], f"a {written} beyond the years 1-9999")
+        micros = np.where(beyond, 0, v) * (1000 if written == "timestamp-millis" else 1)
+        if read == "timestamp-millis":
+            micros = np.floor_divide(micros, 1000) * 1000
+        return pa.array(micros, pa.int64()).cast(target)
+
+    return retimed
 
 
 def _integers(w: str, logical: str | None, target: pa.DataType) -> Reader:
@@ -385,11 +409,16 @@ def _record(writer: Mapping[str, Any], reader: Any) -> Reader:
                 raise _Mismatch(f"reader field {rf['name']} has no default and the writer lacks it")
             defaults[rf["name"]] = (_default_value(rf), arrow_type(rf["type"], {}))
     names = [f["name"] for f in r_fields]
+    written_names = [wf["name"] for wf in writer["fields"]]
 
     def record(cur: Cursor, idx: np.ndarray) -> pa.Array:
         columns: dict[str, pa.Array] = {}
-        for name, read in steps:
+        for (name, read), written_name in zip(steps, written_names, strict=True):
+            before = len(cur.failed)
             values = read(cur, idx)
+            if len(cur.failed) > before:  # name the field in the reasons of rows that failed in it
+                for r in list(cur.failed)[before:]:
+                    cur.failed[r] = f"{written_name}: {cur.failed[r]}"
             if name is not None:
                 columns[name] = values
         for name, (value, kind) in defaults.items():
@@ -455,6 +484,9 @@ class Decoded:
     batch: pa.RecordBatch
     rows: np.ndarray
     errors: dict[int, str]
+    #: The failed rows that are not framed Avro of a known schema id (too short, another magic
+    #: byte, an id the registry lacks); the others' bodies did not decode.
+    unframed: frozenset[int] = frozenset()
 
 
 class ColumnarDecoder:
@@ -526,12 +558,14 @@ class ColumnarDecoder:
         ids = head[:, 1:5].astype(np.uint32)
         ids = (ids[:, 0] << 24) | (ids[:, 1] << 16) | (ids[:, 2] << 8) | ids[:, 3]
         framed = ~short & (magic == 0)
+        unframed = set(errors)
         parts: list[tuple[np.ndarray, pa.Array]] = []
         for schema_id in np.unique(ids[framed]).tolist():
             rows = np.flatnonzero(framed & (ids == schema_id))
             reader, writer, error = self._reader_for(int(schema_id))
             if error is not None:
                 errors.update({int(r): error for r in rows})
+                unframed.update(rows.tolist())
                 continue
             if reader is None:
                 got, bad = self._row_by_row(values, rows, writer)
@@ -552,7 +586,7 @@ class ColumnarDecoder:
         else:
             rows_out = np.zeros(0, dtype=np.int64)
             batch = pa.RecordBatch.from_pylist([], schema=self.schema)
-        return Decoded(batch, rows_out, dict(sorted(errors.items())))
+        return Decoded(batch, rows_out, dict(sorted(errors.items())), frozenset(unframed))
 
     def _row_by_row(self, values: pa.Array, rows: np.ndarray, writer: Any) -> tuple[pa.Array, dict[int, str]]:
         records, bad = [], {}

@@ -95,7 +95,7 @@ def _finite_and_exact(column: pa.ChunkedArray) -> np.ndarray:
     a double holds exactly."""
     if pa.types.is_floating(column.type):
         return _mask(pc.is_finite(column))
-    return _mask(pc.less(pc.abs_checked(pc.cast(column, pa.float64())), float(EXACT_DOUBLE)))
+    return _mask(pc.less(pc.abs_checked(pc.cast(column, pa.float64(), safe=False)), float(EXACT_DOUBLE)))
 
 
 class ColumnarValidator:
@@ -106,12 +106,20 @@ class ColumnarValidator:
         schema: The writer schema (JSON) records are checked against.
         drop_unknown: Columns not in the schema are dropped (the pipeline's ``unknown_fields =
             "drop"``) rather than making every row a suspect.
+        check_shape: Check Avro types. Default True; False for records decoded from Avro (their
+            shape is right by construction), as :class:`lambdalake.validation.RecordValidator`.
     """
 
     def __init__(
-        self, rules: Sequence[Rule | RankRule], *, schema: Mapping[str, Any], drop_unknown: bool = False
+        self,
+        rules: Sequence[Rule | RankRule],
+        *,
+        schema: Mapping[str, Any],
+        drop_unknown: bool = False,
+        check_shape: bool = True,
     ) -> None:
         self._rules = list(rules)
+        self._check_shape = check_shape
         self._fields = _fields(schema)
         self._known = frozenset(f.name for f in self._fields)
         self._drop_unknown = drop_unknown
@@ -122,14 +130,17 @@ class ColumnarValidator:
             return table
         return table.select([n for n in table.column_names if n in self._known])
 
-    def suspects(self, table: pa.Table, *, now: float) -> np.ndarray:
+    def suspects(self, table: pa.Table | pa.RecordBatch, *, now: float | np.ndarray) -> np.ndarray:
         """Per row, True where only the per-record checks can give the verdict.
 
         Args:
             table: The records, one row each (columns named as fields; an absent column is a field
                 every row lacks).
-            now: Reference time in seconds for ``not_future`` rules (as the per-record check gets).
+            now: Reference time in seconds for ``not_future`` rules (as the per-record check gets),
+                one for all rows or one per row (the speed layer's Kafka timestamps).
         """
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
         n = table.num_rows
         if n == 0:
             return np.zeros(0, dtype=bool)
@@ -138,7 +149,7 @@ class ColumnarValidator:
                 return np.ones(n, dtype=bool)
             table = self.known_columns(table)
         ok = np.ones(n, dtype=bool)
-        for field in self._fields:
+        for field in self._fields if self._check_shape else []:
             ok &= self._shape(field, table, n)
         for rule in self._rules:
             column = table.column(rule.field) if rule.field in table.column_names else None
@@ -184,7 +195,9 @@ class ColumnarValidator:
             return _mask(pc.is_in(column, value_set=pa.array(avro["symbols"], pa.string())))
         return False  # bytes, fixed, records, arrays, maps, uuid strings, general unions
 
-    def _rule(self, rule: Rule | RankRule, column: pa.ChunkedArray | None, n: int, now: float) -> np.ndarray:
+    def _rule(
+        self, rule: Rule | RankRule, column: pa.ChunkedArray | None, n: int, now: float | np.ndarray
+    ) -> np.ndarray:
         if column is None or pa.types.is_null(column.type):
             # Every value is None: the rules let None pass, except ``required``.
             return np.full(n, not isinstance(rule, RequiredRule))
@@ -201,10 +214,13 @@ class ColumnarValidator:
                 if not _is_number(t):
                     return ~valid
                 inside = _finite_and_exact(column)
+                # As doubles: exact for the values cleared above, and a bound's rounding cannot move
+                # it across one of them.
+                number = pc.cast(column, pa.float64(), safe=False)
                 if lo is not None:
-                    inside &= _mask(pc.greater_equal(column, lo))
+                    inside &= _mask(pc.greater_equal(number, float(lo)))
                 if hi is not None:
-                    inside &= _mask(pc.less_equal(column, hi) if incl else pc.less(column, hi))
+                    inside &= _mask(pc.less_equal(number, float(hi)) if incl else pc.less(number, float(hi)))
                 return ~valid | inside
             case AllowedRule(values=values):
                 strings = all(isinstance(v, str) for v in values)
@@ -217,10 +233,16 @@ class ColumnarValidator:
             case NotFutureRule(max_skew_s=skew):
                 if not _is_number(t):
                     return ~valid
-                limit = (now + skew) * 1000
-                if not math.isfinite(limit):
-                    return ~valid
-                return ~valid | (_finite_and_exact(column) & _mask(pc.less_equal(column, limit)))
+                limit = (np.asarray(now, dtype=np.float64) + skew) * 1000
+                if limit.ndim == 0:
+                    if not math.isfinite(float(limit)):
+                        return ~valid
+                    bound: Any = float(limit)
+                else:
+                    bound = pa.array(limit)
+                    valid &= np.isfinite(limit)  # a row without a finite bound: per record
+                early = _mask(pc.less_equal(pc.cast(column, pa.float64(), safe=False), bound))
+                return ~_mask(pc.is_valid(column)) | (valid & _finite_and_exact(column) & early)
             case RankRule():
                 if not _is_number(t):
                     return ~valid

@@ -13,12 +13,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from lambdalake.avro import WireDecoder, WireFormatError, parse_schema
+from lambdalake.avro import parse_schema
+from lambdalake.columnar import ColumnarDecoder
+from lambdalake.columnar.validate import ColumnarValidator
 from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import Pipeline, Rule
 from lambdalake.settings import Settings
@@ -91,17 +94,17 @@ def _fetcher(registry: dict[str, Any]) -> Callable[[int], str]:
     return _FETCHERS[url]
 
 
-def _schema_id(raw: bytes | None) -> int | None:
-    """The registry id in a record's header (None if it is too short to have one)."""
-    return int.from_bytes(raw[1:5], "big") if raw and len(raw) >= 5 else None
-
-
 class UnknownSchemaId(LookupError):
     pass
 
 
 def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function: Kafka source batches in, decoded events (and failures) out."""
+    """The ``mapInArrow`` function: Kafka source batches in, decoded events (and failures) out.
+
+    Values are decoded a batch at a time over columns (:class:`lambdalake.columnar.ColumnarDecoder`)
+    and the rules checked over columns too (:class:`lambdalake.columnar.validate.ColumnarValidator`);
+    a row those checks cannot clear is checked by the per-record validator, which gives the verdict.
+    """
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         known = dict(spec.writer_schemas)
@@ -119,47 +122,50 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
                 raise  # the registry is down or failing: fail the task, Spark retries it
 
         reader = json.loads(spec.reader_schema)
-        wire = WireDecoder(reader, fetch_or_unknown, millis_as_int=True)
+        columnar = ColumnarDecoder(reader, fetch_or_unknown, unknown=(UnknownSchemaId,))
         validator = RecordValidator(
             spec.rules, schema=reader, parsed_schema=parse_schema(reader), check_shape=False
         )
+        checks = ColumnarValidator(spec.rules, schema=reader, check_shape=False)
         schema = spec.output_schema
-        # Records carry timestamp-millis fields as epoch milliseconds (the rules take them so too):
-        # converted as millisecond timestamps, then cast to the event schema's type.
-        millis = set(wire.millis_fields)
-        target = list(event_schema(reader))
-        events = pa.struct(
-            [f.with_type(pa.timestamp("ms", tz="UTC")) if f.name in millis else f for f in target]
-        )
-        check = validator.check
+        millis = _millis_fields(reader)
+        events_type = pa.struct(list(event_schema(reader)))
         epoch_us = spec.epoch_seconds * 1_000_000
         for batch in batches:
-            values = batch.column("value").to_pylist()
-            stamps = batch.column("timestamp").cast(pa.int64()).to_pylist()  # microseconds
-            records: list[dict[str, Any] | None] = []
-            failures: dict[int, tuple[str, str]] = {}  # row -> (rule, reason)
-            for row, (raw, ts_us) in enumerate(zip(values, stamps, strict=True)):
-                if ts_us is None:
-                    # No ingest epoch without it: dead-lettered (and counted) rather than archived
-                    # where no view's epoch would ever count it.
-                    failures[row] = ("no_timestamp", NO_TIMESTAMP_REASON)
-                    records.append(None)
-                    continue
-                try:
-                    record = wire.decode(raw)
-                except (WireFormatError, UnknownSchemaId) as exc:
-                    failures[row] = ("wire_format", str(exc))
-                    records.append(None)
-                    continue
-                except Exception as exc:  # fastavro raises EOFError, ValueError, ... on corrupt bodies
-                    failures[row] = ("avro", f"cannot decode with schema id {_schema_id(raw)}: {exc!r}")
-                    records.append(None)
-                    continue
-                rejection = check(record, now=ts_us / 1e6 if ts_us is not None else None)
-                if rejection is not None:
-                    failures[row] = (rejection.rule, rejection.reason)
-                    record = None
-                records.append(record)
+            n = batch.num_rows
+            stamps = batch.column("timestamp").cast(pa.int64())  # microseconds
+            stamped = np.asarray(stamps.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+            stamps_us = stamps.fill_null(0).to_numpy()
+            # No ingest epoch without a timestamp: dead-lettered (and counted) rather than archived
+            # where no view's epoch would ever count it.
+            failures = {int(r): ("no_timestamp", NO_TIMESTAMP_REASON) for r in np.flatnonzero(~stamped)}
+            values = batch.column("value")
+            ids = _schema_ids(values)
+            decoded = columnar.decode(values)
+            for r, reason in decoded.errors.items():
+                if r not in failures:
+                    failures[r] = (
+                        ("wire_format", reason) if r in decoded.unframed
+                        else ("avro", f"cannot decode with schema id {ids[r].as_py()}: {reason}")
+                    )  # fmt: skip
+            rows = decoded.rows
+            # The rules see timestamp-millis fields as epoch milliseconds, as the records carry them.
+            ruled = _millis_as_ints(decoded.batch, millis)
+            if len(rows):
+                now = stamps_us[rows] / 1e6
+                for i in np.flatnonzero(checks.suspects(ruled, now=now) & stamped[rows]).tolist():
+                    r = int(rows[i])
+                    record = ruled.slice(i, 1).to_pylist()[0]
+                    rejection = validator.check(record, now=stamps_us[r] / 1e6)
+                    if rejection is not None:
+                        failures[r] = (rejection.rule, rejection.reason)
+            # Each input row takes its decoded event; failed rows are null.
+            index = np.full(n, -1, dtype=np.int64)
+            index[rows] = np.arange(len(rows))
+            if failures:
+                index[np.fromiter(failures, dtype=np.int64, count=len(failures))] = -1
+            struct = pa.StructArray.from_arrays(decoded.batch.columns, fields=list(decoded.batch.schema))
+            taken = struct.take(pa.array(index, mask=index < 0)).cast(events_type)
             ingest = batch.column("timestamp")
             meta = {
                 "_topic": batch.column("topic"),
@@ -168,16 +174,49 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
                 INGEST_TS: ingest,
                 # Kafka timestamps are never negative, so integer division is the floor.
                 INGEST_EPOCH: pc.divide(ingest.cast(pa.int64()), epoch_us),
-                "_schema_id": pa.array([_schema_id(raw) for raw in values], type=pa.int32()),
+                "_schema_id": ids,
                 **_failures(failures, batch),
             }
-            # One conversion of the records as structs (failed rows null), split into columns.
-            flat = pa.array(records, type=events).flatten()
-            columns = [c.cast(f.type) if f.name in millis else c for c, f in zip(flat, target, strict=True)]
-            columns += [meta[f.name].cast(f.type) for f in META_FIELDS]
+            columns = [*taken.flatten(), *(meta[f.name].cast(f.type) for f in META_FIELDS)]
             yield pa.RecordBatch.from_arrays(columns, schema=schema)
 
     return run
+
+
+def _millis_fields(reader: Mapping[str, Any]) -> list[str]:
+    """Top-level fields of the reader schema with the timestamp-millis logical type."""
+
+    def millis(t: Any) -> bool:
+        if isinstance(t, list):
+            return any(millis(b) for b in t)
+        return isinstance(t, dict) and t.get("logicalType") == "timestamp-millis"
+
+    return [f["name"] for f in reader["fields"] if millis(f["type"])]
+
+
+def _millis_as_ints(batch: pa.RecordBatch, names: list[str]) -> pa.RecordBatch:
+    """``batch`` with the ``names`` timestamp columns as int64 epoch milliseconds (floored)."""
+    for name in names:
+        i = batch.schema.get_field_index(name)
+        micros = batch.column(i).cast(pa.int64())
+        nulls = np.asarray(micros.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        ms = pa.array(np.floor_divide(micros.fill_null(0).to_numpy(), 1000), mask=nulls)
+        batch = batch.set_column(i, name, ms)
+    return batch
+
+
+def _schema_ids(values: pa.Array) -> pa.Array:
+    """The registry id in each record's header (null where it is too short to have one)."""
+    values = values.cast(pa.large_binary())
+    n = len(values)
+    _, offs, buf = values.buffers()
+    offsets = np.frombuffer(offs, dtype=np.int64)[values.offset : values.offset + n + 1]
+    data = np.frombuffer(buf, dtype=np.uint8) if buf is not None else np.zeros(0, dtype=np.uint8)
+    data = np.concatenate([data, np.zeros(5, dtype=np.uint8)])
+    framed = (np.diff(offsets) >= 5) & np.asarray(values.is_valid().to_numpy(zero_copy_only=False), bool)
+    head = data[offsets[:-1, None] + np.arange(1, 5)].astype(np.uint32)
+    ids = (head[:, 0] << 24) | (head[:, 1] << 16) | (head[:, 2] << 8) | head[:, 3]
+    return pa.array(ids.view(np.int32), type=pa.int32(), mask=~framed)
 
 
 def _failures(failures: dict[int, tuple[str, str]], batch: pa.RecordBatch) -> dict[str, pa.Array]:
@@ -190,13 +229,19 @@ def _failures(failures: dict[int, tuple[str, str]], batch: pa.RecordBatch) -> di
             "_raw_key": pa.nulls(n, pa.binary()),
             "_raw_value": pa.nulls(n, pa.binary()),
         }
-    rows = range(n)
-    failed = pa.array([row in failures for row in rows], type=pa.bool_())
+    rows = np.fromiter(failures, dtype=np.int64, count=len(failures))
+    rule = np.full(n, None, dtype=object)
+    reason = np.full(n, None, dtype=object)
+    rule[rows] = [r for r, _ in failures.values()]
+    reason[rows] = [why for _, why in failures.values()]
+    failed = np.zeros(n, dtype=bool)
+    failed[rows] = True
+    failed_arr = pa.array(failed)
     return {
-        "_error_rule": pa.array([failures[r][0] if r in failures else None for r in rows], pa.string()),
-        "_error_reason": pa.array([failures[r][1] if r in failures else None for r in rows], pa.string()),
-        "_raw_key": pc.if_else(failed, batch.column("key"), pa.scalar(None, pa.binary())),
-        "_raw_value": pc.if_else(failed, batch.column("value"), pa.scalar(None, pa.binary())),
+        "_error_rule": pa.array(rule, pa.string()),
+        "_error_reason": pa.array(reason, pa.string()),
+        "_raw_key": pc.if_else(failed_arr, batch.column("key"), pa.scalar(None, pa.binary())),
+        "_raw_value": pc.if_else(failed_arr, batch.column("value"), pa.scalar(None, pa.binary())),
     }
 
 
