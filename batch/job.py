@@ -138,7 +138,7 @@ class BatchJob:
                 run.horizon, run.horizon_end_ms, run.boundaries = found.epoch, found.end_ms, found.boundaries
             with clock("read+dedup"):
                 progress(f"reading {len(files)} bronze files and deduplicating")
-                covered = self._covered(files, found, run)
+                covered = self._covered(files, found, run, held_twice=self.bronze.may_hold_twice(table=table))
             outputs = {}
             for view in self.pipeline.views:
                 with clock(f"view {view.name}"):
@@ -175,13 +175,13 @@ class BatchJob:
                     batch_status_file(self.settings.storage_root, self.pipeline.name), json.dumps(asdict(run))
                 )
 
-    def _covered(self, files: list[str], horizon: Horizon, run: BatchRun) -> DataFrame:
+    def _covered(self, files: list[str], horizon: Horizon, run: BatchRun, *, held_twice: bool) -> DataFrame:
         """Bronze deduplicated across all history, then cut at the horizon (cached for the views)."""
         if not files:
             raise ConfigurationError(
                 f"the master dataset of {self.pipeline.name!r} holds no files", fix="run the speed job first"
             )
-        events = read_bronze(self.spark, files)
+        events = read_bronze(self.spark, files, held_twice=held_twice)
         firsts = deduplicate(events, self.pipeline, copies=COPIES).persist()
         counts = firsts.agg(
             F.sum(COPIES).alias("read"),

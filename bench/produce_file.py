@@ -62,9 +62,7 @@ def main() -> None:
                         f"{name}: exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
                     )
                 rates[name].append(args.events / seconds)
-                print(
-                    f"round {round_no + 1} {name}: {seconds:.1f}s, {rates[name][-1]:,.0f} lines/s"
-                )
+                print(f"round {round_no + 1} {name}: {seconds:.1f}s, {rates[name][-1]:,.0f} lines/s")
     result: dict = {
         "events": args.events,
         "command": "lambdalake produce offers --file <events>.jsonl",

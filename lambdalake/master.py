@@ -11,6 +11,7 @@ see them, and the replay writes the same names again.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import time
@@ -398,6 +399,29 @@ class MasterDataset:
             ]
             for partition, start, end in ranges
         ]
+
+    def may_hold_twice(self, *, table: DeltaTable | None = None) -> bool:
+        """Whether two live files of ``table``'s snapshot (default the newest) may hold one Kafka
+        coordinate: their offset stats overlap within a partition, or a file has no stats or spans
+        partitions. Commits leave out what bronze holds, so only a table written before that (or
+        touched by hand) can; readers then tell the copies apart by file (:func:`read_bronze`)."""
+        table = table if table is not None else self._table()
+        if table is None:
+            return False
+        actions = pa.table(table.get_add_actions(flatten=True))
+        bounds = [f"{edge}.{c}" for c in COORDINATES for edge in ("min", "max")]
+        if not all(b in actions.column_names for b in bounds):
+            return actions.num_rows > 1
+        ranges: dict[int, list[tuple[int, int]]] = {}
+        for p_min, p_max, o_min, o_max in zip(*(actions.column(b).to_pylist() for b in bounds), strict=True):
+            if p_min is None or p_min != p_max or o_min is None or o_max is None:
+                return True
+            ranges.setdefault(p_min, []).append((o_min, o_max))
+        for spans in ranges.values():
+            spans.sort()
+            if any(start <= end for (_, end), (start, _) in itertools.pairwise(spans)):
+                return True
+        return False
 
     def file_uris(self) -> list[str]:
         """The live files (never the bare folder: it also holds removed and uncommitted files)."""

@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import Any
 
 import pyarrow as pa
@@ -51,10 +52,12 @@ from lambdalake.spark.sinks import upsert_view
 from lambdalake.spark.views import (
     INGEST_EPOCH,
     INGEST_TS,
+    cell_columns,
     latest,
     latest_order,
     read_bronze,
     split_deliveries,
+    window_cells,
     windowed,
 )
 from lambdalake.views import EPOCH, RANK, WINDOW_START
@@ -359,7 +362,10 @@ class Replayer:
             epochs: The ingest epochs to rebuild.
             records: About how many events those epochs hold (a replay's range), if known.
         """
-        bronze = read_bronze(self.spark, self.bronze.file_uris())
+        uris = self.bronze.file_uris()
+        # Checked on a snapshot at least as new as the files': bronze only grows, so no overlap
+        # there means none among them.
+        bronze = read_bronze(self.spark, uris, held_twice=self.bronze.may_hold_twice())
         # Copies of these events anywhere in history decide which delivery counts (as in the batch).
         candidates = bronze
         total = self.bronze.num_records()
@@ -370,8 +376,13 @@ class Replayer:
             identity = list(self.pipeline.event.identity)
             touched = bronze.filter(F.col(INGEST_EPOCH).isin(epochs))
             candidates = bronze.join(touched.select(*identity).distinct(), identity, "left_semi")
-        # The losers are persisted first so that computing the firsts fills them in one pass.
-        (firsts, losers) = split_deliveries(candidates, self.pipeline, whole=True)
+        # The losers (narrow: what their cells need) are persisted first so that computing the
+        # firsts fills them in one pass.
+        carry = [INGEST_EPOCH]
+        for view in self.pipeline.views:
+            if isinstance(view, WindowedView):
+                carry += cell_columns(self.pipeline, view)
+        (firsts, losers) = split_deliveries(candidates, self.pipeline, carry=tuple(carry))
         losers = losers.persist()
         firsts = firsts.filter(F.col(INGEST_EPOCH).isin(epochs)).persist()
         cells = {}
@@ -382,10 +393,19 @@ class Replayer:
             for view in self.pipeline.views:
                 table = speed_table_def(self.pipeline, view)
                 if isinstance(view, WindowedView):
+                    moved = _moved(losers.filter(F.col(INGEST_EPOCH).isin(epochs)), self.pipeline, view)
                     rows = windowed(firsts, self.pipeline, view, epoch=epoch)
-                    cells[view.name] = upsert_view(rows, table=table, cassandra=cassandra, **bulk)
-                    lost = losers.filter(F.col(INGEST_EPOCH).isin(epochs))
-                    stale = _stale_cells(firsts, lost, self.pipeline, view, epoch)
+                    if moved is None:
+                        cells[view.name] = upsert_view(rows, table=table, cassandra=cassandra, **bulk)
+                        stale = []
+                    else:
+                        # Kept for the stale-cell check (a few cells a key, not the events).
+                        rows = rows.persist()
+                        try:
+                            cells[view.name] = upsert_view(rows, table=table, cassandra=cassandra, **bulk)
+                            stale = _stale_cells(rows, moved, self.pipeline, view, epoch)
+                        finally:
+                            rows.unpersist()
                     _delete_cells(self.settings, table, [*view.key, WINDOW_START, EPOCH], stale)
                     self.emptied[view.name] = len(stale)
                 else:
@@ -396,28 +416,31 @@ class Replayer:
         return cells
 
 
+def _moved(losers: DataFrame, pipeline: Pipeline, view: WindowedView) -> DataFrame | None:
+    """The losing deliveries outside their first delivery's cell, or None if there are none.
+
+    Only a losing delivery can have made a stored cell that the recompute no longer yields (a cell
+    with a first delivery in it is yielded), and one in its first delivery's cell (the same key,
+    time and epoch: a copy of the same event in the same epoch, nearly every copy) cannot.
+    """
+    elsewhere = [*cell_columns(pipeline, view), INGEST_EPOCH]
+    moved = losers.filter(
+        reduce(lambda a, b: a | b, [~F.col(c).eqNullSafe(F.col(f"_first_{c}")) for c in elsewhere])
+    )
+    return moved if moved.take(1) else None
+
+
 def _stale_cells(
-    firsts: DataFrame, losers: DataFrame, pipeline: Pipeline, view: WindowedView, epoch: Any
+    rows: DataFrame, moved: DataFrame, pipeline: Pipeline, view: WindowedView, epoch: Any
 ) -> list[Any]:
     """Cells a delivery of the recomputed epochs once made (any copy the speed job counted) that the
-    recompute no longer yields, e.g. a far copy deduplication now drops.
-
-    Only a losing delivery can make such a cell (a cell with a first delivery in it is yielded), so
-    the losers' cells are the candidates, and only their keys' firsts are looked at: copies are rare,
-    and this costs no pass over the epochs' events.
-    """
+    recompute no longer yields (``rows``), e.g. a far copy deduplication now drops: the cells of
+    the ``moved`` losers (:func:`_moved`) that ``rows`` lacks."""
     cell = [*view.key, WINDOW_START, EPOCH]
-    lost = {tuple(r) for r in windowed(losers, pipeline, view, epoch=epoch).select(*cell).collect()}
+    lost = window_cells(moved, pipeline, view, epoch=epoch)
+    gone = lost.join(rows.select(*cell), cell, "left_anti").collect()
     # A null key component makes no stored cell (it is part of the Cassandra primary key).
-    lost = {c for c in lost if None not in c}
-    if not lost:
-        return []
-    keys = firsts.sparkSession.createDataFrame(
-        sorted({c[: len(view.key)] for c in lost}), schema=firsts.select(*view.key).schema
-    )
-    mine = firsts.join(F.broadcast(keys), list(view.key), "left_semi")
-    kept = {tuple(r) for r in windowed(mine, pipeline, view, epoch=epoch).select(*cell).collect()}
-    return sorted(lost - kept)
+    return sorted(tuple(r) for r in gone if None not in tuple(r))
 
 
 def _delete_cells(settings: Settings, table: Any, cell: list[str], rows: list[Any]) -> None:

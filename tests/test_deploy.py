@@ -21,10 +21,13 @@ from infra.deploy import scheduler_process, serving_process, speed_process
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import create_keyspace, ensure_table, speed_table_def
 from lambdalake.lease import LEASES, Lease
+from lambdalake.produce.generator import Mix
+from lambdalake.produce.producer import EventProducer
 from lambdalake.registry import client
 from lambdalake.settings import PROJECT_ROOT, Settings
 from tests.conftest import env_for, isolated, pipeline_named, run_cli
-from tests.helpers import pipelines_folder
+from tests.helpers import pipelines_folder, send_generated
+from tests.reference import differences, topic_events
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -117,6 +120,8 @@ def test_a_job_killed_with_minus_nine_blocks_the_next_one_no_longer_than_its_lea
         "cassandra": base.cassandra.model_copy(update={"lease_ttl_s": 10}),
     })  # fmt: skip
     run_cli(settings, "topics", "offers", "--apply")
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    send_generated(producer, "offers", 3000, seed=21, mix=Mix())
     env = env_for(settings)
     job = subprocess.Popen(
         [sys.executable, "-m", "lambdalake", "speed", "run", "offers"], env=env, cwd=PROJECT_ROOT,
@@ -138,7 +143,10 @@ def test_a_job_killed_with_minus_nine_blocks_the_next_one_no_longer_than_its_lea
         t0 = time.monotonic()
         again = run_cli(settings, "speed", "run", "offers", "--once", "--lease-wait", "30")
         assert again.returncode == 0, again.stdout.decode() + again.stderr.decode()
-        assert time.monotonic() - t0 < 30 + 60  # the TTL (10 s), then a run of an empty topic
+        assert time.monotonic() - t0 < 30 + 90  # the TTL (10 s), then a run of what is left
+        # The job killed half way and its successor counted every event once.
+        (events, _invalid) = topic_events(settings, pipeline)
+        assert len(events) > 2000 and differences(settings, pipeline, events) == []
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)

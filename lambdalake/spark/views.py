@@ -84,6 +84,18 @@ def windowed(
         epoch: A grouping column for the ingest epoch (the speed layer's ``window`` on the
             watermarked ingest time). None aggregates across epochs (the batch layer).
     """
+    out = df.groupBy(*_cell(pipeline, view, epoch)).agg(*[_component(c) for c in view_components(view)])
+    return _epoch_number(out) if epoch is not None else out
+
+
+def window_cells(df: DataFrame, pipeline: Pipeline, view: WindowedView, *, epoch: Column) -> DataFrame:
+    """The cells (key, window start, ingest epoch) of :func:`windowed` that ``df``'s events fall in,
+    without aggregating (``df`` needs only the key, time and ingest time columns)."""
+    return _epoch_number(df.select(*_cell(pipeline, view, epoch)).distinct())
+
+
+def _cell(pipeline: Pipeline, view: WindowedView, epoch: Column | None) -> list[Column]:
+    """The grouping columns of a windowed view: key, event-time window and (speed) ingest epoch."""
     time_col = view.time or pipeline.event.time
     # Spark allows one window() per aggregation and the speed layer spends it on the ingest epoch
     # (state eviction needs it), so the event-time window is plain arithmetic (epoch-aligned, UTC).
@@ -92,12 +104,19 @@ def windowed(
     groups = [*[F.col(k) for k in view.key], window]
     if epoch is not None:
         groups.append(epoch.alias("_epoch_window"))
-    out = df.groupBy(*groups).agg(*[_component(c) for c in view_components(view)])
-    if epoch is not None:
-        seconds = F.col("_epoch_window.start").cast("long")
-        duration = F.col("_epoch_window.end").cast("long") - seconds
-        out = out.withColumn(EPOCH, (seconds / duration).cast("long")).drop("_epoch_window")
-    return out
+    return groups
+
+
+def _epoch_number(df: DataFrame) -> DataFrame:
+    """The ingest epoch's window as its number (start / length)."""
+    seconds = F.col("_epoch_window.start").cast("long")
+    duration = F.col("_epoch_window.end").cast("long") - seconds
+    return df.withColumn(EPOCH, (seconds / duration).cast("long")).drop("_epoch_window")
+
+
+def cell_columns(pipeline: Pipeline, view: WindowedView) -> list[str]:
+    """The event columns :func:`window_cells` reads (besides the ingest time)."""
+    return [*view.key, view.time or pipeline.event.time]
 
 
 def deduplicate(df: DataFrame, pipeline: Pipeline, *, copies: str | None = None) -> DataFrame:
@@ -111,7 +130,7 @@ def deduplicate(df: DataFrame, pipeline: Pipeline, *, copies: str | None = None)
 
 
 def split_deliveries(
-    df: DataFrame, pipeline: Pipeline, *, copies: str | None = None, whole: bool = False
+    df: DataFrame, pipeline: Pipeline, *, copies: str | None = None, carry: tuple[str, ...] = ()
 ) -> tuple[DataFrame, DataFrame]:
     """:func:`deduplicate`'s first deliveries, and the deliveries that lose to them.
 
@@ -125,8 +144,10 @@ def split_deliveries(
         df: Decoded events, with :data:`FILE` when read by :func:`read_bronze`.
         pipeline: The pipeline (its event identity).
         copies: A column to count each identity's deliveries in (none by default).
-        whole: The losers carry every column of ``df`` (else their coordinates only). A caller that
-            persists the losers before running the firsts computes them once.
+        carry: Columns the losers carry besides their identity and coordinates, each also as its
+            value in the identity's first delivery (``_first_<column>``). They stay narrow: only
+            the deliveries of repeated identities are sorted. A caller that persists the losers
+            before running the firsts computes them once.
 
     Returns:
         (firsts, losers).
@@ -146,14 +167,16 @@ def split_deliveries(
             lambda a, b: a & b, [F.col(f"{left}.{c}").eqNullSafe(F.col(f"{right}.{c}")) for c in identity]
         )
 
-    narrow = df if whole else df.select(*identity, "_topic", *coordinates, *apart)
+    kept = [*identity, "_topic", *coordinates, *apart]
+    narrow = df.select(*kept, *[c for c in dict.fromkeys(carry) if c not in kept])
     deliveries = narrow.alias("_d").join(repeated.alias("_r"), on("_d", "_r"), "left_semi")
     # Window partitions group nulls together, as groupBy does. Without the file column a held-twice
     # coordinate shares its rank (dense): it may count twice, but is never dropped whole.
     order = Window.partitionBy(*identity).orderBy(*coordinates, "_topic", *apart)
     rank = F.row_number().over(order) if apart else F.dense_rank().over(order)
+    firsts_of = [F.first(c).over(order).alias(f"_first_{c}") for c in dict.fromkeys(carry)]
     # The anti-join reads the very plan returned, so a caller's persisted losers serve both.
-    losers = deliveries.withColumn("_rank", rank).filter(F.col("_rank") > 1).drop("_rank")
+    losers = deliveries.select("*", rank.alias("_rank"), *firsts_of).filter(F.col("_rank") > 1).drop("_rank")
     key = ["_topic", "_partition", "_offset", *apart]
     out = df.join(losers.select(*key), key, "left_anti")
     if copies:
@@ -162,7 +185,17 @@ def split_deliveries(
     return out.drop(*apart), losers
 
 
-def read_bronze(spark: SparkSession, uris: list[str]) -> DataFrame:
-    """The master dataset's live files as events, each row with the file it lies in (``FILE``, for
-    :func:`deduplicate`)."""
-    return spark.read.parquet(*uris).withColumn(FILE, F.col("_metadata.file_path"))
+def read_bronze(spark: SparkSession, uris: list[str], *, held_twice: bool = True) -> DataFrame:
+    """The master dataset's live files as events.
+
+    Args:
+        spark: The session.
+        uris: The live files.
+        held_twice: Whether a coordinate may lie in two files
+            (:meth:`lambdalake.master.MasterDataset.may_hold_twice`): then each row carries the file it
+            lies in (``FILE``), for :func:`deduplicate` to keep exactly one copy. Reading it costs a
+            string a row (a quarter of deduplication's time on 1M events), so it is left out when no
+            two files overlap.
+    """
+    events = spark.read.parquet(*uris)
+    return events.withColumn(FILE, F.col("_metadata.file_path")) if held_twice else events
