@@ -75,6 +75,8 @@ demo: setup
 
 bench: setup
 	$(BIN)/python -m bench.produce
+	$(BIN)/python -m bench.produce_file
+	$(BIN)/python -m bench.decode
 	$(BIN)/python -m bench.speed
 	$(BIN)/python -m bench.batch
 	$(BIN)/python -m bench.serving

@@ -487,6 +487,8 @@ class Decoded:
     #: The failed rows that are not framed Avro of a known schema id (too short, another magic
     #: byte, an id the registry lacks); the others' bodies did not decode.
     unframed: frozenset[int] = frozenset()
+    #: Per input row, the registry id its header names (null where it is too short to have one).
+    schema_ids: pa.Array | None = None
 
 
 class ColumnarDecoder:
@@ -586,7 +588,8 @@ class ColumnarDecoder:
         else:
             rows_out = np.zeros(0, dtype=np.int64)
             batch = pa.RecordBatch.from_pylist([], schema=self.schema)
-        return Decoded(batch, rows_out, dict(sorted(errors.items())), frozenset(unframed))
+        headed = pa.array(ids.view(np.int32), pa.int32(), mask=np.asarray(short, dtype=bool))
+        return Decoded(batch, rows_out, dict(sorted(errors.items())), frozenset(unframed), headed)
 
     def _row_by_row(self, values: pa.Array, rows: np.ndarray, writer: Any) -> tuple[pa.Array, dict[int, str]]:
         records, bad = [], {}

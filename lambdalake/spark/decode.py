@@ -139,9 +139,8 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
             # No ingest epoch without a timestamp: dead-lettered (and counted) rather than archived
             # where no view's epoch would ever count it.
             failures = {int(r): ("no_timestamp", NO_TIMESTAMP_REASON) for r in np.flatnonzero(~stamped)}
-            values = batch.column("value")
-            ids = _schema_ids(values)
-            decoded = columnar.decode(values)
+            decoded = columnar.decode(batch.column("value"))
+            ids = decoded.schema_ids
             for r, reason in decoded.errors.items():
                 if r not in failures:
                     failures[r] = (
@@ -203,20 +202,6 @@ def _millis_as_ints(batch: pa.RecordBatch, names: list[str]) -> pa.RecordBatch:
         ms = pa.array(np.floor_divide(micros.fill_null(0).to_numpy(), 1000), mask=nulls)
         batch = batch.set_column(i, name, ms)
     return batch
-
-
-def _schema_ids(values: pa.Array) -> pa.Array:
-    """The registry id in each record's header (null where it is too short to have one)."""
-    values = values.cast(pa.large_binary())
-    n = len(values)
-    _, offs, buf = values.buffers()
-    offsets = np.frombuffer(offs, dtype=np.int64)[values.offset : values.offset + n + 1]
-    data = np.frombuffer(buf, dtype=np.uint8) if buf is not None else np.zeros(0, dtype=np.uint8)
-    data = np.concatenate([data, np.zeros(5, dtype=np.uint8)])
-    framed = (np.diff(offsets) >= 5) & np.asarray(values.is_valid().to_numpy(zero_copy_only=False), bool)
-    head = data[offsets[:-1, None] + np.arange(1, 5)].astype(np.uint32)
-    ids = (head[:, 0] << 24) | (head[:, 1] << 16) | (head[:, 2] << 8) | head[:, 3]
-    return pa.array(ids.view(np.int32), type=pa.int32(), mask=~framed)
 
 
 def _failures(failures: dict[int, tuple[str, str]], batch: pa.RecordBatch) -> dict[str, pa.Array]:
