@@ -78,23 +78,22 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
 
 
 def concat(parts: list[Runs]) -> Runs:
-    """Row by row, the runs of ``parts`` one after the other."""
+    """Row by row, the runs of ``parts`` one after the other (Arrow's element-wise binary join)."""
     if len(parts) == 1:
         return parts[0]
-    lengths = [p.lengths for p in parts]
-    offsets = _offsets(np.sum(lengths, axis=0))
-    out = np.empty(int(offsets[-1]), dtype=np.uint8)
-    before = offsets[:-1].copy()
-    for part, length in zip(parts, lengths, strict=True):
-        size = int(part.offsets[-1] - part.offsets[0])
-        if size:
-            # Byte b of row r goes to before[r] + (b - part.offsets[r]).
-            shift = np.repeat(before - part.offsets[:-1], length)
-            out[np.arange(part.offsets[0], part.offsets[-1]) + shift] = part.data[
-                part.offsets[0] : part.offsets[-1]
-            ]
-        before += length
-    return Runs(out, offsets)
+    n = len(parts[0].offsets) - 1
+    arrays = [
+        pa.Array.from_buffers(
+            pa.large_binary(), n, [None, pa.py_buffer(p.offsets - p.offsets[0]),
+                                   pa.py_buffer(np.ascontiguousarray(p.data[p.offsets[0] : p.offsets[-1]]))]
+        )
+        for p in parts
+    ]  # fmt: skip
+    joined = pc.binary_join_element_wise(*arrays, pa.scalar(b"", pa.large_binary()))
+    _, offsets, data = joined.buffers()
+    offs = np.frombuffer(offsets, dtype=np.int64)[joined.offset : joined.offset + n + 1]
+    raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+    return Runs(raw, offs)
 
 
 def longs(values: np.ndarray) -> Runs:
@@ -106,9 +105,12 @@ def longs(values: np.ndarray) -> Runs:
     while rest.any():
         count += rest != 0
         rest >>= np.uint64(7)
-    groups = ((zz[:, None] >> _SHIFTS) & np.uint64(0x7F)).astype(np.uint8)
-    groups |= np.where(_COLUMNS[None, :] < (count[:, None] - 1), np.uint8(0x80), np.uint8(0))
-    return Runs(groups[_COLUMNS[None, :] < count[:, None]], _offsets(count))
+    # Only as many 7-bit groups as the widest value needs (most columns need one to six).
+    width = int(count.max()) if len(count) else 1
+    columns = _COLUMNS[None, :width]
+    groups = ((zz[:, None] >> _SHIFTS[:width]) & np.uint64(0x7F)).astype(np.uint8)
+    groups |= np.where(columns < (count[:, None] - 1), np.uint8(0x80), np.uint8(0))
+    return Runs(groups[columns < count[:, None]], _offsets(count))
 
 
 def _values(array: pa.Array, what: str) -> pa.Array:
