@@ -142,6 +142,21 @@ def _default_value(field_schema: Mapping[str, Any]) -> Any:
     return fastavro.schemaless_reader(io.BytesIO(b""), empty, reader)[field_schema["name"]]
 
 
+def _may_be_empty(schema: Any) -> bool:
+    """Whether a value of ``schema`` (expanded) can take no bytes: null, a fixed of size 0, a record
+    of such fields."""
+    if isinstance(schema, dict) and isinstance(schema.get("type"), dict | list):
+        return _may_be_empty(schema["type"])
+    name = _name(schema)
+    if name == "null":
+        return True
+    if name == "fixed":
+        return int(schema["size"]) == 0
+    if name == "record":
+        return all(_may_be_empty(f["type"]) for f in schema["fields"])
+    return False
+
+
 def compile_reader(writer: Any, reader: Any) -> Reader:
     """A reader of ``writer``-encoded values, resolved to ``reader`` (both expanded by fastavro)."""
     if isinstance(writer, dict) and isinstance(writer.get("type"), dict | list):
@@ -204,7 +219,7 @@ def compile_reader(writer: Any, reader: Any) -> Reader:
         return _record(writer, reader)
     if w == "array":
         items = compile_reader(writer["items"], reader["items"])
-        empty = _name(writer["items"]) == "null"  # items of no bytes: a count may exceed the bytes left
+        empty = _may_be_empty(writer["items"])  # items of no bytes: a count may exceed the bytes left
         return _blocks(lambda cur, idx: [items(cur, idx)], target, pairs=False, empty_items=empty)
     if w == "map":
         values = compile_reader(writer["values"], reader["values"])

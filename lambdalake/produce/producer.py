@@ -441,23 +441,30 @@ class EventProducer:
         """Every record in order: an encoded one straight to the topic, the others by ``one(i)``."""
         outcome = BatchOutcome()
         topic, callback, values, keys = self._topic, self._on_delivery, ready.values, ready.keys
-        produced = 0
+        produce, stats = self._producer.produce, self.stats
         for i in range(len(values)):
             value = values[i]
             if value is not None:
+                if stats.fatal is not None:
+                    raise ProducerFailed(stats.fatal)
                 try:
-                    self._produce(topic, keys[i], value, callback)
-                    produced += 1
-                    if produced % 1000 == 0:
+                    try:
+                        produce(topic, value, keys[i], on_delivery=callback)
+                    except BufferError:
+                        self._produce(topic, keys[i], value, callback)  # waits for room in the queue
+                except KafkaException as exc:
+                    if exc.args[0].fatal():
+                        self._fatal(exc)
+                    # Refused by the client (too large...): the per-record path names why.
+                else:
+                    stats.sent += 1
+                    if stats.sent % 1000 == 0:
                         self.poll(0)
                     continue
-                except KafkaException:
-                    pass  # refused by the client (too large...): the per-record path names why
             outcome.one_by_one += 1
             rejection = one(i)
             if rejection is not None:
                 outcome.refused.append((i, rejection))
-        self.stats.sent += produced
         outcome.accepted = len(values) - len(outcome.refused)
         return outcome
 
