@@ -114,26 +114,20 @@ def main() -> None:
             rates["confluent"].append(len(valid) / (time.perf_counter() - t0))
             assert acked[0] == len(valid), "confluent-kafka lost records"
 
-            t0 = time.perf_counter()
-            for r in records:
-                producers["send"].send(dict(r))
-            stats = producers["send"].flush(120)
-            rates["send"].append(len(records) / (time.perf_counter() - t0))
-            assert stats.unacknowledged == 0 and stats.acked == len(valid)
-
-            t0 = time.perf_counter()
-            for batch in dict_batches:
-                producers["batch_dicts"].send_batch(batch)
-            stats = producers["batch_dicts"].flush(120)
-            rates["batch_dicts"].append(len(records) / (time.perf_counter() - t0))
-            assert stats.unacknowledged == 0 and stats.acked == len(valid)
-
-            t0 = time.perf_counter()
-            for table in tables:
-                producers["batch_table"].send_batch(table)
-            stats = producers["batch_table"].flush(120)
-            rates["batch_table"].append(len(valid) / (time.perf_counter() - t0))
-            assert stats.unacknowledged == 0 and stats.acked == len(valid)
+            candidates = {
+                "send": (lambda p: [p.send(dict(r)) for r in records], len(records)),
+                "batch_dicts": (
+                    lambda p, batches=dict_batches: [p.send_batch(b) for b in batches],
+                    len(records),
+                ),
+                "batch_table": (lambda p, tables=tables: [p.send_batch(t) for t in tables], len(valid)),
+            }
+            for kind, (send_all, count) in candidates.items():
+                t0 = time.perf_counter()
+                send_all(producers[kind])
+                stats = producers[kind].flush(120)
+                rates[kind].append(count / (time.perf_counter() - t0))
+                assert stats.unacknowledged == 0 and stats.acked == len(valid)
             del producers, raw, confluent, check  # disconnect before the broker stops
             print(f"round {round_no + 1}: " + ", ".join(f"{k} {v[-1]:,.0f} ev/s" for k, v in rates.items()))
 

@@ -198,13 +198,12 @@ class EventProducer:
         parsed = parse_schema(schema)
         self.schema_id = registered[index].schema_id
         self._encoder = WireEncoder(self.schema_id, parsed)
-        self._validator = RecordValidator(
-            checked_rules(pipeline), schema=schema, parsed_schema=parsed, now=clock
-        )
+        rules = checked_rules(pipeline)
+        self._validator = RecordValidator(rules, schema=schema, parsed_schema=parsed, now=clock)
         self._clock = clock
         self._columnar = ColumnarEncoder(schema, self.schema_id)
         self._columns = ColumnarValidator(
-            checked_rules(pipeline), schema=schema, drop_unknown=pipeline.event.unknown_fields == "drop"
+            rules, schema=schema, drop_unknown=pipeline.event.unknown_fields == "drop"
         )
         self._float_fields = _float_fields(schema)
         self._pieces = JsonPieces(schema)
