@@ -7,8 +7,10 @@ librdkafka); the real broker takes the columnar path in the CLI tests below and 
 
 from __future__ import annotations
 
+import copy
 import json
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +83,8 @@ def both_paths(pair: tuple, lines: list[bytes]) -> tuple[list, list]:
     return one_rec.sent, many_rec.sent
 
 
-def test_the_bad_input_corpus_gets_the_same_verdicts_and_payloads(pair: tuple) -> None:
-    name = pair[0]
-    if name != "offers":
-        pytest.skip("the corpus is written for offers")
+def test_the_bad_input_corpus_gets_the_same_verdicts_and_payloads(services: Settings) -> None:
+    pair = ("offers", recording(services, "offers"), recording(services, "offers"))  # offers' corpus
     valid = [json.dumps(offer(i)).encode() + b"\n" for i in range(500)]
     lines = list(valid)
     for k, bad in enumerate([*BAD_LINES, *ODD_VALID_LINES]):
@@ -163,6 +163,62 @@ def test_send_batch_of_dicts_and_of_a_table_match_send(services: Settings) -> No
     outcome = many.send_batch(table)
     assert outcome.accepted == len(valid) and not outcome.refused
     assert many_rec.sent == [s for s in one_rec.sent if not s[0].endswith(".dlq")]
+
+
+# Python values a caller's dict may hold, beyond what JSON gives.
+ANY_PYTHON_VALUE = st.one_of(
+    ANY_VALUE,
+    st.binary(max_size=4),
+    st.just(datetime(2026, 1, 1, tzinfo=UTC)),
+    st.decimals(allow_nan=False, places=2, min_value=-100, max_value=100),
+    st.dictionaries(st.sampled_from(["a", "b"]), st.integers(), max_size=2),
+    st.lists(st.one_of(st.integers(), st.text(max_size=2)), max_size=3),
+)
+
+
+@st.composite
+def mutated_dict(draw: st.DrawFn, base: list[dict]) -> Any:
+    """A valid record with some fields changed, removed or added; now and then not a dict at all."""
+    if draw(st.integers(0, 29)) == 0:
+        return draw(st.sampled_from([None, [1, 2], "offer", 7]))
+    record = dict(draw(st.sampled_from(base)))
+    for name in draw(st.lists(st.sampled_from(sorted(record)), max_size=3)):
+        if draw(st.booleans()):
+            record[name] = draw(ANY_PYTHON_VALUE)
+        else:
+            record.pop(name, None)
+    if draw(st.integers(0, 9)) == 0:
+        record[draw(st.sampled_from(["extra", "promocode"]))] = draw(ANY_PYTHON_VALUE)
+    return record
+
+
+def both_dict_paths(pair: tuple, records: list[Any]) -> tuple[list, list, Any]:
+    _, (one, one_rec), (many, many_rec) = pair
+    one_rec.sent.clear()
+    many_rec.sent.clear()
+    verdicts = [one.send(copy.deepcopy(r)) for r in records]
+    outcome = many.send_batch(copy.deepcopy(records))
+    refused = dict(outcome.refused)
+    assert [refused.get(i) for i in range(len(records))] == verdicts
+    return one_rec.sent, many_rec.sent, outcome
+
+
+@hsettings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_generated_dicts_get_the_same_verdicts(pair: tuple, data: st.DataObject) -> None:
+    name = pair[0]
+    base = list(generate(name, 20, seed=1, mix=Mix(invalid=0.0, duplicates=0.0), clock=lambda: NOW))
+    records = data.draw(st.lists(mutated_dict(base), min_size=1, max_size=40))
+    (expected, got, _) = both_dict_paths(pair, records)
+    assert got == expected
+
+
+def test_a_few_odd_dicts_do_not_send_the_batch_one_by_one(pair: tuple) -> None:
+    name = pair[0]
+    records = list(generate(name, 3000, seed=11, mix=Mix(invalid=0.02), clock=lambda: NOW))
+    (expected, got, outcome) = both_dict_paths(pair, records)
+    assert got == expected
+    assert 0 < len(outcome.refused) <= outcome.one_by_one < 300  # only the odd ones went alone
 
 
 def test_unknown_fields_dropped_by_the_pipeline_over_columns(services: Settings) -> None:

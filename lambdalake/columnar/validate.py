@@ -37,7 +37,9 @@ _BLANK_START = "^[" + "".join(f"\\x{{{ord(c):x}}}" for c in _SPACES) + "]"
 
 
 @dataclass(frozen=True)
-class _Field:
+class FieldType:
+    """A top-level field of a writer schema as the columnar checks see it."""
+
     name: str
     avro: Any  # the type without null, resolved
     nullable: bool
@@ -53,7 +55,8 @@ def _resolve(avro_type: Any, named: dict[str, Any]) -> Any:
     return avro_type
 
 
-def _fields(schema: Mapping[str, Any]) -> list[_Field]:
+def schema_fields(schema: Mapping[str, Any]) -> list[FieldType]:
+    """The schema's top-level fields, named types resolved (a general union's ``avro`` is None)."""
     named: dict[str, Any] = {}
     out = []
     for f in schema["fields"]:
@@ -65,7 +68,7 @@ def _fields(schema: Mapping[str, Any]) -> list[_Field]:
         others = [_resolve(b, named) for b in branches if b != "null" and b != {"type": "null"}]
         # A general union is left to the per-record path (None: never vouched for).
         avro = others[0] if len(others) == 1 else None
-        out.append(_Field(f["name"], avro, nullable, "default" in f, f.get("default")))
+        out.append(FieldType(f["name"], avro, nullable, "default" in f, f.get("default")))
     return out
 
 
@@ -120,7 +123,7 @@ class ColumnarValidator:
     ) -> None:
         self._rules = list(rules)
         self._check_shape = check_shape
-        self._fields = _fields(schema)
+        self._fields = schema_fields(schema)
         self._known = frozenset(f.name for f in self._fields)
         self._drop_unknown = drop_unknown
 
@@ -156,7 +159,7 @@ class ColumnarValidator:
             ok &= self._rule(rule, column, n, now)
         return ~ok
 
-    def _shape(self, field: _Field, table: pa.Table, n: int) -> np.ndarray:
+    def _shape(self, field: FieldType, table: pa.Table, n: int) -> np.ndarray:
         if field.name not in table.column_names:
             return np.full(n, field.has_default)
         column = table.column(field.name)

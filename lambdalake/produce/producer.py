@@ -24,6 +24,7 @@ from lambdalake.columnar.validate import ColumnarValidator
 from lambdalake.kafka import dlq
 from lambdalake.kafka.admin import ensure_pipeline_topics
 from lambdalake.pipeline import Pipeline
+from lambdalake.produce.dict_rows import DictRows
 from lambdalake.produce.json_pieces import JsonPieces
 from lambdalake.registry import register_pipeline
 from lambdalake.settings import Settings
@@ -134,6 +135,22 @@ def _fatal_recorder(stats: ProduceStats) -> Callable[[KafkaError], None]:
     return on_error
 
 
+def _delivery_counter(stats: ProduceStats) -> Callable[[KafkaError | None, Message], None]:
+    """The producer's default delivery report, for records of the topic: counts them in ``stats``.
+
+    Set once in the producer's configuration rather than given to each ``produce`` call, which
+    would cost a Python reference per record (a DLQ record still brings its own callback)."""
+
+    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+        if err is None:
+            stats.acked += 1
+        else:
+            stats.failed += 1
+            stats.errors[err.str()] += 1
+
+    return on_delivery
+
+
 def _describe_fatal(exc: BaseException) -> str:
     while not isinstance(exc, KafkaException) and exc.__cause__ is not None:
         exc = exc.__cause__
@@ -207,6 +224,7 @@ class EventProducer:
         )
         self._float_fields = _float_fields(schema)
         self._pieces = JsonPieces(schema)
+        self._dict_rows = DictRows(schema, drop_unknown=pipeline.event.unknown_fields == "drop")
         self._ts_fields = _timestamp_fields(schema)
         self._fields = frozenset(f["name"] for f in schema["fields"])
         self._drop_unknown = pipeline.event.unknown_fields == "drop"
@@ -225,17 +243,11 @@ class EventProducer:
                 # A callback on the stats, not on self: a bound method would make a reference cycle
                 # that keeps a discarded producer (and its librdkafka threads) alive until a GC pass.
                 "error_cb": _fatal_recorder(self.stats),
+                "on_delivery": _delivery_counter(self.stats),
             }
         )
 
     # --- delivery reports (called from poll/flush on this thread) ------------------------------
-
-    def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
-        if err is None:
-            self.stats.acked += 1
-        else:
-            self.stats.failed += 1
-            self.stats.errors[err.str()] += 1
 
     def _dlq_callback(self, rejection: Rejection, payload: bytes) -> Callable[[Any, Any], None]:
         def on_delivery(err: KafkaError | None, _msg: Message) -> None:
@@ -256,7 +268,7 @@ class EventProducer:
         self.stats.rejects_file = self._rejects.path
 
     def _produce(
-        self, topic: str, key: bytes | None, value: bytes, callback: Any, headers: Any = None
+        self, topic: str, key: bytes | None, value: bytes, callback: Any = None, headers: Any = None
     ) -> None:
         """Hand one record to librdkafka.
 
@@ -269,7 +281,10 @@ class EventProducer:
             if self.stats.fatal is not None:
                 raise ProducerFailed(self.stats.fatal)
             try:
-                self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=callback)
+                if callback is None:  # the configured default: counts a record of the topic
+                    self._producer.produce(topic, value, key, headers=headers)
+                else:
+                    self._producer.produce(topic, value, key, headers=headers, on_delivery=callback)
                 return
             except BufferError:
                 # Local queue full: serve delivery reports until there is room (back-pressure).
@@ -333,7 +348,7 @@ class EventProducer:
         key = record[self._key]
         key_bytes = (key if isinstance(key, str) else str(key)).encode("utf-8")
         try:
-            self._produce(self._topic, key_bytes, value, self._on_delivery)
+            self._produce(self._topic, key_bytes, value)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
                 raise
@@ -390,13 +405,11 @@ class EventProducer:
             table = records
             return self._send_table(table, lambda i: self.send(table.slice(i, 1).to_pylist()[0]))
         rows = list(records)
-        try:
-            table = pa.Table.from_pylist(rows)  # type: ignore[arg-type]
-        except (pa.ArrowException, TypeError, ValueError, AttributeError):
-            table = None  # mixed types, or not all dicts: every record goes one by one
-        if table is None or table.num_rows != len(rows):
-            return self._one_by_one(len(rows), lambda i: self.send(rows[i]))  # type: ignore[arg-type]
-        return self._send_table(table, lambda i: self.send(rows[i]))  # type: ignore[arg-type]
+        ready = _Ready(len(rows))
+        read = self._dict_rows.read(rows)
+        if read is not None:
+            self._encode_clear(read[1], read[0], ready)
+        return self._produce_in_order(ready, lambda i: self.send(rows[i]))  # type: ignore[arg-type]
 
     def send_json_lines(self, lines: Sequence[bytes]) -> BatchOutcome:
         """:meth:`send_json_line` for many lines (each one JSON object), read as Arrow tables.
@@ -414,9 +427,6 @@ class EventProducer:
         ready = _Ready(table.num_rows)
         self._encode_clear(table, np.arange(table.num_rows), ready)
         return self._produce_in_order(ready, one)
-
-    def _one_by_one(self, n: int, one: Callable[[int], Rejection | None]) -> BatchOutcome:
-        return self._produce_in_order(_Ready(n), one)
 
     def _encode_clear(self, table: pa.Table, positions: np.ndarray, ready: _Ready) -> None:
         """Encodes the rows of ``table`` the columnar checks clear into ``ready`` (row ``i`` is
@@ -439,7 +449,7 @@ class EventProducer:
     def _produce_in_order(self, ready: _Ready, one: Callable[[int], Rejection | None]) -> BatchOutcome:
         """Every record in order: an encoded one straight to the topic, the others by ``one(i)``."""
         outcome = BatchOutcome()
-        topic, callback, values, keys = self._topic, self._on_delivery, ready.values, ready.keys
+        topic, values, keys = self._topic, ready.values, ready.keys
         produce, stats = self._producer.produce, self.stats
         for i in range(len(values)):
             value = values[i]
@@ -448,9 +458,9 @@ class EventProducer:
                     raise ProducerFailed(stats.fatal)
                 try:
                     try:
-                        produce(topic, value, keys[i], on_delivery=callback)
+                        produce(topic, value, keys[i])
                     except BufferError:
-                        self._produce(topic, keys[i], value, callback)  # waits for room in the queue
+                        self._produce(topic, keys[i], value)  # waits for room in the queue
                 except KafkaException as exc:
                     if exc.args[0].fatal():
                         self._fatal(exc)
