@@ -78,6 +78,9 @@ bench: setup
 	$(BIN)/python -m bench.produce_file
 	$(BIN)/python -m bench.decode
 	$(BIN)/python -m bench.speed
+# The speed layer beside quix-streams (in a virtualenv of its own, made on first use: it pins
+# confluent-kafka below the project's).
+	$(BIN)/python -m bench.peers
 	$(BIN)/python -m bench.batch
 	$(BIN)/python -m bench.serving
 

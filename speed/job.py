@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -43,6 +44,7 @@ from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.kafka.admin import require_log_append_time
 from lambdalake.master import MasterDataset, table_path
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
+from lambdalake.procs import TreeMemory, tree_memory
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decode
 from lambdalake.spark.kafka_source import FROM, positions
@@ -167,16 +169,18 @@ class ProgressLog:
                 seen_batch = self._seen.get(q.name, (-1, ""))[0]
                 # More than one batch since the last poll: read the ones in between too.
                 events = q.recentProgress if last.batchId > seen_batch + 1 else [last]
+                # The job's every process (driver, JVM, Python workers), as `speed status` shows.
+                memory = tree_memory(os.getpid())
                 for p in events:
                     if p.batchId > seen_batch or p is events[-1]:
-                        self._record(p, new_batch=p.batchId > seen_batch)
+                        self._record(p, new_batch=p.batchId > seen_batch, memory=memory)
                         seen_batch = max(seen_batch, p.batchId)
                 self._seen[q.name] = (last.batchId, last.timestamp)
                 changed = True
             if changed:
                 self._write()
 
-    def _record(self, p: Any, *, new_batch: bool) -> None:
+    def _record(self, p: Any, *, new_batch: bool, memory: TreeMemory) -> None:
         lag = 0
         for source in p.sources:
             end = json.loads(source.endOffset) if isinstance(source.endOffset, str) else source.endOffset
@@ -198,6 +202,8 @@ class ProgressLog:
             "lag": lag,
             "duration_ms": p.durationMs.get("triggerExecution"),
             "at": p.timestamp,
+            "job_rss_mb": memory.rss_mb,
+            "job_processes": memory.processes,
         }
         if new_batch:
             log.debug("%s batch %d phases (ms): %s", p.name, p.batchId, p.durationMs)

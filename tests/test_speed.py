@@ -211,6 +211,8 @@ def test_speed_status_reports_every_query(speed_run: dict) -> None:
     for name, stats in queries.items():
         assert stats["rows"] >= EVENTS * 0.9, (name, stats)
         assert stats["last_batch"]["lag"] == 0 and stats["dropped_behind_watermark"] == 0
+        # The driver's process and its JVM at least (Spark's Python workers when they run).
+        assert stats["last_batch"]["job_processes"] >= 2 and stats["last_batch"]["job_rss_mb"] > 100, stats
 
 
 def test_a_second_windowed_view_gets_a_query_of_its_own(services: Settings, spark, tmp_path: Path) -> None:

@@ -105,7 +105,8 @@ def speed_status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Progress of every speed job under the storage root: rows, last batch, lag, events behind the
-    watermark (left to the batch layer)."""
+    watermark (left to the batch layer), and the resident memory of all the job's processes (driver,
+    JVM, Python workers) at its last batch."""
     from lambdalake.storage import list_files, read_text
 
     settings = get_settings()
@@ -117,7 +118,9 @@ def speed_status(
     if not queries:
         out.print(f"no speed job has reported under {settings.storage_root} yet")
         return
-    table = Table("query", "batches", "rows", "last batch", "lag", "duration", "behind watermark", "at")
+    table = Table(
+        "query", "batches", "rows", "last batch", "lag", "duration", "behind watermark", "job RSS", "at"
+    )
     for name, s in sorted(queries.items()):
         last = s.get("last_batch", {})
         table.add_row(
@@ -128,6 +131,7 @@ def speed_status(
             f"{last.get('lag', 0):,}",
             f"{(last.get('duration_ms') or 0) / 1000:.1f}s",
             f"{s['dropped_behind_watermark']:,}",
+            f"{last['job_rss_mb']:,.0f} MB in {last['job_processes']}" if "job_rss_mb" in last else "-",
             str(last.get("at", "")),
         )
     out.print(table)

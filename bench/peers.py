@@ -1,0 +1,496 @@
+"""The speed layer beside a peer: lambdalake's speed job and quix-streams on the same offers backlog.
+
+Both compute the two offers views (``offer_latest``, ``merchant_offers_hourly``) into Cassandra
+(quix-streams: ``bench/peer_quix.py``, in a keyspace of its own, tables of the same shape). Sides:
+lambdalake (``lambdalake speed run offers``), quix-streams with its defaults (commit interval 5 s)
+and tuned (``--tuned-commit`` s). In each round every side, in turn (the order rotates), gets:
+
+1. Throughput: a topic of its own holding the same ``--events`` generated offers (2 % copies); the
+   side starts on it and the clock runs until everything is processed and durable (lambdalake: its
+   status file counts every record in each query; quix-streams: its consumer group has committed
+   the end of the topic and of its repartition topic, which it does only after its sinks flushed).
+   Reported: events over the whole time from the process start, and over the time after the first
+   progress was seen (without start-up).
+2. Correctness, before any figure counts: both views of 500 sampled offers and 500 sampled
+   merchants equal a DuckDB reference computed from the records sent (copies counted once, latest =
+   highest version, hourly windows of ``updated_at``).
+3. Freshness: the side still running, ``--rate`` events/s for ``--seconds`` s with a probe (a new
+   offer of a new merchant) every 1/``--probe-rate`` s; per probe the time from its produce call
+   until its row is visible in each view's table; p50/p99.
+4. Memory: RSS summed over the side's process tree (lambdalake: driver, JVM, Python
+   workers; quix-streams: its one process), sampled every 0.5 s through 1-3; median and max.
+
+The peer runs in its own virtualenv (``.lambdalake/peer-venv``: quix-streams 3.28.1 pins
+confluent-kafka below the version the project uses), made on first use.
+
+    python -m bench.peers [--events 300000] [--rounds 2] [--rate 1000] [--seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from confluent_kafka import Consumer, TopicPartition
+
+from bench.common import bench_settings, write_result
+from infra.services import running
+from lambdalake.cassandra.session import connect
+from lambdalake.pipeline import Pipeline, WindowedView, configured_pipeline
+from lambdalake.procs import tree_memory
+from lambdalake.produce.generator import Mix, generate
+from lambdalake.produce.producer import EventProducer
+from lambdalake.settings import PROJECT_ROOT, Settings
+from lambdalake.status import speed_status_file
+from lambdalake.views import speed_table
+
+PEER_VENV = PROJECT_ROOT / ".lambdalake" / "peer-venv"
+PEER_PACKAGES = ["quixstreams==3.28.1", "cassandra-driver>=3.29,<4"]
+SAMPLE = 500
+
+
+def peer_python() -> Path:
+    """The peer virtualenv's interpreter, made (idempotently) on first use."""
+    python = PEER_VENV / "bin" / "python"
+    if not python.exists() or subprocess.run([python, "-c", "import quixstreams"]).returncode != 0:
+        subprocess.run([sys.executable, "-m", "venv", "--clear", PEER_VENV], check=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
+    return python
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+class RssSampler:
+    """Samples the summed RSS of a process tree every ``every`` seconds in a thread."""
+
+    def __init__(self, root: int, every: float = 0.5) -> None:
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(root, every), daemon=True)
+        self._thread.start()
+
+    def _run(self, root: int, every: float) -> None:
+        while not self._stop.wait(every):
+            rss = tree_memory(root).rss_bytes
+            if rss:
+                self.samples.append(rss)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        return {
+            "median_mb": statistics.median(self.samples) / 2**20 if self.samples else 0.0,
+            "max_mb": max(self.samples, default=0) / 2**20,
+            "samples": len(self.samples),
+        }
+
+
+# --- the reference -----------------------------------------------------------------------------
+
+
+def reference(records: list[dict]) -> tuple[dict[str, dict], dict[tuple[str, int], dict]]:
+    """(latest row per offer, hourly row per (merchant, window start ms)) by DuckDB."""
+    events = pa.Table.from_pylist(records)  # noqa: F841  (read by DuckDB by name)
+    db = duckdb.connect()
+    db.execute("CREATE TABLE firsts AS SELECT DISTINCT ON (offer_id, version) * FROM events")
+    latest = db.execute(
+        "SELECT * FROM firsts QUALIFY row_number() OVER (PARTITION BY offer_id ORDER BY version DESC) = 1"
+    ).fetch_arrow_table()
+    hourly = db.execute(
+        """SELECT merchant_id, updated_at // 3600000 * 3600000 AS window_start, count(*) AS updates,
+                  sum(price_cents) AS price_sum, min(price_cents) AS price_min,
+                  max(price_cents) AS price_max, avg(price_cents) AS price_avg, sum(stock) AS stock_sum
+           FROM firsts GROUP BY ALL"""
+    ).fetch_arrow_table()
+    return (
+        {r["offer_id"]: r for r in latest.to_pylist()},
+        {(r["merchant_id"], r["window_start"]): r for r in hourly.to_pylist()},
+    )
+
+
+def _ms(value: Any) -> Any:
+    return round(value.timestamp() * 1000) if hasattr(value, "timestamp") else value
+
+
+def _rows(session: Any, table: str, column: str, keys: list[str]) -> list[dict]:
+    out = []
+    for i in range(0, len(keys), 100):
+        chunk = keys[i : i + 100]
+        marks = ", ".join(["%s"] * len(chunk))
+        query = f"SELECT * FROM {table} WHERE {column} IN ({marks})"
+        out += [
+            {k: _ms(v) for k, v in r._asdict().items()} for r in session.execute(query, chunk, timeout=60)
+        ]
+    return out
+
+
+def _merge_epochs(rows: list[dict], view: WindowedView) -> dict[tuple[str, int], dict]:
+    """lambdalake's speed rows of (merchant, window, epoch) merged per (merchant, window), by each
+    aggregate's merge (as serving does)."""
+    merged: dict[tuple[str, int], dict] = {}
+    for r in rows:
+        key = (r["merchant_id"], r["window_start"])
+        m = merged.setdefault(key, {})
+        for agg in view.aggregates:
+            if agg.fn == "avg":
+                for part in ("_sum", "_count"):
+                    m[agg.name + part] = m.get(agg.name + part, 0) + r[agg.name + part]
+            elif agg.fn in ("count", "sum"):
+                m[agg.name] = m.get(agg.name, 0) + r[agg.name]
+            else:
+                pick = min if agg.fn == "min" else max
+                m[agg.name] = r[agg.name] if agg.name not in m else pick(m[agg.name], r[agg.name])
+    for m in merged.values():
+        for agg in view.aggregates:
+            if agg.fn == "avg":
+                m[agg.name] = m.pop(agg.name + "_sum") / m.pop(agg.name + "_count")
+    return merged
+
+
+def differences(
+    want: tuple[dict[str, dict], dict[tuple[str, int], dict]],
+    got_latest: list[dict],
+    got_hourly: dict[tuple[str, int], dict],
+    offers: list[str],
+    merchants: list[str],
+) -> list[str]:
+    """How a side's rows for the sampled keys differ from the reference (empty when equal)."""
+    latest, hourly = want
+    problems = []
+    by_offer = {r["offer_id"]: r for r in got_latest}
+    for offer in offers:
+        w, g = latest[offer], by_offer.get(offer)
+        bad = [c for c in w if g is None or g.get(c) != w[c]]
+        if bad:
+            problems.append(f"offer_latest {offer}: {bad} want {[w[c] for c in bad]} got {g}")
+    sampled = set(merchants)
+    want_h = {k: v for k, v in hourly.items() if k[0] in sampled}
+    got_h = {k: v for k, v in got_hourly.items() if k[0] in sampled}
+    if set(want_h) != set(got_h):
+        problems.append(
+            f"hourly: {len(set(want_h) - set(got_h))} missing, {len(set(got_h) - set(want_h))} extra"
+        )
+    for key in set(want_h) & set(got_h):
+        for c, w in want_h[key].items():
+            if c in ("merchant_id", "window_start"):
+                continue
+            g = got_h[key][c]
+            if not (abs(g - w) <= 1e-6 * max(1.0, abs(w)) if isinstance(w, float) else g == w):
+                problems.append(f"hourly {key} {c}: want {w!r} got {g!r}")
+    return problems[:10]
+
+
+# --- the sides ---------------------------------------------------------------------------------
+
+
+class Side:
+    """One speed layer under test: how to start it, tell it has everything, and read its views."""
+
+    name: str
+
+    def start(self) -> subprocess.Popen[bytes]:
+        raise NotImplementedError
+
+    def processed_all(self, records: int) -> bool | None:
+        """True when every record is processed and durable; None before any progress."""
+        raise NotImplementedError
+
+    def views(self, offers: list[str], merchants: list[str]) -> tuple[list[dict], dict]:
+        raise NotImplementedError
+
+    def visible(self, view: str, keys: list[str]) -> set[str]:
+        raise NotImplementedError
+
+
+class Lambdalake(Side):
+    name = "lambdalake"
+
+    def __init__(self, settings: Settings, pipeline: Pipeline, log: Path) -> None:
+        self.settings, self.pipeline, self.log = settings, pipeline, log
+        self.status = Path(speed_status_file(settings.storage_root, pipeline.name))
+        self.session = connect(settings.cassandra)
+        self.tables = {v.name: speed_table(pipeline, v) for v in pipeline.views}
+
+    def start(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "lambdalake", "speed", "run", self.pipeline.name],
+            env={**os.environ, **self.settings.to_env()},
+            stdout=self.log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True, cwd=PROJECT_ROOT,
+        )  # fmt: skip
+
+    def processed_all(self, records: int) -> bool | None:
+        try:
+            rows = [s["rows"] for s in json.loads(self.status.read_text()).values()]
+        except (OSError, ValueError, KeyError):
+            return None
+        if not rows or max(rows) == 0:
+            return None
+        return min(rows) >= records
+
+    def views(self, offers: list[str], merchants: list[str]) -> tuple[list[dict], dict]:
+        ks = self.settings.cassandra.keyspace
+        latest = _rows(self.session, f"{ks}.{self.tables['offer_latest']}", "offer_id", offers)
+        windowed = _rows(
+            self.session, f"{ks}.{self.tables['merchant_offers_hourly']}", "merchant_id", merchants
+        )
+        view = next(v for v in self.pipeline.views if isinstance(v, WindowedView))
+        return latest, _merge_epochs(windowed, view)
+
+    def visible(self, view: str, keys: list[str]) -> set[str]:
+        column = "offer_id" if view == "offer_latest" else "merchant_id"
+        table = f"{self.settings.cassandra.keyspace}.{self.tables[view]}"
+        return {r[column] for r in _rows(self.session, table, column, keys)}
+
+
+class Quix(Side):
+    def __init__(
+        self, name: str, settings: Settings, topic: str, commit_interval: float, work: Path, log: Path
+    ) -> None:
+        self.name, self.settings, self.topic, self.log = name, settings, topic, log
+        self.commit_interval = commit_interval
+        self.keyspace = f"peer_{uuid.uuid4().hex[:8]}"
+        self.group = f"peer-{uuid.uuid4().hex[:8]}"
+        self.work = work
+        self.session = connect(settings.cassandra)
+        self.consumer = Consumer(
+            {**settings.kafka.client_config(), "group.id": self.group, "enable.auto.commit": False}
+        )
+
+    def start(self) -> subprocess.Popen[bytes]:
+        command = [
+            str(peer_python()), str(PROJECT_ROOT / "bench" / "peer_quix.py"),
+            "--broker", self.settings.kafka.bootstrap_servers, "--registry", self.settings.registry.url,
+            "--topic", self.topic, "--group", self.group, "--keyspace", self.keyspace,
+            "--cassandra-port", str(self.settings.cassandra.port),
+            "--commit-interval", str(self.commit_interval), "--state-dir", str(self.work / "state"),
+        ]  # fmt: skip
+        return subprocess.Popen(
+            command,
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=self.work,
+        )
+
+    def processed_all(self, records: int) -> bool | None:
+        topics = self.consumer.list_topics(timeout=10).topics
+        names = [self.topic, *(t for t in topics if "repartition" in t and self.group in t)]
+        parts = [TopicPartition(t, p) for t in names for p in topics[t].partitions]
+        committed = self.consumer.committed(parts, timeout=10)
+        if all(tp.offset < 0 for tp in committed):
+            return None
+        if len(names) < 2:
+            return False
+        ends = [self.consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in parts]
+        return all(tp.offset >= end for tp, end in zip(committed, ends, strict=True))
+
+    def views(self, offers: list[str], merchants: list[str]) -> tuple[list[dict], dict]:
+        latest = _rows(self.session, f"{self.keyspace}.offer_latest", "offer_id", offers)
+        hourly = _rows(self.session, f"{self.keyspace}.merchant_offers_hourly", "merchant_id", merchants)
+        return latest, {(r["merchant_id"], r["window_start"]): r for r in hourly}
+
+    def visible(self, view: str, keys: list[str]) -> set[str]:
+        column = "offer_id" if view == "offer_latest" else "merchant_id"
+        return {r[column] for r in _rows(self.session, f"{self.keyspace}.{view}", column, keys)}
+
+
+# --- one side, one round -----------------------------------------------------------------------
+
+
+def freshness(
+    side: Side, producer: EventProducer, run: str, *, rate: float, seconds: float, probe_rate: float
+) -> dict[str, dict[str, float]]:
+    """p50/p99 seconds from a probe's produce call until its row is visible in each view."""
+    probes: list[tuple[str, float]] = []
+    results: dict[str, list[float]] = {"latest": [], "windowed": []}
+    stop = threading.Event()
+
+    def watch() -> None:
+        pending: dict[str, dict[str, Any]] = {}
+        while not stop.is_set() or pending:
+            while probes:
+                key, t = probes.pop(0)
+                pending[key] = {"t": t, "latest": None, "windowed": None}
+            for view, table in (("latest", "offer_latest"), ("windowed", "merchant_offers_hourly")):
+                waiting = [k for k, s in pending.items() if s[view] is None]
+                if waiting:
+                    seen = side.visible(table, waiting)
+                    now = time.perf_counter()
+                    for k in seen:
+                        pending[k][view] = now - pending[k]["t"]
+            now = time.perf_counter()
+            for k, s in list(pending.items()):
+                if s["latest"] is not None and s["windowed"] is not None:
+                    results["latest"].append(s["latest"])
+                    results["windowed"].append(s["windowed"])
+                    del pending[k]
+                elif now - s["t"] > 120:
+                    del pending[k]
+            time.sleep(0.05)  # two queries per 50 ms: the watcher must not become the load
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    stream = generate("offers", int(rate * seconds), seed=12, mix=Mix(invalid=0, duplicates=0, late=0))
+    t0 = time.perf_counter()
+    next_probe = t0
+    for i, r in enumerate(stream):
+        if time.perf_counter() >= next_probe:
+            key = f"probe-{run}-{i}"
+            producer.send({**r, "offer_id": key, "merchant_id": key, "updated_at": int(time.time() * 1000)})
+            producer.poll(0)
+            producer._producer.flush(5)  # the probe leaves now, not after linger
+            probes.append((key, time.perf_counter()))
+            next_probe += 1 / probe_rate
+        producer.send(r)
+        ahead = (i + 1) / rate - (time.perf_counter() - t0)
+        if ahead > 0:
+            producer.poll(ahead)
+    producer.flush()
+    stop.set()
+    watcher.join(180)
+    return {
+        k: {"p50_s": percentile(v, 0.5), "p99_s": percentile(v, 0.99), "probes": len(v)}
+        for k, v in results.items()
+        if v
+    }
+
+
+def one_run(
+    side_name: str, base: Settings, records: list[dict], want: Any, args: argparse.Namespace, round_no: int
+) -> dict[str, Any]:
+    tag = f"{side_name[:4]}{round_no}{uuid.uuid4().hex[:5]}"
+    settings = base.model_copy(
+        update={
+            "storage_root": f"{base.storage_root}/{tag}",
+            "cassandra": base.cassandra.model_copy(update={"keyspace": f"peers_{tag}"}),
+            "topic_prefix": f"peers-{tag}-",
+        }
+    )
+    work = Path(settings.storage_root)
+    work.mkdir(parents=True, exist_ok=True)
+    pipeline = configured_pipeline("offers", settings)
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    for i in range(0, len(records), 10_000):
+        producer.send_batch(records[i : i + 10_000])
+    stats = producer.flush()
+    assert stats.unacknowledged == 0 and stats.rejected == 0, stats
+    log = work / "side.log"
+    side: Side
+    if side_name == "lambdalake":
+        side = Lambdalake(settings, pipeline, log)
+    else:
+        interval = 5.0 if side_name == "quix-default" else args.tuned_commit
+        side = Quix(side_name, settings, pipeline.topic.name, interval, work, log)
+    t_start = time.perf_counter()
+    job = side.start()
+    rss = RssSampler(job.pid)
+    first: float | None = None
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            done = side.processed_all(len(records))
+            if done is not None and first is None:
+                first = time.perf_counter()
+            if done:
+                break
+            if job.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(
+                    f"{side_name} stopped or timed out; its log ends:\n{log.read_text()[-3000:]}"
+                )
+            time.sleep(0.1)
+        t_done = time.perf_counter()
+        sample = random.Random(round_no)
+        offers = sample.sample(sorted(want[0]), SAMPLE)
+        merchants = sample.sample(sorted({m for m, _ in want[1]}), min(SAMPLE, len({m for m, _ in want[1]})))
+        problems = differences(want, *side.views(offers, merchants), offers, merchants)
+        if problems:
+            raise SystemExit(f"{side_name} differs from the reference:\n" + "\n".join(problems))
+        fresh = freshness(
+            side, producer, tag, rate=args.rate, seconds=args.seconds, probe_rate=args.probe_rate
+        )
+    finally:
+        memory = rss.stop()
+        os.killpg(job.pid, signal.SIGTERM)
+        try:
+            job.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    return {
+        "events": len(records),
+        "seconds_from_start": t_done - t_start,
+        "events_per_s_from_start": len(records) / (t_done - t_start),
+        "seconds_after_first_progress": t_done - (first or t_start),
+        "freshness": fresh,
+        "rss": memory,
+        "reference_checked": {"offers": len(offers), "merchants": len(merchants)},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=300_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rate", type=float, default=1000, help="events/s during the freshness run")
+    parser.add_argument("--seconds", type=float, default=60, help="length of the freshness run")
+    parser.add_argument("--probe-rate", type=float, default=5, help="probes/s during the freshness run")
+    parser.add_argument("--tuned-commit", type=float, default=0.5, help="quix-streams' tuned commit interval")
+    parser.add_argument("--sides", default="lambdalake,quix-default,quix-tuned")
+    args = parser.parse_args()
+    peer_python()
+    base = bench_settings()
+    records = list(generate("offers", args.events, seed=21, mix=Mix(invalid=0, duplicates=0.02, late=0)))
+    want = reference(records)
+    sides = args.sides.split(",")
+    runs: dict[str, list[dict]] = {s: [] for s in sides}
+    with running(base):
+        for round_no in range(args.rounds):
+            order = sides[round_no % len(sides) :] + sides[: round_no % len(sides)]
+            for name in order:
+                result = one_run(name, base, records, want, args, round_no)
+                runs[name].append(result)
+                fresh = ", ".join(
+                    f"{k} p50 {f['p50_s']:.2f} p99 {f['p99_s']:.2f}" for k, f in result["freshness"].items()
+                )
+                print(
+                    f"round {round_no + 1} {name}: {result['events_per_s_from_start']:,.0f} ev/s from "
+                    f"start ({result['seconds_from_start']:.1f} s), rss median "
+                    f"{result['rss']['median_mb']:,.0f} MB max {result['rss']['max_mb']:,.0f} MB, {fresh}",
+                    flush=True,
+                )
+    shutil.rmtree(base.storage_root, ignore_errors=True)
+    path = write_result(
+        "peers",
+        {
+            "events": args.events,
+            "rate": args.rate,
+            "seconds": args.seconds,
+            "tuned_commit_interval_s": args.tuned_commit,
+            "peer": PEER_PACKAGES[0],
+            "runs": runs,
+        },
+    )
+    print(f"-> {path}")
+
+
+if __name__ == "__main__":
+    main()

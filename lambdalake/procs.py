@@ -1,0 +1,50 @@
+"""Resident memory of a process and everything it started (a Spark driver, its JVM, its Python
+workers), read from Linux's ``/proc``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass(frozen=True)
+class TreeMemory:
+    """Resident memory summed over a process tree."""
+
+    rss_bytes: int
+    processes: int
+
+    @property
+    def rss_mb(self) -> float:
+        return round(self.rss_bytes / 2**20, 1)
+
+
+def _parent_and_rss(pid: str) -> tuple[int, int] | None:
+    try:
+        stat = Path("/proc", pid, "stat").read_text()
+        parent = int(stat[stat.rindex(")") + 2 :].split()[1])  # after the command, which may hold spaces
+        return parent, int(Path("/proc", pid, "statm").read_text().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None  # ended meanwhile, or not Linux
+
+
+def tree_memory(root: int) -> TreeMemory:
+    """RSS of ``root`` and all its descendants (zero processes where ``/proc`` is not there)."""
+    if not os.path.isdir("/proc"):
+        return TreeMemory(0, 0)
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and (found := _parent_and_rss(entry.name)) is not None:
+            children.setdefault(found[0], []).append(int(entry.name))
+            rss[int(entry.name)] = found[1]
+    todo, seen = [root], []
+    while todo:
+        pid = todo.pop()
+        if pid in rss:
+            seen.append(pid)
+            todo += children.get(pid, [])
+    return TreeMemory(sum(rss[p] for p in seen), len(seen))

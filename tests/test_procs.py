@@ -1,0 +1,35 @@
+"""Resident memory of a process tree, as the speed job reports it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from lambdalake.procs import tree_memory
+
+
+def test_a_tree_counts_its_children_and_their_memory() -> None:
+    # A child that holds 200 MB, and a grandchild of its own: both count, nothing outside the tree does.
+    code = (
+        "import subprocess, sys, time; b = bytearray(200 * 2**20); "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+        "print('ready', flush=True); time.sleep(30)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
+        alone = tree_memory(child.pid)
+        assert alone.processes == 2
+        assert 200 * 2**20 < alone.rss_bytes < 400 * 2**20
+        mine = tree_memory(os.getpid())
+        assert mine.processes >= 3 and mine.rss_bytes > alone.rss_bytes
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_process_that_is_gone_has_nothing() -> None:
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    assert tree_memory(done.pid) == tree_memory(done.pid).__class__(0, 0)
