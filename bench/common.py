@@ -6,8 +6,11 @@ import json
 import os
 import platform
 import shutil
+import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from infra.services import all_services
 from lambdalake.settings import PROJECT_ROOT, Settings
@@ -45,3 +48,81 @@ def write_result(name: str, result: dict) -> Path:
     }
     path.write_text(json.dumps(result, indent=2) + "\n")
     return path
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def probe_freshness(
+    producer: Any,
+    stream: Iterable[dict],
+    *,
+    rate: float,
+    probe_rate: float,
+    probe: Callable[[int, dict], tuple[str, dict]],
+    visible: Callable[[str, list[str]], set[str]],
+    views: list[str],
+) -> dict[str, dict[str, float]]:
+    """Sends ``stream`` through ``producer`` at ``rate``/s with a probe every ``1/probe_rate`` s, and
+    per view the p50/p99 seconds from a probe's produce call until ``visible(view, keys)`` finds it.
+
+    Args:
+        probe: ``(i, record) -> (key, probe record)``: a record only the probe's key leads to.
+        visible: The keys among those asked that a view shows now.
+        views: The views to watch; a probe counts once every one shows it.
+    """
+    probes: list[tuple[str, float]] = []
+    results: dict[str, list[float]] = {v: [] for v in views}
+    stop = threading.Event()
+
+    def watch() -> None:
+        pending: dict[str, dict[str, Any]] = {}
+        while not stop.is_set() or pending:
+            while probes:
+                key, t = probes.pop(0)
+                pending[key] = {"t": t, **dict.fromkeys(views)}
+            for view in views:
+                waiting = [k for k, s in pending.items() if s[view] is None]
+                if waiting:
+                    seen = visible(view, waiting)
+                    now = time.perf_counter()
+                    for k in seen:
+                        pending[k][view] = now - pending[k]["t"]
+            now = time.perf_counter()
+            for k, s in list(pending.items()):
+                if all(s[v] is not None for v in views):
+                    for v in views:
+                        results[v].append(s[v])
+                    del pending[k]
+                elif now - s["t"] > 120:
+                    del pending[k]
+            # A query per view every 50 ms whatever the number of probes in flight: the watcher must
+            # not become the load it measures.
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    t0 = time.perf_counter()
+    next_probe = t0
+    for i, record in enumerate(stream):
+        if time.perf_counter() >= next_probe:
+            key, special = probe(i, record)
+            producer.send(special)
+            producer.poll(0)
+            producer._producer.flush(5)  # the probe leaves now, not after linger
+            probes.append((key, time.perf_counter()))
+            next_probe += 1 / probe_rate
+        producer.send(record)
+        ahead = (i + 1) / rate - (time.perf_counter() - t0)
+        if ahead > 0:
+            producer.poll(ahead)
+    producer.flush()
+    stop.set()
+    watcher.join(180)
+    return {
+        v: {"p50_s": percentile(r, 0.5), "p99_s": percentile(r, 0.99), "probes": len(r)}
+        for v, r in results.items()
+        if r
+    }

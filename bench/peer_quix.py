@@ -9,10 +9,10 @@ quix-streams user would:
   the price and sum of the stock.
 
 Copies of one update (same offer and version) count once, as in lambdalake: the topic is keyed by
-offer, so a state per offer remembers the versions seen (for 10 minutes of event time). Windows are
-by event time with a grace long enough that no generated event is dropped as late. Both sinks write
-to Cassandra in batches when quix-streams checkpoints (every ``--commit-interval`` s), and the
-offsets are committed after the sinks flushed (at-least-once).
+offer, so a state per offer remembers the versions seen. Windows are by event time with a grace
+long enough that no generated event is dropped as late. Both sinks write to Cassandra in batches
+when quix-streams checkpoints (every ``--commit-interval`` s), and the offsets are committed after
+the sinks flushed (at-least-once).
 
     peer-venv/bin/python bench/peer_quix.py --broker HOST:PORT --registry URL --topic T --group G
         --cassandra-port P --keyspace K [--commit-interval 5.0] --state-dir DIR
@@ -34,7 +34,6 @@ from quixstreams.models.serializers.schema_registry import SchemaRegistryClientC
 from quixstreams.sinks.base import BatchingSink, SinkBatch
 
 HOUR_MS = 3_600_000
-DEDUP_MS = 600_000
 LATEST_COLUMNS = [
     "offer_id", "merchant_id", "title", "price_cents", "currency", "stock", "status", "version",
     "updated_at", "promo_code",
@@ -84,29 +83,26 @@ class CassandraSink(BatchingSink):
 
 
 def first_copies(value: dict, state: Any) -> dict:
-    """Marks copies of an update already seen, and whether it is the offer's newest so far.
-
-    Like lambdalake's dedup delay, a version is remembered for 10 minutes of event time after the
-    offer's newest update (so the state of a hot offer stays small)."""
-    seen: dict[str, int] = state.get("seen", {})
+    """Marks copies of an update already seen, and whether it is the offer's newest so far (a state
+    entry per version seen: one lookup an event however many updates an offer has)."""
+    version = value["version"]
+    seen = f"v{version}"
     newest = state.get("newest", None)
-    version, at = value["version"], event_time(value, None, 0, None)
-    value["_copy"] = str(version) in seen
+    value["_copy"] = state.exists(seen)
     value["_newer"] = newest is None or version > newest
+    value["updated_at"] = event_time(value, None, 0, None)  # epoch ms: the repartition topic is JSON
     if not value["_copy"]:
-        seen[str(version)] = at
-        if len(seen) > 64:
-            horizon = max(seen.values()) - DEDUP_MS
-            seen = {v: t for v, t in seen.items() if t >= horizon}
-        state.set("seen", seen)
+        state.set(seen, True)
         if value["_newer"]:
             state.set("newest", version)
     return value
 
 
 def event_time(value: Any, _headers: Any, timestamp: int, _type: Any) -> int:
-    updated = value["updated_at"] if isinstance(value, dict) else None
-    return int(updated.timestamp() * 1000) if isinstance(updated, datetime) else timestamp
+    updated = value.get("updated_at") if isinstance(value, dict) else None
+    if isinstance(updated, datetime):
+        return int(updated.timestamp() * 1000)
+    return updated if isinstance(updated, int) else timestamp
 
 
 def hourly_row(result: dict, key: Any) -> dict:

@@ -29,6 +29,7 @@ confluent-kafka below the version the project uses), made on first use.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -47,7 +48,7 @@ import duckdb
 import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 
-from bench.common import bench_settings, write_result
+from bench.common import bench_settings, probe_freshness, write_result
 from infra.services import running
 from lambdalake.cassandra.session import connect
 from lambdalake.pipeline import Pipeline, WindowedView, configured_pipeline
@@ -61,6 +62,7 @@ from lambdalake.views import speed_table
 PEER_VENV = PROJECT_ROOT / ".lambdalake" / "peer-venv"
 PEER_PACKAGES = ["quixstreams==3.28.1", "cassandra-driver>=3.29,<4"]
 SAMPLE = 500
+SIDES = ("lambdalake", "quix-default", "quix-tuned")
 
 
 def peer_python() -> Path:
@@ -70,11 +72,6 @@ def peer_python() -> Path:
         subprocess.run([sys.executable, "-m", "venv", "--clear", PEER_VENV], check=True)
         subprocess.run([python, "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
     return python
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 class RssSampler:
@@ -112,13 +109,13 @@ def reference(records: list[dict]) -> tuple[dict[str, dict], dict[tuple[str, int
     db.execute("CREATE TABLE firsts AS SELECT DISTINCT ON (offer_id, version) * FROM events")
     latest = db.execute(
         "SELECT * FROM firsts QUALIFY row_number() OVER (PARTITION BY offer_id ORDER BY version DESC) = 1"
-    ).fetch_arrow_table()
+    ).to_arrow_table()
     hourly = db.execute(
         """SELECT merchant_id, updated_at // 3600000 * 3600000 AS window_start, count(*) AS updates,
                   sum(price_cents) AS price_sum, min(price_cents) AS price_min,
                   max(price_cents) AS price_max, avg(price_cents) AS price_avg, sum(stock) AS stock_sum
            FROM firsts GROUP BY ALL"""
-    ).fetch_arrow_table()
+    ).to_arrow_table()
     return (
         {r["offer_id"]: r for r in latest.to_pylist()},
         {(r["merchant_id"], r["window_start"]): r for r in hourly.to_pylist()},
@@ -291,7 +288,7 @@ class Quix(Side):
 
     def processed_all(self, records: int) -> bool | None:
         topics = self.consumer.list_topics(timeout=10).topics
-        names = [self.topic, *(t for t in topics if "repartition" in t and self.group in t)]
+        names = [self.topic, *(t for t in topics if t.startswith(f"repartition__{self.group}--"))]
         parts = [TopicPartition(t, p) for t in names for p in topics[t].partitions]
         committed = self.consumer.committed(parts, timeout=10)
         if all(tp.offset < 0 for tp in committed):
@@ -312,64 +309,6 @@ class Quix(Side):
 
 
 # --- one side, one round -----------------------------------------------------------------------
-
-
-def freshness(
-    side: Side, producer: EventProducer, run: str, *, rate: float, seconds: float, probe_rate: float
-) -> dict[str, dict[str, float]]:
-    """p50/p99 seconds from a probe's produce call until its row is visible in each view."""
-    probes: list[tuple[str, float]] = []
-    results: dict[str, list[float]] = {"latest": [], "windowed": []}
-    stop = threading.Event()
-
-    def watch() -> None:
-        pending: dict[str, dict[str, Any]] = {}
-        while not stop.is_set() or pending:
-            while probes:
-                key, t = probes.pop(0)
-                pending[key] = {"t": t, "latest": None, "windowed": None}
-            for view, table in (("latest", "offer_latest"), ("windowed", "merchant_offers_hourly")):
-                waiting = [k for k, s in pending.items() if s[view] is None]
-                if waiting:
-                    seen = side.visible(table, waiting)
-                    now = time.perf_counter()
-                    for k in seen:
-                        pending[k][view] = now - pending[k]["t"]
-            now = time.perf_counter()
-            for k, s in list(pending.items()):
-                if s["latest"] is not None and s["windowed"] is not None:
-                    results["latest"].append(s["latest"])
-                    results["windowed"].append(s["windowed"])
-                    del pending[k]
-                elif now - s["t"] > 120:
-                    del pending[k]
-            time.sleep(0.05)  # two queries per 50 ms: the watcher must not become the load
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    stream = generate("offers", int(rate * seconds), seed=12, mix=Mix(invalid=0, duplicates=0, late=0))
-    t0 = time.perf_counter()
-    next_probe = t0
-    for i, r in enumerate(stream):
-        if time.perf_counter() >= next_probe:
-            key = f"probe-{run}-{i}"
-            producer.send({**r, "offer_id": key, "merchant_id": key, "updated_at": int(time.time() * 1000)})
-            producer.poll(0)
-            producer._producer.flush(5)  # the probe leaves now, not after linger
-            probes.append((key, time.perf_counter()))
-            next_probe += 1 / probe_rate
-        producer.send(r)
-        ahead = (i + 1) / rate - (time.perf_counter() - t0)
-        if ahead > 0:
-            producer.poll(ahead)
-    producer.flush()
-    stop.set()
-    watcher.join(180)
-    return {
-        k: {"p50_s": percentile(v, 0.5), "p99_s": percentile(v, 0.99), "probes": len(v)}
-        for k, v in results.items()
-        if v
-    }
 
 
 def one_run(
@@ -422,12 +361,31 @@ def one_run(
         problems = differences(want, *side.views(offers, merchants), offers, merchants)
         if problems:
             raise SystemExit(f"{side_name} differs from the reference:\n" + "\n".join(problems))
-        fresh = freshness(
-            side, producer, tag, rate=args.rate, seconds=args.seconds, probe_rate=args.probe_rate
+        tables = {"latest": "offer_latest", "windowed": "merchant_offers_hourly"}
+        fresh = probe_freshness(
+            producer,
+            generate(
+                "offers", int(args.rate * args.seconds), seed=12, mix=Mix(invalid=0, duplicates=0, late=0)
+            ),
+            rate=args.rate,
+            probe_rate=args.probe_rate,
+            # A new offer of a new merchant: visible only once this probe is processed.
+            probe=lambda i, r: (
+                f"probe-{tag}-{i}",
+                {
+                    **r,
+                    "offer_id": f"probe-{tag}-{i}",
+                    "merchant_id": f"probe-{tag}-{i}",
+                    "updated_at": int(time.time() * 1000),
+                },
+            ),
+            visible=lambda view, keys: side.visible(tables[view], keys),
+            views=list(tables),
         )
     finally:
         memory = rss.stop()
-        os.killpg(job.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGTERM)
         try:
             job.wait(120)
         except subprocess.TimeoutExpired:
@@ -454,7 +412,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60, help="length of the freshness run")
     parser.add_argument("--probe-rate", type=float, default=5, help="probes/s during the freshness run")
     parser.add_argument("--tuned-commit", type=float, default=0.5, help="quix-streams' tuned commit interval")
-    parser.add_argument("--sides", default="lambdalake,quix-default,quix-tuned")
+    parser.add_argument("--sides", default=",".join(SIDES), help="a comma-separated subset to run")
     args = parser.parse_args()
     peer_python()
     base = bench_settings()
@@ -478,14 +436,17 @@ def main() -> None:
                     flush=True,
                 )
     shutil.rmtree(base.storage_root, ignore_errors=True)
+    # A run of some sides only (tuning one) must not overwrite the comparison of all three.
+    name = "peers" if set(sides) == set(SIDES) else "peers-" + "-".join(sides)
     path = write_result(
-        "peers",
+        name,
         {
             "events": args.events,
             "rate": args.rate,
             "seconds": args.seconds,
             "tuned_commit_interval_s": args.tuned_commit,
             "peer": PEER_PACKAGES[0],
+            "spark_conf": base.spark.conf,
             "runs": runs,
         },
     )

@@ -25,16 +25,13 @@ import logging
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
-from bench.common import bench_settings, write_result
+from bench.common import bench_settings, probe_freshness, write_result
 from infra.services import running
 from lambdalake.cassandra.session import connect
 from lambdalake.pipeline import configured_pipeline
@@ -42,11 +39,6 @@ from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT
 from lambdalake.status import speed_status_file
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def batches(log_file: Path, *, after: int) -> list[tuple[int, int]]:
@@ -124,64 +116,28 @@ def main() -> None:
 
         # --- freshness --------------------------------------------------------------------
         session = connect(settings.cassandra, keyspace=settings.cassandra.keyspace)
-        probes: list[tuple[str, float]] = []
-        results: dict[str, list[float]] = {"latest": [], "windowed": []}
-        stop = threading.Event()
 
-        def visible(table: str, column: str, vids: list[str]) -> set[str]:
+        def visible(view: str, vids: list[str]) -> set[str]:
+            table, column = {
+                "latest": ("telemetry__vehicle_latest__speed", "event_time"),
+                "windowed": ("telemetry__vehicle_minute__speed", "readings"),
+            }[view]
             marks = ", ".join(["%s"] * len(vids))
             query = f"SELECT vehicle_id, {column} FROM {table} WHERE vehicle_id IN ({marks})"
             return {row.vehicle_id for row in session.execute(query, vids)}
 
-        def watch() -> None:
-            pending: dict[str, dict[str, Any]] = {}
-            while not stop.is_set() or pending:
-                while probes:
-                    vid, t = probes.pop(0)
-                    pending[vid] = {"t": t, "latest": None, "windowed": None}
-                for view, table, column in (
-                    ("latest", "telemetry__vehicle_latest__speed", "event_time"),
-                    ("windowed", "telemetry__vehicle_minute__speed", "readings"),
-                ):
-                    waiting = [vid for vid, state in pending.items() if state[view] is None]
-                    if waiting:
-                        now = time.perf_counter()
-                        for vid in visible(table, column, waiting):
-                            pending[vid][view] = now - pending[vid]["t"]
-                now = time.perf_counter()
-                for vid, state in list(pending.items()):
-                    if state["latest"] is not None and state["windowed"] is not None:
-                        results["latest"].append(state["latest"])
-                        results["windowed"].append(state["windowed"])
-                        del pending[vid]
-                    elif now - state["t"] > 120:
-                        del pending[vid]
-                # Two queries per 50 ms whatever the number of probes in flight: the watcher must
-                # not become the load it measures.
-                time.sleep(0.05)
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        stream = generate(
-            "telemetry", int(args.rate * args.seconds), seed=2, mix=Mix(invalid=0, duplicates=0)
+        fresh = probe_freshness(
+            producer,
+            generate("telemetry", int(args.rate * args.seconds), seed=2, mix=Mix(invalid=0, duplicates=0)),
+            rate=args.rate,
+            probe_rate=args.probe_rate,
+            probe=lambda i, r: (
+                f"probe-{run}-{i}",
+                {**r, "vehicle_id": f"probe-{run}-{i}", "event_time": int(time.time() * 1000)},
+            ),
+            visible=visible,
+            views=["latest", "windowed"],
         )
-        t0 = time.perf_counter()
-        next_probe = t0
-        for i, r in enumerate(stream):
-            if time.perf_counter() >= next_probe:
-                vid = f"probe-{run}-{i}"
-                producer.send({**r, "vehicle_id": vid, "event_time": int(time.time() * 1000)})
-                producer.poll(0)
-                producer._producer.flush(5)  # the probe leaves now, not after linger
-                probes.append((vid, time.perf_counter()))
-                next_probe += 1 / args.probe_rate
-            producer.send(r)
-            ahead = (i + 1) / args.rate - (time.perf_counter() - t0)
-            if ahead > 0:
-                producer.poll(ahead)
-        producer.flush()
-        stop.set()
-        watcher.join(180)
 
         # The freshness run warmed every JVM (Spark's, Cassandra's) and worker: now the throughput.
         wait_processed(producer.stats.sent, job, log_file, timeout=300)
@@ -237,16 +193,6 @@ def main() -> None:
             f"backlog: {backlog:,} records; the restarted job alone sustained {backlog_rate:,.0f} rows/s "
             f"after its first batch (batches as (rows, ms): {drained})"
         )
-    fresh = {
-        k: {
-            "p50_s": percentile(v, 0.5),
-            "p99_s": percentile(v, 0.99),
-            "probes": len(v),
-            "mean_s": statistics.mean(v),
-        }
-        for k, v in results.items()
-        if v
-    }
     for k, f in fresh.items():
         print(f"freshness {k}: p50 {f['p50_s']:.2f}s p99 {f['p99_s']:.2f}s over {f['probes']} probes")
     path = write_result(

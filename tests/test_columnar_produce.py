@@ -126,17 +126,25 @@ ANY_VALUE = st.one_of(
 
 
 @st.composite
-def mutated(draw: st.DrawFn, base: list[dict]) -> bytes:
-    """A valid record with some fields changed, removed or added."""
+def mutated_record(draw: st.DrawFn, base: list[dict], values: st.SearchStrategy, odd: list[Any]) -> Any:
+    """A valid record with some fields changed to ``values``, removed or added; now and then one of
+    ``odd`` instead (not a record at all)."""
+    if odd and draw(st.integers(0, 29)) == 0:
+        return draw(st.sampled_from(odd))
     record = dict(draw(st.sampled_from(base)))
     for name in draw(st.lists(st.sampled_from(sorted(record)), max_size=3)):
         if draw(st.booleans()):
-            record[name] = draw(ANY_VALUE)
+            record[name] = draw(values)
         else:
             record.pop(name, None)
     if draw(st.integers(0, 9)) == 0:
-        record[draw(st.sampled_from(["extra", "promocode"]))] = draw(ANY_VALUE)
-    return json.dumps(record).encode() + b"\n"
+        record[draw(st.sampled_from(["extra", "promocode"]))] = draw(values)
+    return record
+
+
+def mutated(base: list[dict]) -> st.SearchStrategy[bytes]:
+    """A mutated record as a JSON line."""
+    return mutated_record(base, ANY_VALUE, []).map(lambda r: json.dumps(r).encode() + b"\n")
 
 
 @hsettings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
@@ -174,22 +182,7 @@ ANY_PYTHON_VALUE = st.one_of(
     st.dictionaries(st.sampled_from(["a", "b"]), st.integers(), max_size=2),
     st.lists(st.one_of(st.integers(), st.text(max_size=2)), max_size=3),
 )
-
-
-@st.composite
-def mutated_dict(draw: st.DrawFn, base: list[dict]) -> Any:
-    """A valid record with some fields changed, removed or added; now and then not a dict at all."""
-    if draw(st.integers(0, 29)) == 0:
-        return draw(st.sampled_from([None, [1, 2], "offer", 7]))
-    record = dict(draw(st.sampled_from(base)))
-    for name in draw(st.lists(st.sampled_from(sorted(record)), max_size=3)):
-        if draw(st.booleans()):
-            record[name] = draw(ANY_PYTHON_VALUE)
-        else:
-            record.pop(name, None)
-    if draw(st.integers(0, 9)) == 0:
-        record[draw(st.sampled_from(["extra", "promocode"]))] = draw(ANY_PYTHON_VALUE)
-    return record
+NOT_RECORDS = [None, [1, 2], "offer", 7]
 
 
 def both_dict_paths(pair: tuple, records: list[Any]) -> tuple[list, list, Any]:
@@ -208,7 +201,9 @@ def both_dict_paths(pair: tuple, records: list[Any]) -> tuple[list, list, Any]:
 def test_generated_dicts_get_the_same_verdicts(pair: tuple, data: st.DataObject) -> None:
     name = pair[0]
     base = list(generate(name, 20, seed=1, mix=Mix(invalid=0.0, duplicates=0.0), clock=lambda: NOW))
-    records = data.draw(st.lists(mutated_dict(base), min_size=1, max_size=40))
+    records = data.draw(
+        st.lists(mutated_record(base, ANY_PYTHON_VALUE, NOT_RECORDS), min_size=1, max_size=40)
+    )
     (expected, got, _) = both_dict_paths(pair, records)
     assert got == expected
 
