@@ -47,7 +47,7 @@ from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.procs import TreeMemory, tree_memory
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decode
-from lambdalake.spark.kafka_source import FROM, positions
+from lambdalake.spark.kafka_source import FROM, positions, transformed
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.sinks import upsert_view
 from lambdalake.spark.views import INGEST_TS, windowed
@@ -55,7 +55,7 @@ from lambdalake.status import speed_status_file
 from lambdalake.storage import read_text, write_text
 from lambdalake.views import windowed_inputs
 from speed.dedup import DedupLog
-from speed.sinks import ArchiveSink, FileSet, LatestSink, PartitionProgress, drain
+from speed.sinks import ArchiveSink, FileSet, LatestSink, PartitionProgress, RecordCounts, drain
 
 log = logging.getLogger("lambdalake.speed")
 
@@ -129,6 +129,9 @@ class ProgressLog:
             for name, s in self.stats.items()
             if "batch_id" in s.last_batch
         }
+        #: Records read per (query, batch id) where Spark's input row count is not that: the main
+        #: query's source yields what the archive pass passes on (:meth:`records_read`).
+        self._read: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -153,6 +156,13 @@ class ProgressLog:
             self._thread.join()
             self._thread = None
         self.poll(queries)
+
+    def records_read(self, query: str, batch_id: int, records: int) -> None:
+        """Count ``records`` as what batch ``batch_id`` of ``query`` read (called before Spark
+        reports the batch's progress: from the batch's sink)."""
+        with self._lock:
+            self._read = {k: v for k, v in self._read.items() if k[1] > batch_id - 100}
+            self._read[query, batch_id] = records
 
     def poll(self, queries: list[StreamingQuery]) -> None:
         """Record the progress of every batch the queries finished since the last poll."""
@@ -190,15 +200,16 @@ class ProgressLog:
                 for part, off in parts.items():
                     lag += max(0, int(off) - int((end or {}).get(topic, {}).get(part, 0)))
         dropped = sum(op.numRowsDroppedByWatermark for op in p.stateOperators) if new_batch else 0
+        rows = self._read.get((p.name, p.batchId), p.numInputRows)
         stats = self.stats.setdefault(p.name, QueryStats())
         stats.query_id = str(p.id)
         if new_batch:
             stats.batches += 1
-            stats.rows += p.numInputRows
+            stats.rows += rows
             stats.dropped_behind_watermark += dropped
         stats.last_batch = {
             "batch_id": p.batchId,
-            "rows": p.numInputRows,
+            "rows": rows,
             "lag": lag,
             "duration_ms": p.durationMs.get("triggerExecution"),
             "at": p.timestamp,
@@ -207,12 +218,12 @@ class ProgressLog:
         }
         if new_batch:
             log.debug("%s batch %d phases (ms): %s", p.name, p.batchId, p.durationMs)
-        if new_batch and (p.numInputRows or dropped):
+        if new_batch and (rows or dropped):
             log.info(
                 "%s batch %d: %d rows, lag %d, %d ms%s",
                 p.name,
                 p.batchId,
-                p.numInputRows,
+                rows,
                 lag,
                 p.durationMs.get("triggerExecution", 0),
                 f", {dropped} behind the watermark (left to the batch layer)" if dropped else "",
@@ -256,6 +267,7 @@ class SpeedJob:
         self.primary = self.windowed_views[0] if self.windowed_views else None
         self.files = self.spark.sparkContext.accumulator(frozenset(), FileSet())
         self.read_progress = self.spark.sparkContext.accumulator({}, PartitionProgress())
+        self.records_read = self.spark.sparkContext.accumulator({}, RecordCounts())
         self.run_id = ""
 
     # --- building blocks ----------------------------------------------------------------------
@@ -297,9 +309,10 @@ class SpeedJob:
         chosen = read_text(f"{self.checkpoints}/{RESET_FILE}")
         return chosen.strip() if chosen else self.options.starting_offsets
 
-    def records(self) -> DataFrame:
-        """The pipeline's topic as a stream of Kafka records (the Kafka source's columns)."""
-        reader = self.spark.readStream.format("lambdalake_kafka")
+    def records(self, source: str = "lambdalake_kafka") -> DataFrame:
+        """The pipeline's topic as a stream of Kafka records (the Kafka source's columns), or what
+        ``source`` (a :func:`lambdalake.spark.kafka_source.transformed` one) makes of them."""
+        reader = self.spark.readStream.format(source)
         for key, value in self.settings.kafka.client_config().items():
             reader = reader.option(f"kafka.{key}", str(value))
         return (
@@ -370,23 +383,32 @@ class SpeedJob:
             cassandra=self.settings.cassandra,
             files=self.files,
             progress=self.read_progress,
+            read=self.records_read,
             passthrough=tuple(self._windowed_inputs(self.primary)) if self.primary is not None else (),
             dedup=self._dedup("main") if self.primary is not None else None,
             archived=self._archived(),
         )
-        archived = self.records().mapInArrow(sink, from_arrow_schema(sink.output_schema))
+        source = transformed(
+            sink, from_arrow_schema(sink.output_schema), name=f"lambdalake_archive_{uuid.uuid4().hex}"
+        )
+        self.spark.dataSource.register(source)
+        archived = self.records(source.name())
         return self._windowed(archived, self.primary) if self.primary is not None else archived
 
     def _main_batch(self, df: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
         self.files.value = frozenset()
         self.read_progress.value = {}
+        self.records_read.value = {}
         if self.primary is not None:
             table = speed_table_def(self.pipeline, self.primary)
             upsert_view(df, table=table, cassandra=self.settings.cassandra)
         else:
             drain(df)
         t1 = time.monotonic()
+        self.progress.records_read(
+            f"{self.pipeline.name}-main", batch_id, sum(self.records_read.value.values())
+        )
         files = self.files.value
         # Every batch commits, with no files too (dead letters only, or nothing valid): its ranges
         # are the partitions' progress, which the batch horizon waits for.

@@ -101,6 +101,30 @@ class PartitionProgress(AccumulatorParam):
         return out
 
 
+class RecordCounts(AccumulatorParam):
+    """Accumulates how many Kafka records each task read, keyed by ``"topic/partition/first offset"``
+    (a task that ran twice reports the same count under the same key, which replaces it)."""
+
+    def zero(self, value: dict[str, int]) -> dict[str, int]:
+        return {}
+
+    def addInPlace(self, a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+        return {**a, **b}
+
+
+def record_counts(table: pa.Table) -> dict[str, int]:
+    """:class:`RecordCounts` of one task's decoded records."""
+    grouped = pa.table({"t": table.column("_topic"), "p": table.column("_partition"),
+                        "o": table.column("_offset")}).group_by(["t", "p"]).aggregate(
+        [("o", "min"), ("o", "count")])  # fmt: skip
+    return {
+        f"{t}/{p}/{o}": n
+        for t, p, o, n in zip(
+            *(grouped.column(c).to_pylist() for c in ("t", "p", "o_min", "o_count")), strict=True
+        )
+    }
+
+
 def partition_progress(table: pa.Table) -> dict[str, list[int]]:
     """:class:`PartitionProgress` of one task's decoded records."""
     ingest_ms = pc.divide(pc.cast(pc.cast(table.column(INGEST_TS), pa.timestamp("us")), pa.int64()), 1000)
@@ -190,6 +214,9 @@ class ArchiveSink:
     passthrough: tuple[str, ...]
     dedup: DedupLog | None = None
     progress: Accumulator | None = None
+    #: :class:`RecordCounts`: what the query read (its source yields this sink's output, so Spark's
+    #: input row count is what the sink passed on, not the records read).
+    read: Accumulator | None = None
     #: Per partition, the highest offset bronze holds already (a checkpoint rebuilt by ``speed reset``
     #: re-reads records bronze archived): those are not archived or dead-lettered again.
     archived: dict[int, int] = field(default_factory=dict)
@@ -207,6 +234,8 @@ class ArchiveSink:
         table = pa.Table.from_batches(decoded)
         if self.progress is not None:
             self.progress.add(partition_progress(table))
+        if self.read is not None:
+            self.read.add(record_counts(table))
         failed = pc.is_valid(table.column("_error_rule"))
         new = self._not_archived(table)
         send_dead_letters(

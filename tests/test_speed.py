@@ -50,6 +50,19 @@ def produce_mixed(settings: Settings, pipeline: Pipeline, n: int, seed: int) -> 
         assert stats.unacknowledged == 0
 
 
+def records_in(settings: Settings, topic: str) -> int:
+    """How many records ``topic`` holds (a new topic: its offsets have no gaps)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**settings.kafka.client_config(), "group.id": f"count-{os.urandom(4).hex()}"})
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        marks = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in parts]
+    finally:
+        consumer.close()
+    return sum(high - low for low, high in marks)
+
+
 def inject_bad_records(settings: Settings, pipeline: Pipeline) -> int:
     """Records the producer would have refused, written around it: the speed layer must dead-letter them."""
     producer = EventProducer(settings=settings, pipeline=pipeline, prepare=False)
@@ -209,7 +222,10 @@ def test_speed_status_reports_every_query(speed_run: dict) -> None:
         "telemetry-main",
     }
     for name, stats in queries.items():
-        assert stats["rows"] >= EVENTS * 0.9, (name, stats)
+        # Every record read (copies and records that fail decoding too), not what the archive pass
+        # passed on to the windowed view: the source of the main query yields the latter.
+        topic = speed_run["pipelines"][name.removesuffix("-main")].topic.name
+        assert stats["rows"] == records_in(settings, topic), (name, stats)
         assert stats["last_batch"]["lag"] == 0 and stats["dropped_behind_watermark"] == 0
         # The driver's process and its JVM at least (Spark's Python workers when they run).
         assert stats["last_batch"]["job_processes"] >= 2 and stats["last_batch"]["job_rss_mb"] > 100, stats

@@ -37,7 +37,10 @@ SPARK_DEFAULTS = {
     "spark.ui.showConsoleProgress": "false",
     "spark.python.worker.reuse": "true",
     "spark.sql.streaming.stopTimeout": "60s",
-    "spark.driver.memory": "2g",
+    # The speed job's driver heap: its micro-batches hold few columns and its state lives off the
+    # heap (RocksDB). At 2g the JVM grew to 0.9-1.25 GB resident, at 1g to 0.7 GB, as fast
+    # (BENCHMARKS.md, bench.peers); LAMBDALAKE_SPARK__CONF sets it for larger batches.
+    "spark.driver.memory": "1g",
 }
 
 #: A batch rebuild is one large query instead of many small ones: it wants shuffle partitions that
