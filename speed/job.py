@@ -107,6 +107,8 @@ class QueryStats:
     last_batch: dict[str, Any] = field(default_factory=dict)
     #: The checkpoint's query id: batch ids start over when a checkpoint is rebuilt.
     query_id: str = ""
+    #: The highest batch id whose rows are counted.
+    counted: int = -1
 
 
 class ProgressLog:
@@ -123,7 +125,10 @@ class ProgressLog:
         # The counts go on from the previous run's (a restart resumes the checkpoint's batch ids);
         # batches up to the last one recorded are not counted again.
         previous = json.loads(read_text(status_file) or "{}")
-        self.stats: dict[str, QueryStats] = {name: QueryStats(**s) for name, s in previous.items()}
+        self.stats: dict[str, QueryStats] = {
+            name: QueryStats(**{"counted": s.get("last_batch", {}).get("batch_id", -1), **s})
+            for name, s in previous.items()
+        }
         self._seen: dict[str, tuple[int, str]] = {
             name: (s.last_batch["batch_id"], s.last_batch.get("at", ""))
             for name, s in self.stats.items()
@@ -176,15 +181,18 @@ class ProgressLog:
                 last = q.lastProgress
                 if last is None or self._seen.get(q.name) == (last.batchId, last.timestamp):
                     continue
-                seen_batch = self._seen.get(q.name, (-1, ""))[0]
+                counted = self.stats.setdefault(q.name, QueryStats()).counted
                 # More than one batch since the last poll: read the ones in between too.
-                events = q.recentProgress if last.batchId > seen_batch + 1 else [last]
+                events = q.recentProgress if last.batchId > counted + 1 else [last]
                 # The job's every process (driver, JVM, Python workers), as `speed status` shows.
                 memory = tree_memory(os.getpid())
                 for p in events:
-                    if p.batchId > seen_batch or p is events[-1]:
-                        self._record(p, new_batch=p.batchId > seen_batch, memory=memory)
-                        seen_batch = max(seen_batch, p.batchId)
+                    # Spark reports idle triggers too (every 10 s without new records), under the id
+                    # of the batch to come: only a batch that ran counts, once.
+                    new = "addBatch" in p.durationMs and p.batchId > counted
+                    if new or p is events[-1]:
+                        self._record(p, new_batch=new, memory=memory)
+                        counted = max(counted, p.batchId) if new else counted
                 self._seen[q.name] = (last.batchId, last.timestamp)
                 changed = True
             if changed:
@@ -206,6 +214,7 @@ class ProgressLog:
         if new_batch:
             stats.batches += 1
             stats.rows += rows
+            stats.counted = p.batchId
             stats.dropped_behind_watermark += dropped
         stats.last_batch = {
             "batch_id": p.batchId,
