@@ -183,7 +183,9 @@ def winners(keys: list[tuple[Any, ...]], order: np.ma.MaskedArray) -> list[int]:
 
 @dataclass(frozen=True)
 class ArchiveSink:
-    """The ``mapInArrow`` function of the speed job's one pass over each Kafka partition's records.
+    """The speed job's one pass over each Kafka partition's records: run by the Kafka source's reader
+    where the records are read (:func:`lambdalake.spark.kafka_source.transformed`), or as a
+    ``mapInArrow`` function over the source's records (the same thing with a second Python worker).
 
     Per task (one Kafka partition's range of a micro-batch): records are decoded
     (:func:`lambdalake.spark.decode.decoder`); failures go to the DLQ; valid events are written as

@@ -27,6 +27,9 @@ before it, checked when the next batch is planned). With ``failOnDataLoss`` true
 query fails naming the partition and offsets; with false it goes on past the checkpoint with a
 warning naming the offsets whose new records it does not read (they would reuse archived coordinates).
 
+:func:`transformed` makes a streaming variant whose reader yields a function of each partition's
+records instead of the records (the speed job's archive pass runs there: one Python worker per task).
+
 Delivery guarantee: the streaming reader's offsets are Kafka's per-partition offsets and live in
 Spark's checkpoint, not in a consumer group; a restarted query re-reads exactly the planned ranges,
 so with idempotent sinks each record takes effect exactly once.
