@@ -112,32 +112,19 @@ class RecordCounts(AccumulatorParam):
         return {**a, **b}
 
 
-def record_counts(table: pa.Table) -> dict[str, int]:
-    """:class:`RecordCounts` of one task's decoded records."""
-    grouped = pa.table({"t": table.column("_topic"), "p": table.column("_partition"),
-                        "o": table.column("_offset")}).group_by(["t", "p"]).aggregate(
-        [("o", "min"), ("o", "count")])  # fmt: skip
-    return {
-        f"{t}/{p}/{o}": n
-        for t, p, o, n in zip(
-            *(grouped.column(c).to_pylist() for c in ("t", "p", "o_min", "o_count")), strict=True
-        )
-    }
-
-
-def partition_progress(table: pa.Table) -> dict[str, list[int]]:
-    """:class:`PartitionProgress` of one task's decoded records."""
+def partition_reads(table: pa.Table) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """:class:`PartitionProgress` and :class:`RecordCounts` of one task's decoded records."""
     ingest_ms = pc.divide(pc.cast(pc.cast(table.column(INGEST_TS), pa.timestamp("us")), pa.int64()), 1000)
     grouped = pa.table(
         {"t": table.column("_topic"), "p": table.column("_partition"), "o": table.column("_offset"),
          "i": ingest_ms}
-    ).group_by(["t", "p"]).aggregate([("o", "max"), ("i", "max")])  # fmt: skip
-    return {
-        f"{t}/{p}": [o, -1 if i is None else i]
-        for t, p, o, i in zip(
-            *(grouped.column(c).to_pylist() for c in ("t", "p", "o_max", "i_max")), strict=True
-        )
-    }
+    ).group_by(["t", "p"]).aggregate([("o", "max"), ("i", "max"), ("o", "min"), ("o", "count")])  # fmt: skip
+    columns = (grouped.column(c).to_pylist() for c in ("t", "p", "o_max", "i_max", "o_min", "o_count"))
+    progress, counts = {}, {}
+    for t, p, last, ingest, first, n in zip(*columns, strict=True):
+        progress[f"{t}/{p}"] = [last, -1 if ingest is None else ingest]
+        counts[f"{t}/{p}/{first}"] = n
+    return progress, counts
 
 
 @dataclass(frozen=True)
@@ -234,10 +221,11 @@ class ArchiveSink:
         if not decoded:
             return
         table = pa.Table.from_batches(decoded)
+        progress, counts = partition_reads(table)
         if self.progress is not None:
-            self.progress.add(partition_progress(table))
+            self.progress.add(progress)
         if self.read is not None:
-            self.read.add(record_counts(table))
+            self.read.add(counts)
         failed = pc.is_valid(table.column("_error_rule"))
         new = self._not_archived(table)
         send_dead_letters(
