@@ -30,6 +30,11 @@ def arrow_type(avro_type: Any, named: dict[str, pa.DataType]) -> pa.DataType:
     kind, logical = avro_type["type"], avro_type.get("logicalType")
     if logical == "timestamp-millis" or logical == "timestamp-micros":
         return pa.timestamp("us", tz="UTC")
+    decimal = decimal_of(avro_type)
+    if decimal is not None:
+        if kind == "fixed":
+            named[avro_type["name"]] = decimal
+        return decimal
     if logical == "date" and kind == "int":
         return pa.date32()
     if kind == "fixed":
@@ -53,3 +58,35 @@ def arrow_type(avro_type: Any, named: dict[str, pa.DataType]) -> pa.DataType:
 def event_schema(reader_schema: dict[str, Any]) -> pa.Schema:
     named: dict[str, pa.DataType] = {}
     return pa.schema([pa.field(f["name"], arrow_type(f["type"], named)) for f in reader_schema["fields"]])
+
+
+#: The widest decimal Spark and Arrow's decimal128 hold.
+MAX_DECIMAL_PRECISION = 38
+
+
+def decimal_of(avro_type: Any) -> pa.Decimal128Type | None:
+    """The Arrow decimal of a ``bytes`` or ``fixed`` type with the decimal logical type, else None.
+
+    A decimal the Avro specification calls invalid (no precision, a scale above it, more digits
+    than a fixed of its size holds) is its underlying type, as the specification says readers treat
+    it. A valid one wider than 38 digits is refused: Spark and Arrow's decimal128 stop there.
+    """
+    if not isinstance(avro_type, dict) or avro_type.get("logicalType") != "decimal":
+        return None
+    kind, precision, scale = avro_type.get("type"), avro_type.get("precision"), avro_type.get("scale", 0)
+    if kind not in ("bytes", "fixed") or not _count(precision) or not _count(scale, zero=True):
+        return None
+    if precision < 1 or scale > precision:
+        return None
+    if kind == "fixed" and 10**precision - 1 >= 2 ** (8 * int(avro_type["size"]) - 1):
+        return None
+    if precision > MAX_DECIMAL_PRECISION:
+        raise ValueError(
+            f"a decimal of precision {precision} is wider than the {MAX_DECIMAL_PRECISION} digits "
+            "Spark and Arrow hold: declare a precision of 38 or less"
+        )
+    return pa.decimal128(precision, scale)
+
+
+def _count(value: Any, *, zero: bool = False) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if zero else value > 0)

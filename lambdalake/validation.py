@@ -12,10 +12,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from fastavro.validation import validate as fastavro_validate
 
+from lambdalake.event_schema import decimal_of
 from lambdalake.pipeline import (
     AllowedRule,
     LatestView,
@@ -98,6 +100,9 @@ def _type_test(avro_type: Any, named: dict[str, Any]) -> Callable[[Any], bool] |
         if kind == "enum":
             symbols = frozenset(avro_type["symbols"])
             return lambda v: isinstance(v, str) and v in symbols
+        decimal = decimal_of(avro_type)
+        if decimal is not None:
+            return _decimal_test(decimal.precision, decimal.scale)
         if kind in ("long", "int") and avro_type.get("logicalType", "").startswith("timestamp"):
             long_test = _int_test(INT64)
             return lambda v: isinstance(v, datetime) or long_test(v)
@@ -116,6 +121,25 @@ def _type_test(avro_type: Any, named: dict[str, Any]) -> Callable[[Any], bool] |
     }.get(avro_type)
 
 
+def _decimal_test(precision: int, scale: int) -> Callable[[Any], bool]:
+    """A ``Decimal`` of at most ``scale`` places and ``precision`` digits at that scale (fastavro
+    checks the digits as given, so it writes 12345678.9 into a decimal(9, 2) as ten digits), or
+    bytes (written as they are, as fastavro does)."""
+    limit = 10**precision
+
+    def test(v: Any) -> bool:
+        if isinstance(v, bytes):
+            return True
+        if not isinstance(v, Decimal) or not v.is_finite():
+            return False
+        _, digits, exponent = v.as_tuple()
+        if exponent < -scale:  # type: ignore[operator]
+            return False
+        return int("".join(map(str, digits)) or "0") * 10 ** (exponent + scale) < limit  # type: ignore[operator]
+
+    return test
+
+
 def _num(bound: float | None, unbounded: str) -> str:
     if bound is None:
         return unbounded
@@ -123,6 +147,9 @@ def _num(bound: float | None, unbounded: str) -> str:
 
 
 def _describe(avro_type: Any) -> str:
+    decimal = decimal_of(avro_type)
+    if decimal is not None:
+        return f"a decimal of at most {decimal.precision} digits, {decimal.scale} after the point"
     if isinstance(avro_type, dict):
         return avro_type.get("logicalType") or (
             f"one of {avro_type['symbols']}" if avro_type["type"] == "enum" else str(avro_type["type"])

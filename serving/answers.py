@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Literal
 
 import orjson
@@ -96,7 +97,7 @@ class Answer:
         """:meth:`to_dict` serialized (orjson: the HTTP API's hot path)."""
         plain = self._plain()
         try:
-            return orjson.dumps(plain, option=orjson.OPT_UTC_Z)
+            return orjson.dumps(plain, default=_decimal_text, option=orjson.OPT_UTC_Z)
         except orjson.JSONEncodeError:  # an integer beyond 64 bits: the standard library takes it
             return json.dumps(_jsonable(plain)).encode()
 
@@ -127,6 +128,14 @@ def _iso(value: datetime) -> str:
     return value.isoformat().replace("+00:00", "Z")
 
 
+def _decimal_text(value: Any) -> str:
+    """A decimal as the text of its exact digits ("12.50"): a JSON number would pass through a
+    float in most readers and lose them."""
+    if isinstance(value, Decimal):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
@@ -134,4 +143,6 @@ def _jsonable(value: Any) -> Any:
         return [_jsonable(v) for v in value]
     if isinstance(value, datetime):
         return _iso(value)
+    if isinstance(value, Decimal):
+        return _decimal_text(value)
     return value

@@ -30,15 +30,22 @@ class Provenance(BaseModel):
     summary: str
 
 
+#: What a ``values`` object holds.
+VALUES = (
+    "Each column by name, as stored: timestamps as ISO-8601 text, decimals as the text of their "
+    'exact digits ("12.50"), other values as JSON numbers, strings, booleans or null.'
+)
+
+
 class LatestBody(BaseModel):
-    values: dict[str, Any]
+    values: dict[str, Any] = Field(description=VALUES)
     rank: int
     source: Literal["batch", "speed"]
 
 
 class WindowBody(BaseModel):
     window_start: datetime
-    values: dict[str, Any]
+    values: dict[str, Any] = Field(description=VALUES)
     from_batch: bool
     speed_epochs: list[int]
 

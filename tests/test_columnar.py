@@ -9,6 +9,7 @@ import math
 import string
 import uuid
 from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import fastavro
@@ -56,10 +57,13 @@ def avro_types(draw: Any, depth: int = 0) -> tuple[Any, pa.DataType, st.SearchSt
         ({"type": "string", "logicalType": "uuid"}, pa.string(), st.uuids().map(str)),
     ]  # fmt: skip
     n = next(counter)
-    kinds = ["leaf"] * 6 + ["enum", "fixed", "nullable"] + (["record", "array", "map"] if depth < 2 else [])
+    kinds = ["leaf"] * 6 + ["enum", "fixed", "decimal", "nullable"]
+    kinds += ["record", "array", "map"] if depth < 2 else []
     kind = draw(st.sampled_from(kinds))
     if kind == "leaf":
         return draw(st.sampled_from(leaves))
+    if kind == "decimal":
+        return draw(decimals(n))
     if kind == "enum":
         symbols = draw(st.lists(st.text(string.ascii_uppercase, min_size=1, max_size=4), min_size=1,
                                 max_size=5, unique=True))  # fmt: skip
@@ -84,6 +88,22 @@ def avro_types(draw: Any, depth: int = 0) -> tuple[Any, pa.DataType, st.SearchSt
         return {"type": "map", "values": inner}, pa.map_(pa.string(), arrow), pairs
     record, arrow_record, fields = draw(records(depth + 1))
     return record, arrow_record, fields
+
+
+@st.composite
+def decimals(draw: Any, n: int) -> tuple[Any, pa.DataType, st.SearchStrategy]:
+    """A decimal in ``bytes`` or in a ``fixed`` at least as large as its precision needs, and values
+    of up to its precision (as Arrow gives them: at the type's scale)."""
+    precision = draw(st.integers(1, 38))
+    scale = draw(st.integers(0, precision))
+    avro: dict[str, Any] = {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": scale}
+    if draw(st.booleans()):
+        size = next(k for k in range(1, 18) if 10**precision - 1 < 2 ** (8 * k - 1))
+        size += draw(st.integers(0, 3))
+        avro = {**avro, "type": "fixed", "name": f"D{n}", "size": size}
+    largest = 10**precision - 1
+    values = st.integers(-largest, largest).map(lambda u: Decimal(f"{u}E-{scale}"))
+    return avro, pa.decimal128(precision, scale), values
 
 
 @st.composite
@@ -268,3 +288,19 @@ def test_corrupt_and_truncated_values_give_row_errors_never_a_crash_or_a_wrong_r
             assert _plain(got[i]) == _plain(want)
         else:
             assert decoded.errors[i]
+
+
+def test_a_decimal_read_as_another_decimal_goes_row_by_row_and_a_value_it_cannot_hold_fails_its_row() -> None:
+    def schema(scale: int) -> dict[str, Any]:
+        decimal = {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": scale}
+        return {"type": "record", "name": "r", "fields": [{"name": "d", "type": decimal}]}
+
+    writer, reader = schema(4), schema(2)
+    values = [Decimal("1.2300"), Decimal("1.2345"), Decimal("-7.0000")]
+    framed = [_fastavro_bytes(writer, {"d": v}, 5) for v in values]
+    decoded = _decoder({5: writer}, reader).decode(pa.array(framed, pa.binary()))
+    want = [_fastavro_decoded(writer, reader, b[5:])["d"] for b in framed]
+    assert set(decoded.errors) == {1} and "reader schema" in decoded.errors[1]
+    assert decoded.rows.tolist() == [0, 2]
+    assert [r["d"] for r in decoded.batch.to_pylist()] == [want[0], want[2]]
+    assert decoded.batch.schema.field("d").type == pa.decimal128(9, 2)

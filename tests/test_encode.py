@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
@@ -22,6 +23,10 @@ CASES: dict[str, tuple[type, list[Any]]] = {
     "double": (cqltypes.DoubleType, [0.0, -1.5, 1e300, float("inf"), None]),
     "float": (cqltypes.FloatType, [0.0, -1.5, 3.25, None]),
     "boolean": (cqltypes.BooleanType, [True, False, None, True]),
+    "decimal": (
+        cqltypes.DecimalType,
+        [Decimal("0E-9"), Decimal("-1.500000000"), None, Decimal("12345678901234567890.123456789")],
+    ),
     "timestamp": (
         cqltypes.DateType,
         [
@@ -80,3 +85,9 @@ def test_rows_from_python_values_round_trip() -> None:
         (b"a", cqltypes.LongType.serialize(1, PROTOCOL), cqltypes.DateType.serialize(rows[0][2], PROTOCOL)),
         (b"b", None, cqltypes.DateType.serialize(1_767_225_600_000, PROTOCOL)),
     ]
+
+
+def test_a_decimal_column_keeps_its_own_scale() -> None:
+    values = [Decimal("1.50"), Decimal("-0.07"), None]
+    column = pa.array(values, pa.decimal128(9, 2))
+    assert encode_column(column, "decimal") == driver_bytes(cqltypes.DecimalType, values)

@@ -35,6 +35,7 @@ CQL_TYPES = (
     (pa.types.is_boolean, "boolean"),
     (pa.types.is_binary, "blob"),
     (pa.types.is_timestamp, "timestamp"),
+    (pa.types.is_decimal, "decimal"),
 )
 
 

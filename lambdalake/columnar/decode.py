@@ -9,8 +9,10 @@ defaults, int/long/float promotions, string and bytes interchangeable, enum symb
 A row that cannot be decoded (bad magic byte, unknown schema id, truncated or corrupt body, a value
 the reader cannot take) is reported by row index with its reason and left out; it never fails the
 batch. Values come out as :func:`lambdalake.event_schema.arrow_type` shapes them (enums as strings,
-timestamps as UTC microseconds, dates as date32). A schema part not vectorised yet (a general union,
-decimal) decodes that writer schema's rows with fastavro, logged once.
+timestamps as UTC microseconds, dates as date32, decimals as decimal128). A schema part not vectorised
+yet (a general union, a decimal read as a decimal of another precision or scale) decodes that writer
+schema's rows with fastavro, logged once; a value fastavro reads that the reader's Arrow shape cannot
+hold fails its row.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 import fastavro
@@ -28,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lambdalake.event_schema import arrow_type
+from lambdalake.event_schema import arrow_type, decimal_of
 
 log = logging.getLogger("lambdalake.columnar")
 
@@ -168,6 +171,12 @@ def compile_reader(writer: Any, reader: Any) -> Reader:
     w, r = _name(writer), _name(reader)
     wl = writer.get("logicalType") if isinstance(writer, dict) else None
     rl = reader.get("logicalType") if isinstance(reader, dict) else None
+    written, read = decimal_of(writer), decimal_of(reader)
+    if written is not None or read is not None:
+        size = int(writer["size"]) if w == "fixed" else None
+        if written != read or w != r or (size is not None and int(reader["size"]) != size):
+            raise Unsupported(f"a {w} {written or 'value'} read as a {r} {read or 'value'}")
+        return _decimal(size, written)  # type: ignore[arg-type]
     if "decimal" in (wl, rl) or "duration" in (wl, rl):
         raise Unsupported(f"logical type {wl or rl}")
     target = arrow_type(reader, {})
@@ -228,6 +237,44 @@ def compile_reader(writer: Any, reader: Any) -> Reader:
             lambda cur, idx: [keys(cur, idx), values(cur, idx)], target, pairs=True, empty_items=False
         )
     raise Unsupported(f"type {w}")
+
+
+def _decimal(size: int | None, target: pa.Decimal128Type) -> Reader:
+    """Decimals (the unscaled value as big-endian two's complement, in ``bytes`` or a ``fixed`` of
+    ``size``) as Arrow decimal128: each value sign-extended to 16 little-endian bytes. A value of more
+    digits than the precision fails its row (fastavro would round it to the precision)."""
+    # Exact: Decimal arithmetic would round to its context's 28 digits.
+    bound = pa.scalar(Decimal(f"{10**target.precision - 1}E-{target.scale}"), target)
+    low = pa.scalar(bound.as_py().copy_negate(), target)
+
+    def decimals(cur: Cursor, idx: np.ndarray) -> pa.Array:
+        if size is None:
+            data, offsets = cur.blobs(idx)
+        else:
+            data = cur.take(idx, size).reshape(-1)
+            offsets = np.arange(len(idx) + 1, dtype=np.int64) * size
+        lengths = np.diff(offsets)
+        starts = offsets[:-1]
+        first = data[np.minimum(starts, max(len(data) - 1, 0))] if len(data) else np.zeros(len(idx), np.uint8)
+        negative = (lengths > 0) & ((first & 0x80) != 0)
+        out = np.where(negative[:, None], np.uint8(0xFF), np.uint8(0)).repeat(16, axis=1)
+        columns = np.arange(16)[None, :]
+        own = columns < np.minimum(lengths, 16)[:, None]
+        out[own] = data[(starts[:, None] + lengths[:, None] - 1 - columns)[own]]
+        for i in np.flatnonzero(lengths > 16).tolist():
+            # Bytes beyond 16 must only extend the sign, or the value is wider than any 38 digits.
+            extra, top = data[starts[i] : starts[i] + lengths[i] - 16], data[starts[i] + lengths[i] - 16]
+            if not (extra == (0xFF if top & 0x80 else 0)).all():
+                cur.fail(idx[[i]], "corrupt: a decimal wider than 38 digits")
+        values = pa.Array.from_buffers(target, len(idx), [None, pa.py_buffer(np.ascontiguousarray(out))])
+        fits = pc.and_(pc.greater_equal(values, low), pc.less_equal(values, bound))
+        wide = ~np.asarray(fits.to_numpy(zero_copy_only=False), dtype=bool)
+        if wide.any():
+            cur.fail(idx[wide], f"corrupt: a decimal of more digits than its precision {target.precision}")
+            values = pc.if_else(fits, values, pa.scalar(Decimal(0), target))
+        return values
+
+    return decimals
 
 
 class _Mismatch(Exception):
@@ -615,4 +662,17 @@ class ColumnarDecoder:
             except Exception as exc:  # fastavro raises EOFError, ValueError, ... on corrupt bodies
                 bad[r] = f"cannot decode: {exc!r}"
                 records.append(None)  # dropped by the caller through ``bad``
-        return pa.array(records, pa.struct(list(self.schema))), bad
+        shape = pa.struct(list(self.schema))
+        try:
+            return pa.array(records, shape), bad
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            pass
+        # A value fastavro reads that the reader's Arrow shape cannot hold (a decimal of a scale the
+        # reader's lacks...) fails its row, not the batch.
+        for r, i in zip(rows.tolist(), range(len(records)), strict=True):
+            try:
+                pa.array([records[i]], shape)
+            except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+                bad[r] = f"cannot decode into the reader schema: {exc}"
+                records[i] = None
+        return pa.array(records, shape), bad

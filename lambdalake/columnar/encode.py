@@ -7,9 +7,10 @@ of all columns are interleaved row by row with one scatter. The bytes are those 
 ``schemaless_writer`` writes for the same values (property-tested against it).
 
 Vectorised: null, boolean, int, long, float, double, bytes, string, enum, fixed, ``["null", T]``
-unions, nested records, arrays and maps, and the logical types timestamp-millis/micros, date and
-uuid. A schema with another part (a general union, decimal, a recursive type) is encoded with
-fastavro row by row instead; :func:`compile_encoder` logs that once, naming the part.
+unions, nested records, arrays and maps, and the logical types timestamp-millis/micros, date, uuid
+and decimal (from Arrow decimal columns). A schema with another part (a general union, duration, a
+recursive type) is encoded with fastavro row by row instead; :class:`ColumnarEncoder` logs that
+once, naming the part.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ import logging
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import fastavro
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from lambdalake.event_schema import decimal_of
 
 log = logging.getLogger("lambdalake.columnar")
 
@@ -145,6 +149,9 @@ def _compile(schema: Any) -> Encoder:
     kind, logical = schema["type"], schema.get("logicalType")
     if isinstance(kind, dict | list):
         return _compile(kind)
+    decimal = decimal_of(schema)
+    if decimal is not None:
+        return _decimal(int(schema["size"]) if kind == "fixed" else None, decimal)
     if logical == "decimal" or logical == "duration":
         raise Unsupported(f"logical type {logical} ({_schema_part(schema)})")
     if kind == "null":
@@ -201,6 +208,64 @@ def _integers(logical: str | None) -> Encoder:
         if not pa.types.is_integer(array.type):
             raise EncodeError(f"{what}: {array.type} cannot be written as an Avro int or long")
         return longs(array.to_numpy())
+
+    return encode
+
+
+def _bit_length(x: np.ndarray) -> np.ndarray:
+    """Bits of each uint64 (``int.bit_length``)."""
+    n = np.zeros(len(x), dtype=np.int64)
+    for shift in (32, 16, 8, 4, 2, 1):
+        wide = (x >> np.uint64(shift)) != 0
+        n += np.where(wide, shift, 0)
+        x = np.where(wide, x >> np.uint64(shift), x)
+    return n + (x != 0)
+
+
+def _largest(precision: int, scale: int) -> pa.Scalar:
+    """The largest decimal of ``precision`` digits at ``scale`` (exact: Decimal arithmetic would
+    round to its context's 28 digits)."""
+    return pa.scalar(Decimal(f"{10**precision - 1}E-{scale}"), pa.decimal128(38, scale))
+
+
+def _decimal(size: int | None, target: pa.Decimal128Type) -> Encoder:
+    """Decimals from Arrow decimal columns, as fastavro writes a ``Decimal``: the unscaled value at the
+    schema's scale in big-endian two's complement, in ``(bit_length(|u|) + 8) // 8`` bytes (with a
+    length) or in all ``size`` bytes of a fixed. fastavro refuses a ``Decimal`` of more decimal
+    places than the scale, or of more digits than the precision: so does this (the row-by-row
+    path then names the record)."""
+    scale, precision = target.scale, target.precision
+
+    def encode(array: pa.Array, what: str) -> Runs:
+        array = _values(array, what)
+        if not pa.types.is_decimal(array.type) or array.type.scale > scale:
+            raise EncodeError(f"{what}: {array.type} cannot be written as {target}")
+        # fastavro counts the digits of each Decimal as Arrow gives it: at the column's own scale.
+        bound = _largest(precision, array.type.scale)
+        over = pc.or_(pc.greater(array, bound), pc.less(array, pc.negate(bound)))
+        if pc.any(over).as_py():
+            row = int(pc.index(over, True).as_py())
+            raise EncodeError(f"{what}: {array[row].as_py()} at row {row} has more than {precision} digits")
+        unscaled = array.cast(pa.decimal128(38, scale))
+        n = len(unscaled)
+        words = np.frombuffer(unscaled.buffers()[1], dtype=np.uint64).reshape(-1, 2)[unscaled.offset :][:n]
+        little = words.view(np.uint8).reshape(n, 16)
+        big = little[:, ::-1]
+        if size is not None:
+            if size <= 16:
+                return Runs.fixed(np.ascontiguousarray(big[:, 16 - size :]).reshape(-1), size, n)
+            sign = np.where(words[:, 1] >> np.uint64(63) == 1, np.uint8(0xFF), np.uint8(0))
+            padded = np.concatenate([sign[:, None].repeat(size - 16, axis=1), big], axis=1)
+            return Runs.fixed(padded.reshape(-1), size, n)
+        lo, hi = words[:, 0], words[:, 1]
+        negative = (hi >> np.uint64(63)) == 1
+        # |u| of a negative two's complement value: invert and add one (carrying into the high word).
+        mlo = np.where(negative, ~lo + np.uint64(1), lo)
+        mhi = np.where(negative, ~hi + (mlo == 0).astype(np.uint64), hi)
+        bits = np.where(mhi != 0, 64 + _bit_length(mhi), _bit_length(mlo))
+        count = (bits + 8) // 8
+        body = Runs(big[np.arange(16)[None, :] >= (16 - count)[:, None]], _offsets(count))
+        return concat([longs(count), body])
 
     return encode
 

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from lambdalake.avro import WireEncoder, parse_schema
 from lambdalake.columnar import ColumnarEncoder
 from lambdalake.columnar.validate import ColumnarValidator
+from lambdalake.event_schema import decimal_of
 from lambdalake.kafka import dlq
 from lambdalake.kafka.admin import ensure_pipeline_topics
 from lambdalake.pipeline import Pipeline
@@ -166,6 +168,14 @@ def _timestamp_fields(schema: Mapping[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
+def _decimal_fields(schema: Mapping[str, Any]) -> list[str]:
+    """Top-level fields of a decimal type (alone or beside null in a union)."""
+    return [
+        f["name"] for f in schema["fields"]
+        if any(decimal_of(t) is not None for t in (f["type"] if isinstance(f["type"], list) else [f["type"]]))
+    ]  # fmt: skip
+
+
 def _float_fields(schema: Mapping[str, Any]) -> frozenset[str]:
     def floating(t: Any) -> bool:
         if isinstance(t, list):
@@ -226,6 +236,7 @@ class EventProducer:
         self._pieces = JsonPieces(schema)
         self._dict_rows = DictRows(schema, drop_unknown=pipeline.event.unknown_fields == "drop")
         self._ts_fields = _timestamp_fields(schema)
+        self._decimal_fields = _decimal_fields(schema)
         self._fields = frozenset(f["name"] for f in schema["fields"])
         self._drop_unknown = pipeline.event.unknown_fields == "drop"
         self._topic = pipeline.topic.name
@@ -301,7 +312,8 @@ class EventProducer:
     # --- public API --------------------------------------------------------------------------
 
     def _coerce(self, record: dict[str, Any]) -> None:
-        """JSON input may carry ISO-8601 times; Avro wants epoch milliseconds."""
+        """JSON input may carry ISO-8601 times (Avro wants epoch milliseconds), and decimals as
+        numbers or strings (fastavro wants a ``Decimal``)."""
         for name in self._ts_fields:
             value = record.get(name)
             if isinstance(value, str):
@@ -309,6 +321,15 @@ class EventProducer:
                 with contextlib.suppress(ValueError):
                     parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
                     record[name] = int(parsed.timestamp() * 1000)
+        for name in self._decimal_fields:
+            value = record.get(name)
+            if isinstance(value, str | int | float) and not isinstance(value, bool):
+                # A float by its shortest text (0.1 as 0.1, not its binary expansion); a value of
+                # more places than the scale is then refused by the schema check, never rounded.
+                with contextlib.suppress(ArithmeticError, ValueError):
+                    number = Decimal(repr(value) if isinstance(value, float) else str(value).strip())
+                    if number.is_finite():
+                        record[name] = number
 
     def send(self, record: dict[str, Any], *, original: bytes | None = None) -> Rejection | None:
         """Validate and produce one record. Returns the rejection if it went to the DLQ.

@@ -1,0 +1,109 @@
+"""A pipeline that declares a decimal field: JSON numbers and strings become exact decimals at the
+edge (one of more places than the scale goes to the DLQ, never rounded), the speed job decodes them
+columnar, bronze holds them as Parquet decimals, and the latest view stores them in Cassandra as
+``decimal``: every copy equal to the value sent, digit for digit."""
+
+from __future__ import annotations
+
+import json
+import os
+from decimal import Decimal
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+from lambdalake.cassandra.session import connect
+from lambdalake.master import table_path
+from lambdalake.pipeline import configured_pipeline
+from lambdalake.produce.producer import EventProducer
+from lambdalake.settings import PROJECT_ROOT, Settings
+from lambdalake.views import speed_table
+from serving import ServingClient
+from speed.job import SpeedJob
+from tests.conftest import isolated
+from tests.helpers import consume_all
+
+DISCOUNT = {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}
+
+
+def decimal_pipeline(settings: Settings, tmp_path: Path, unique: str) -> Settings:
+    """The offers pipeline under another name, topic and subject, its reader schema v2 plus an
+    optional decimal ``discount``."""
+    schemas = tmp_path / "schemas" / "offers_dec"
+    schemas.mkdir(parents=True)
+    v2 = json.loads((PROJECT_ROOT / "schemas" / "offers" / "v2.avsc").read_text())
+    v2["fields"].append({"name": "discount", "type": ["null", DISCOUNT], "default": None})
+    (schemas / "v1.avsc").write_text(json.dumps(v2))
+    text = (PROJECT_ROOT / "pipelines" / "offers.toml").read_text()
+    text = text.replace('name = "offers"\n', 'name = "offers_dec"\n', 1)
+    text = text.replace('[topic]\nname = "offers"', f'[topic]\nname = "offers-dec-{unique}"')
+    text = text.replace('subject = "offers-value"', f'subject = "offers-dec-{unique}-value"')
+    text = text.replace(
+        'versions = ["offers/v1.avsc", "offers/v2.avsc"]', 'versions = ["offers_dec/v1.avsc"]'
+    )
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    (pipelines / "offers_dec.toml").write_text(text)
+    for extra in (PROJECT_ROOT / "pipelines").glob("offers.*.json"):
+        (pipelines / extra.name.replace("offers.", "offers_dec.")).write_text(extra.read_text())
+    return settings.model_copy(update={"pipelines_dir": pipelines, "schemas_dir": tmp_path / "schemas"})
+
+
+def offer(i: int, discount: object) -> bytes:
+    record = {
+        "offer_id": f"dec-{i}", "merchant_id": "m-1", "title": "a lamp", "price_cents": 1000 + i,
+        "currency": "EUR", "stock": 3, "status": "active", "version": 1,
+        "updated_at": 1_700_000_000_000, "promo_code": None, "discount": discount,
+    }  # fmt: skip
+    return json.dumps(record).encode() + b"\n"
+
+
+def test_a_decimal_field_is_exact_from_json_to_bronze_and_the_latest_view(
+    services: Settings, spark, tmp_path: Path
+) -> None:
+    unique = os.urandom(4).hex()
+    settings = decimal_pipeline(isolated(services, tmp_path, unique), tmp_path, unique)
+    pipeline = configured_pipeline("offers_dec", settings)
+    sent = {
+        0: "12.50", 1: 0.1, 2: 7, 3: None, 4: "-9999999.99", 5: "1234567.89",
+        6: "0.125",  # three places for a scale of two: refused, not rounded
+        7: "12345678.9",  # ten digits for a precision of nine
+    }  # fmt: skip
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    outcome = producer.send_json_lines([offer(i, v) for i, v in sent.items()])
+    stats = producer.flush()
+    assert stats.unacknowledged == 0
+    assert sorted(i for i, _ in outcome.refused) == [6, 7]
+    for _, rejection in outcome.refused:
+        assert rejection.rule == "schema" and "at most 9 digits, 2 after the point" in rejection.reason
+    assert len(consume_all(settings, pipeline.topic.dlq)) == 2
+
+    want = {f"dec-{i}": None if v is None else Decimal(str(v)) for i, v in sent.items() if i < 6}
+    job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
+    job.start()
+    try:
+        job.catch_up()
+    finally:
+        job.stop()
+
+    bronze = DeltaTable(table_path(settings.storage_root, pipeline.name)).to_pyarrow_table()
+    assert str(bronze.schema.field("discount").type) == "decimal128(9, 2)"
+    stored = dict(
+        zip(bronze.column("offer_id").to_pylist(), bronze.column("discount").to_pylist(), strict=True)
+    )
+    assert stored == want
+
+    view = next(v for v in pipeline.views if v.kind == "latest")
+    session = connect(settings.cassandra)
+    rows = session.execute(
+        f'SELECT offer_id, discount FROM "{settings.cassandra.keyspace}"."{speed_table(pipeline, view)}"'
+    )
+    assert {r.offer_id: r.discount for r in rows} == want
+
+    # Served as read, and in JSON as the text of its exact digits (a JSON number would go through
+    # a float in most readers).
+    client = ServingClient(settings=settings)
+    answer = client.query(pipeline.name, view.name, "dec-0")
+    assert answer.latest is not None and answer.latest.values["discount"] == Decimal("12.50")
+    assert json.loads(answer.to_json())["latest"]["values"]["discount"] == "12.50"
+    assert answer.to_dict()["latest"]["values"]["discount"] == "12.50"
