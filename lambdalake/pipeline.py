@@ -18,6 +18,7 @@ import fastavro
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lambdalake.errors import ConfigurationError
+from lambdalake.event_schema import arrow_type
 from lambdalake.settings import Settings
 
 _UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
@@ -343,6 +344,8 @@ class Pipeline(Strict):
                 ) from None
             if not isinstance(schema, dict) or schema.get("type") != "record":
                 raise ValueError(f"{path}: an event schema must be an Avro record, not {schema!r:.60}")
+            if i == len(self.schema_.versions):
+                _check_shape(path, schema)
         return self
 
     @model_validator(mode="after")
@@ -424,6 +427,22 @@ def _describe(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in err["loc"]) or "(file)"
         lines.append(f"  {where}: {err['msg'].removeprefix('Value error, ')}")
     return "\n".join(lines)
+
+
+def _check_shape(path: Path, schema: dict[str, Any]) -> None:
+    """Every field of the reader schema has a column type in Spark, Delta and Cassandra's tables."""
+    named: dict[str, Any] = {}
+    for f in schema["fields"]:
+        try:
+            arrow_type(f["type"], named)
+        except ValueError as exc:
+            hint = (
+                "; Spark, Delta and Cassandra have no union type: split the field into one optional "
+                'field (["null", T]) per branch'
+                if "union" in str(exc)
+                else ""
+            )
+            raise ValueError(f"{path}: field {f['name']!r}: {exc}{hint}") from None
 
 
 def load(path: Path, *, schemas_dir: Path) -> Pipeline:

@@ -10,9 +10,11 @@ import os
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
 from deltalake import DeltaTable
 
 from lambdalake.cassandra.session import connect
+from lambdalake.errors import ConfigurationError
 from lambdalake.master import table_path
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.producer import EventProducer
@@ -107,3 +109,25 @@ def test_a_decimal_field_is_exact_from_json_to_bronze_and_the_latest_view(
     assert answer.latest is not None and answer.latest.values["discount"] == Decimal("12.50")
     assert json.loads(answer.to_json())["latest"]["values"]["discount"] == "12.50"
     assert answer.to_dict()["latest"]["values"]["discount"] == "12.50"
+
+
+@pytest.mark.parametrize(
+    ("field_type", "said"),
+    [
+        (["null", "string", "long"], 'one optional field (["null", T]) per branch'),
+        ({"type": "bytes", "logicalType": "decimal", "precision": 40, "scale": 2}, "precision of 38 or less"),
+    ],
+)
+def test_a_reader_schema_without_a_column_shape_is_refused_naming_the_field(
+    tmp_path: Path, field_type: object, said: str
+) -> None:
+    """No Spark, Delta or Cassandra column holds a general union or a decimal of over 38 digits: the
+    pipeline is refused when it is loaded, naming the field and the fix, not when a job meets it."""
+    settings = decimal_pipeline(Settings(), tmp_path, "x")
+    path = settings.schemas_dir / "offers_dec" / "v1.avsc"
+    schema = json.loads(path.read_text())
+    schema["fields"][-1] = {"name": "odd", "type": field_type}
+    path.write_text(json.dumps(schema))
+    with pytest.raises(ConfigurationError) as refused:
+        configured_pipeline("offers_dec", settings)
+    assert "field 'odd'" in refused.value.message and said in refused.value.message
