@@ -304,3 +304,21 @@ def test_a_decimal_read_as_another_decimal_goes_row_by_row_and_a_value_it_cannot
     assert decoded.rows.tolist() == [0, 2]
     assert [r["d"] for r in decoded.batch.to_pylist()] == [want[0], want[2]]
     assert decoded.batch.schema.field("d").type == pa.decimal128(9, 2)
+
+
+def test_a_decimal_column_the_schema_cannot_hold_is_refused_naming_the_row() -> None:
+    schema = {"type": "record", "name": "r", "fields": [
+        {"name": "d", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}},
+    ]}  # fmt: skip
+    encoder = ColumnarEncoder(schema, 3)
+    fine = pa.array([Decimal("1.5"), Decimal("-1234567.8")], pa.decimal128(9, 1))
+    assert encoder.encode(pa.table({"d": fine})).to_pylist() == [
+        _fastavro_bytes(schema, {"d": v}, 3) for v in fine.to_pylist()
+    ]
+    # Three places for a scale of two (fastavro refuses the Decimal too).
+    with pytest.raises(EncodeError, match="cannot be written as decimal128"):
+        encoder.encode(pa.table({"d": pa.array([Decimal("1.250")], pa.decimal128(9, 3))}))
+    # Nine digits as given, ten at the schema's scale: no reader of the schema could hold it.
+    wide = pa.array([Decimal("1.0"), Decimal("12345678.9")], pa.decimal128(9, 1))
+    with pytest.raises(EncodeError, match=r"12345678.9 at row 1 has more than 9 digits"):
+        encoder.encode(pa.table({"d": wide}))

@@ -231,22 +231,26 @@ def _largest(precision: int, scale: int) -> pa.Scalar:
 def _decimal(size: int | None, target: pa.Decimal128Type) -> Encoder:
     """Decimals from Arrow decimal columns, as fastavro writes a ``Decimal``: the unscaled value at the
     schema's scale in big-endian two's complement, in ``(bit_length(|u|) + 8) // 8`` bytes (with a
-    length) or in all ``size`` bytes of a fixed. fastavro refuses a ``Decimal`` of more decimal
-    places than the scale, or of more digits than the precision: so does this (the row-by-row
-    path then names the record)."""
+    length) or in all ``size`` bytes of a fixed. A column of more decimal places than the scale, or
+    a value of more digits than the precision at the scale, is refused (the row-by-row path then
+    names the record)."""
     scale, precision = target.scale, target.precision
 
     def encode(array: pa.Array, what: str) -> Runs:
         array = _values(array, what)
         if not pa.types.is_decimal(array.type) or array.type.scale > scale:
             raise EncodeError(f"{what}: {array.type} cannot be written as {target}")
-        # fastavro counts the digits of each Decimal as Arrow gives it: at the column's own scale.
-        bound = _largest(precision, array.type.scale)
-        over = pc.or_(pc.greater(array, bound), pc.less(array, pc.negate(bound)))
+        # Digits counted at the schema's scale: fastavro counts them as given (12345678.9 passes a
+        # decimal(9, 2) and is written as ten digits, which no reader of the schema can hold).
+        try:
+            unscaled = array.cast(pa.decimal128(38, scale))
+        except pa.ArrowInvalid as exc:  # beyond 38 digits at the schema's scale
+            raise EncodeError(f"{what}: {exc}") from None
+        bound = _largest(precision, scale)
+        over = pc.or_(pc.greater(unscaled, bound), pc.less(unscaled, pc.negate(bound)))
         if pc.any(over).as_py():
             row = int(pc.index(over, True).as_py())
             raise EncodeError(f"{what}: {array[row].as_py()} at row {row} has more than {precision} digits")
-        unscaled = array.cast(pa.decimal128(38, scale))
         n = len(unscaled)
         words = np.frombuffer(unscaled.buffers()[1], dtype=np.uint64).reshape(-1, 2)[unscaled.offset :][:n]
         little = words.view(np.uint8).reshape(n, 16)
