@@ -6,6 +6,7 @@ definitions their column types, so serving can use the latter without importing 
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
@@ -21,7 +22,10 @@ def arrow_type(avro_type: Any, named: dict[str, pa.DataType]) -> pa.DataType:
     if isinstance(avro_type, list):
         branches = [t for t in avro_type if t != "null"]
         if len(branches) != 1:
-            raise ValueError(f"only [null, T] unions are supported, not {avro_type}")
+            raise ValueError(
+                f"only [null, T] unions are supported, not {avro_type}; Spark, Delta and Cassandra "
+                'have no union type: split the field into one optional field (["null", T]) per branch'
+            )
         return arrow_type(branches[0], named)
     if isinstance(avro_type, str):
         if avro_type in named:
@@ -86,6 +90,12 @@ def decimal_of(avro_type: Any) -> pa.Decimal128Type | None:
             "Spark and Arrow hold: declare a precision of 38 or less"
         )
     return pa.decimal128(precision, scale)
+
+
+def largest_decimal(precision: int, scale: int) -> Decimal:
+    """The largest decimal of ``precision`` digits at ``scale``, exactly (Decimal arithmetic would
+    round to its context's 28 digits)."""
+    return Decimal(f"{10**precision - 1}E-{scale}")
 
 
 def _count(value: Any, *, zero: bool = False) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 
 from fastavro.validation import validate as fastavro_validate
 
-from lambdalake.event_schema import decimal_of
+from lambdalake.event_schema import decimal_of, largest_decimal
 from lambdalake.pipeline import (
     AllowedRule,
     LatestView,
@@ -125,17 +125,15 @@ def _decimal_test(precision: int, scale: int) -> Callable[[Any], bool]:
     """A ``Decimal`` of at most ``scale`` places and ``precision`` digits at that scale (fastavro
     checks the digits as given, so it writes 12345678.9 into a decimal(9, 2) as ten digits), or
     bytes (written as they are, as fastavro does)."""
-    limit = 10**precision
+    largest = largest_decimal(precision, scale)
 
     def test(v: Any) -> bool:
         if isinstance(v, bytes):
             return True
         if not isinstance(v, Decimal) or not v.is_finite():
             return False
-        _, digits, exponent = v.as_tuple()
-        if exponent < -scale:  # type: ignore[operator]
-            return False
-        return int("".join(map(str, digits)) or "0") * 10 ** (exponent + scale) < limit  # type: ignore[operator]
+        # Comparisons are exact (only arithmetic rounds to the context's digits).
+        return v.as_tuple().exponent >= -scale and -largest <= v <= largest  # type: ignore[operator]
 
     return test
 

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lambdalake.event_schema import arrow_type, decimal_of
+from lambdalake.event_schema import arrow_type, decimal_of, largest_decimal
 
 log = logging.getLogger("lambdalake.columnar")
 
@@ -243,9 +243,8 @@ def _decimal(size: int | None, target: pa.Decimal128Type) -> Reader:
     """Decimals (the unscaled value as big-endian two's complement, in ``bytes`` or a ``fixed`` of
     ``size``) as Arrow decimal128: each value sign-extended to 16 little-endian bytes. A value of more
     digits than the precision fails its row (fastavro would round it to the precision)."""
-    # Exact: Decimal arithmetic would round to its context's 28 digits.
-    bound = pa.scalar(Decimal(f"{10**target.precision - 1}E-{target.scale}"), target)
-    low = pa.scalar(bound.as_py().copy_negate(), target)
+    largest = largest_decimal(target.precision, target.scale)
+    bound, low = pa.scalar(largest, target), pa.scalar(largest.copy_negate(), target)
 
     def decimals(cur: Cursor, idx: np.ndarray) -> pa.Array:
         if size is None:
@@ -669,7 +668,7 @@ class ColumnarDecoder:
             pass
         # A value fastavro reads that the reader's Arrow shape cannot hold (a decimal of a scale the
         # reader's lacks...) fails its row, not the batch.
-        for r, i in zip(rows.tolist(), range(len(records)), strict=True):
+        for i, r in enumerate(rows.tolist()):
             try:
                 pa.array([records[i]], shape)
             except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:

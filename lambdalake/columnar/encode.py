@@ -21,7 +21,6 @@ import logging
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 import fastavro
@@ -29,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lambdalake.event_schema import decimal_of
+from lambdalake.event_schema import decimal_of, largest_decimal
 
 log = logging.getLogger("lambdalake.columnar")
 
@@ -222,12 +221,6 @@ def _bit_length(x: np.ndarray) -> np.ndarray:
     return n + (x != 0)
 
 
-def _largest(precision: int, scale: int) -> pa.Scalar:
-    """The largest decimal of ``precision`` digits at ``scale`` (exact: Decimal arithmetic would
-    round to its context's 28 digits)."""
-    return pa.scalar(Decimal(f"{10**precision - 1}E-{scale}"), pa.decimal128(38, scale))
-
-
 def _decimal(size: int | None, target: pa.Decimal128Type) -> Encoder:
     """Decimals from Arrow decimal columns, as fastavro writes a ``Decimal``: the unscaled value at the
     schema's scale in big-endian two's complement, in ``(bit_length(|u|) + 8) // 8`` bytes (with a
@@ -246,7 +239,7 @@ def _decimal(size: int | None, target: pa.Decimal128Type) -> Encoder:
             unscaled = array.cast(pa.decimal128(38, scale))
         except pa.ArrowInvalid as exc:  # beyond 38 digits at the schema's scale
             raise EncodeError(f"{what}: {exc}") from None
-        bound = _largest(precision, scale)
+        bound = pa.scalar(largest_decimal(precision, scale), pa.decimal128(38, scale))
         over = pc.or_(pc.greater(unscaled, bound), pc.less(unscaled, pc.negate(bound)))
         if pc.any(over).as_py():
             row = int(pc.index(over, True).as_py())
