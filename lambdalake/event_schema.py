@@ -20,13 +20,12 @@ PRIMITIVES = {
 def arrow_type(avro_type: Any, named: dict[str, pa.DataType]) -> pa.DataType:
     """Arrow type of an Avro type as fastavro decodes it (enums as strings, timestamps tz-aware)."""
     if isinstance(avro_type, list):
-        branches = [t for t in avro_type if t != "null"]
-        if len(branches) != 1:
-            raise ValueError(
-                f"only [null, T] unions are supported, not {avro_type}; Spark, Delta and Cassandra "
-                'have no union type: split the field into one optional field (["null", T]) per branch'
-            )
-        return arrow_type(branches[0], named)
+        branches = union_members(avro_type)
+        if len(branches) <= 1:
+            return arrow_type(branches[0], named) if branches else pa.null()
+        # A general union: one member per branch but null (as Spark's Avro reader shapes it), exactly
+        # one of them set, the struct itself null where the value is.
+        return pa.struct([pa.field(member_name(i), arrow_type(b, named)) for i, b in enumerate(branches)])
     if isinstance(avro_type, str):
         if avro_type in named:
             return named[avro_type]
@@ -57,6 +56,16 @@ def arrow_type(avro_type: Any, named: dict[str, pa.DataType]) -> pa.DataType:
     if kind == "map":
         return pa.map_(pa.string(), arrow_type(avro_type["values"], named))
     return arrow_type(kind, named)
+
+
+def union_members(branches: list[Any]) -> list[Any]:
+    """The branches of a union that are not null, in order: a general union's struct members."""
+    return [b for b in branches if b != "null" and b != {"type": "null"}]
+
+
+def member_name(index: int) -> str:
+    """The struct member of a general union's ``index``-th branch that is not null."""
+    return f"member{index}"
 
 
 def event_schema(reader_schema: dict[str, Any]) -> pa.Schema:

@@ -9,10 +9,10 @@ defaults, int/long/float promotions, string and bytes interchangeable, enum symb
 A row that cannot be decoded (bad magic byte, unknown schema id, truncated or corrupt body, a value
 the reader cannot take) is reported by row index with its reason and left out; it never fails the
 batch. Values come out as :func:`lambdalake.event_schema.arrow_type` shapes them (enums as strings,
-timestamps as UTC microseconds, dates as date32, decimals as decimal128). A schema part not vectorised
-yet (a general union, a decimal read as a decimal of another precision or scale) decodes that writer
-schema's rows with fastavro, logged once; a value fastavro reads that the reader's Arrow shape cannot
-hold fails its row.
+timestamps as UTC microseconds, dates as date32, decimals as decimal128, a union of several branches
+but null as a struct of one member per branch). A schema part not vectorised yet (a decimal read as a
+decimal of another precision or scale, duration) decodes that writer schema's rows with fastavro,
+logged once; a value fastavro reads that the reader's Arrow shape cannot hold fails its row.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lambdalake.event_schema import arrow_type, decimal_of, largest_decimal
+from lambdalake.columnar.unions import has_general_union, to_members
+from lambdalake.event_schema import arrow_type, decimal_of, largest_decimal, union_members
 
 log = logging.getLogger("lambdalake.columnar")
 
@@ -392,9 +393,9 @@ def _enum(writer: Mapping[str, Any], reader: Any) -> Reader:
 def _union(writer: Any, reader: Any) -> Reader:
     w_branches = writer if isinstance(writer, list) else [writer]
     r_branches = reader if isinstance(reader, list) else [reader]
-    r_values = [b for b in r_branches if _name(b) != "null"]
+    r_values = union_members(r_branches)
     if len(r_values) > 1:
-        raise Unsupported(f"reader union {json.dumps(reader)[:80]} (only [null, T] unions are vectorised)")
+        return _general_union(w_branches, r_branches, isinstance(writer, list))
     r_value = r_values[0] if r_values else "null"
     target = arrow_type(r_value, {}) if r_values else pa.null()
     readers: list[Reader | None] = []
@@ -409,14 +410,7 @@ def _union(writer: Any, reader: Any) -> Reader:
     nullable = any(_name(b) == "null" for b in r_branches)
 
     def union(cur: Cursor, idx: np.ndarray) -> pa.Array:
-        if isinstance(writer, list):
-            branch = cur.varint(idx)
-            bad = (branch < 0) | (branch >= len(w_branches))
-            if bad.any():
-                cur.fail(idx[bad], "corrupt: a union branch beyond the writer's")
-                branch = np.where(bad, 0, branch)
-        else:
-            branch = np.zeros(len(idx), dtype=np.int64)
+        branch = _branches(cur, idx, len(w_branches), isinstance(writer, list))
         parts, order = [], []
         for k, read in enumerate(readers):
             rows = np.flatnonzero(branch == k)
@@ -435,6 +429,89 @@ def _union(writer: Any, reader: Any) -> Reader:
         positions = np.empty(len(idx), dtype=np.int64)
         positions[np.concatenate(order)] = np.arange(len(idx))
         return values.take(pa.array(positions))
+
+    return union
+
+
+def _branches(cur: Cursor, idx: np.ndarray, count: int, tagged: bool) -> np.ndarray:
+    """Each row's writer branch: read (a union) or 0 (a writer type that is not a union)."""
+    if not tagged:
+        return np.zeros(len(idx), dtype=np.int64)
+    branch = cur.varint(idx)
+    bad = (branch < 0) | (branch >= count)
+    if bad.any():
+        cur.fail(idx[bad], "corrupt: a union branch beyond the writer's")
+        branch = np.where(bad, 0, branch)
+    return branch
+
+
+def _base(schema: Any) -> str:
+    """The type a union branch is matched by: a primitive's name, or a named type's own name."""
+    if isinstance(schema, dict) and isinstance(schema.get("type"), dict):
+        return _base(schema["type"])
+    name = _name(schema)
+    return f"{name}:{schema['name'].rsplit('.', 1)[-1]}" if name in ("record", "enum", "fixed") else name
+
+
+def _matches(w: Any, r: Any) -> bool:
+    """Whether a writer branch resolves to reader branch ``r`` (fastavro's and Java's test: the same
+    type, a promotion, a named type of the same name or an alias)."""
+    wb, rb = _base(w), _base(r)
+    if wb.partition(":")[0] in ("record", "enum", "fixed") and wb.partition(":")[0] == rb.partition(":")[0]:
+        aliases = {a.rsplit(".", 1)[-1] for a in (r.get("aliases", []) if isinstance(r, dict) else [])}
+        return wb == rb or wb.partition(":")[2] in aliases
+    return _promote(wb, rb)
+
+
+def _general_union(w_branches: list[Any], r_branches: list[Any], tagged: bool) -> Reader:
+    """A reader union of several branches but null: a struct of one member per such branch (see
+    :func:`lambdalake.event_schema.arrow_type`). A writer branch is read as the reader branch of the
+    same type, else the first it promotes to (as Java's resolver; fastavro takes the first match,
+    which is the same whenever writer and reader unions list their common types alike)."""
+    members = union_members(r_branches)
+    target = arrow_type(r_branches, {})
+    nullable = len(members) < len(r_branches)
+    plan: list[tuple[int, Reader] | None] = []  # per writer branch: (member, reader), None for null
+    for b in w_branches:
+        if _name(b) == "null":
+            plan.append(None)
+            continue
+        exact = [i for i, m in enumerate(members) if _base(m) == _base(b)]
+        chosen = exact or [i for i, m in enumerate(members) if _matches(b, m)]
+        try:
+            if not chosen:
+                raise _Mismatch("no reader branch")
+            plan.append((chosen[0], compile_reader(b, members[chosen[0]])))
+        except _Mismatch:
+            plan.append((0, _refuse(f"a union branch {_name(b)} the reader union cannot take")))
+
+    def union(cur: Cursor, idx: np.ndarray) -> pa.Array:
+        branch = _branches(cur, idx, len(w_branches), tagged)
+        found: list[list[tuple[np.ndarray, pa.Array]]] = [[] for _ in members]
+        null = np.zeros(len(idx), dtype=bool)
+        for k, step in enumerate(plan):
+            rows = np.flatnonzero(branch == k)
+            if not len(rows):
+                continue
+            if step is None:
+                if not nullable:
+                    cur.fail(idx[rows], "a null the reader schema does not allow")
+                null[rows] = True
+                continue
+            member, read = step
+            found[member].append((rows, read(cur, idx[rows]).cast(target.field(member).type)))
+        children = []
+        for member, parts in enumerate(found):
+            kind = target.field(member).type
+            # Every row points at the trailing null unless this member holds its value.
+            positions = np.full(len(idx), sum(len(v) for _, v in parts), dtype=np.int64)
+            start = 0
+            for rows, values in parts:
+                positions[rows] = np.arange(start, start + len(values))
+                start += len(values)
+            values = pa.concat_arrays([v for _, v in parts] + [pa.nulls(1, kind)])
+            children.append(values.take(pa.array(positions)))
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=pa.array(null, pa.bool_()))
 
     return union
 
@@ -573,6 +650,7 @@ class ColumnarDecoder:
         self.reader = json.loads(reader_schema) if isinstance(reader_schema, str) else dict(reader_schema)
         self._expanded_reader = fastavro.parse_schema(self.reader, expand=True, _write_hint=False)
         self._parsed_reader = fastavro.parse_schema(self.reader)
+        self._unions = has_general_union(self._expanded_reader)
         self.schema = pa.schema(list(arrow_type(self.reader, {})))
         self._fetch = fetch_schema
         self._unknown = unknown
@@ -657,8 +735,10 @@ class ColumnarDecoder:
         for r in rows.tolist():
             body = values[r].as_py()[5:]
             try:
-                records.append(fastavro.schemaless_reader(io.BytesIO(body), writer, self._parsed_reader))
-            except Exception as exc:  # fastavro raises EOFError, ValueError, ... on corrupt bodies
+                record = fastavro.schemaless_reader(io.BytesIO(body), writer, self._parsed_reader)
+                records.append(to_members(record, self._expanded_reader) if self._unions else record)
+            # fastavro raises EOFError, ValueError, ... on corrupt bodies (to_members: ValueError).
+            except Exception as exc:
                 bad[r] = f"cannot decode: {exc!r}"
                 records.append(None)  # dropped by the caller through ``bad``
         shape = pa.struct(list(self.schema))

@@ -6,11 +6,11 @@ each column is encoded at once into :class:`Runs` (one byte buffer and per-row o
 of all columns are interleaved row by row with one scatter. The bytes are those fastavro's
 ``schemaless_writer`` writes for the same values (property-tested against it).
 
-Vectorised: null, boolean, int, long, float, double, bytes, string, enum, fixed, ``["null", T]``
-unions, nested records, arrays and maps, and the logical types timestamp-millis/micros, date, uuid
-and decimal (from Arrow decimal columns). A schema with another part (a general union, duration, a
-recursive type) is encoded with fastavro row by row instead; :class:`ColumnarEncoder` logs that
-once, naming the part.
+Vectorised: null, boolean, int, long, float, double, bytes, string, enum, fixed, unions (``["null",
+T]``, and general ones from their struct of members), nested records, arrays and maps, and the logical
+types timestamp-millis/micros, date, uuid and decimal (from Arrow decimal columns). A schema with
+another part (duration, a recursive type) is encoded with fastavro row by row instead;
+:class:`ColumnarEncoder` logs that once, naming the part.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lambdalake.event_schema import decimal_of, largest_decimal
+from lambdalake.columnar.unions import from_members, has_general_union
+from lambdalake.event_schema import decimal_of, largest_decimal, member_name, union_members
 
 log = logging.getLogger("lambdalake.columnar")
 
@@ -289,10 +290,19 @@ def _enum(symbols: list[str]) -> Encoder:
     return encode
 
 
+def _tag(index: int, rows: int) -> Runs:
+    return Runs.constant(longs(np.array([index])).data.tobytes(), rows)
+
+
 def _union(branches: list[Any]) -> Encoder:
-    others = [b for b in branches if b != "null" and b != {"type": "null"}]
-    if len(others) != 1 or len(branches) != 2:
-        raise Unsupported(f"union {_schema_part(branches)} (only [null, T] unions are vectorised)")
+    others = union_members(branches)
+    if len(others) > 1:
+        return _general_union(branches)
+    if len(branches) == 1:  # a union of one branch: its index, then the value
+        inner, tag = _compile(branches[0]), _tag(0, 1).data.tobytes()
+        return lambda array, what: concat([Runs.constant(tag, len(array)), inner(array, what)])
+    if not others:
+        return lambda array, _what: Runs.constant(b"\x00", len(array))
     null_index, value_index = (0, 1) if branches[0] in ("null", {"type": "null"}) else (1, 0)
     inner = _compile(others[0])
     null_tag, value_tag = (longs(np.array([i])).data.tobytes() for i in (null_index, value_index))
@@ -308,6 +318,49 @@ def _union(branches: list[Any]) -> Encoder:
             return tags
         values = inner(array.filter(pa.array(present)), what)
         return concat([tags, Runs.spread(values, present)])
+
+    return encode
+
+
+def _general_union(branches: list[Any]) -> Encoder:
+    """A union of several branches but null, from the struct of one member per such branch
+    (:func:`lambdalake.event_schema.arrow_type`): the branch of the member set, then its value; a
+    null struct is the null branch."""
+    null_index = next((i for i, b in enumerate(branches) if b in ("null", {"type": "null"})), None)
+    indexes = [i for i, b in enumerate(branches) if b not in ("null", {"type": "null"})]
+    inners = [_compile(branches[i]) for i in indexes]
+
+    def encode(array: pa.Array, what: str) -> Runs:
+        if not pa.types.is_struct(array.type) or [f.name for f in array.type] != [
+            member_name(i) for i in range(len(indexes))
+        ]:
+            raise EncodeError(
+                f"{what}: {array.type} is not the union's shape (a struct of "
+                f"{', '.join(member_name(i) for i in range(len(indexes)))}, one of them set)"
+            )
+        n = len(array)
+        present = np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        children = array.flatten()
+        set_ = (
+            np.stack([np.asarray(c.is_valid().to_numpy(zero_copy_only=False), dtype=bool) for c in children])
+            & present[None, :]
+        )
+        count = set_.sum(axis=0)
+        if (count > 1).any():
+            row = int(np.argmax(count > 1))
+            raise EncodeError(f"{what}: row {row} sets more than one member of the union")
+        empty = present & (count == 0)
+        if (~present | empty).any() and null_index is None:
+            row = int(np.argmax(~present | empty))
+            raise EncodeError(f"{what}: null at row {row}, and the schema does not allow null there")
+        branch = np.full(n, -1 if null_index is None else null_index, dtype=np.int64)
+        parts = []
+        for k, (index, inner) in enumerate(zip(indexes, inners, strict=True)):
+            branch[set_[k]] = index
+            if set_[k].any():
+                values = inner(children[k].filter(pa.array(set_[k])), f"{what}{member_name(k)}.")
+                parts.append(Runs.spread(values, set_[k]))
+        return concat([longs(branch), *parts])
 
     return encode
 
@@ -409,8 +462,9 @@ class ColumnarEncoder:
         self._header = HEADER.pack(0, self.schema_id)
         self._fastavro = fastavro.parse_schema(parsed)
         self._encode: Encoder | None = None
+        self._expanded: Any = None
         try:
-            expanded = fastavro.parse_schema(parsed, expand=True, _write_hint=False)
+            self._expanded = expanded = fastavro.parse_schema(parsed, expand=True, _write_hint=False)
             self._encode = _compile(expanded)
         except Unsupported as exc:
             log.warning("schema id %d: %s is not vectorised; encoding it row by row", self.schema_id, exc)
@@ -440,7 +494,10 @@ class ColumnarEncoder:
 
     def _row_by_row(self, rows: pa.Table | pa.RecordBatch) -> pa.LargeBinaryArray:
         out, buf = [], io.BytesIO()
-        for record in rows.to_pylist():
+        records = rows.to_pylist()
+        if self._expanded is not None and has_general_union(self._expanded):
+            records = [from_members(r, self._expanded) for r in records]
+        for record in records:
             buf.seek(0)
             buf.truncate()
             buf.write(self._header)
