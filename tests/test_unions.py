@@ -12,10 +12,13 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 
 from batch.job import BatchJob
 from lambdalake.cassandra.session import connect
+from lambdalake.cassandra.tables import speed_table_def
+from lambdalake.errors import ConfigurationError
 from lambdalake.master import table_path
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.producer import EventProducer
@@ -30,7 +33,7 @@ REF = {"type": "record", "name": "Ref", "fields": [{"name": "code", "type": "str
 MEMBERS = ("member0", "member1", "member2")
 
 
-def union_pipeline(settings: Settings, tmp_path: Path, unique: str) -> Settings:
+def union_pipeline(settings: Settings, tmp_path: Path, unique: str, *, columns: bool = True) -> Settings:
     """The offers pipeline under another name, its reader schema v2 plus ``ref``: null, a string, a
     long or a record; the latest view keeps the fields Cassandra has a column type for."""
     schemas = tmp_path / "schemas" / "offers_union"
@@ -45,11 +48,12 @@ def union_pipeline(settings: Settings, tmp_path: Path, unique: str) -> Settings:
     text = text.replace(
         'versions = ["offers/v1.avsc", "offers/v2.avsc"]', 'versions = ["offers_union/v1.avsc"]'
     )
-    text = text.replace(
-        'version = "version"\n',
-        'version = "version"\ncolumns = ["merchant_id", "price_cents", "version", "updated_at"]\n',
-        1,
-    )
+    if columns:
+        text = text.replace(
+            'version = "version"\n',
+            'version = "version"\ncolumns = ["merchant_id", "price_cents", "version", "updated_at"]\n',
+            1,
+        )
     # Short epochs, so that the batch layer can cover the test's events after a few seconds.
     text = text.replace('epoch = "1 hour"', 'epoch = "10 seconds"')
     text = text.replace('dedup_delay = "10 minutes"', 'dedup_delay = "3 seconds"\ngrace = "1 second"')
@@ -131,3 +135,17 @@ def test_a_general_union_goes_from_producers_to_bronze_and_both_layers(
     run = BatchJob(settings=settings, pipeline=pipeline, spark=spark).run()
     assert run.outcome == "published", run
     assert run.rows[view.name] == len(want)
+
+
+def test_a_latest_view_keeping_a_general_union_is_refused_naming_the_field_and_the_fix(
+    tmp_path: Path,
+) -> None:
+    """Cassandra has no column type for the union's struct: the view's table is refused when it is
+    defined (before a job reads anything), naming the view, the field and the columns to keep."""
+    settings = union_pipeline(Settings(), tmp_path, "x", columns=False)
+    pipeline = configured_pipeline("offers_union", settings)
+    view = next(v for v in pipeline.views if v.kind == "latest")
+    with pytest.raises(ConfigurationError) as refused:
+        speed_table_def(pipeline, view)
+    assert "view 'offer_latest'" in refused.value.message and "field 'ref'" in refused.value.message
+    assert refused.value.fix is not None and '"promo_code"]' in refused.value.fix

@@ -89,7 +89,16 @@ def _field_types(pipeline: Pipeline) -> dict[str, pa.DataType]:
 def speed_table_def(pipeline: Pipeline, view: LatestView | WindowedView) -> TableDef:
     types = _field_types(pipeline)
     if isinstance(view, LatestView):
-        cols = [(c, cql_type(types[c])) for c in latest_columns(pipeline, view)]
+        cols = []
+        for c in latest_columns(pipeline, view):
+            try:
+                cols.append((c, cql_type(types[c])))
+            except ConfigurationError as exc:
+                kept = [k for k in latest_columns(pipeline, view) if k not in view.key and k != c]
+                raise ConfigurationError(
+                    f"view {view.name!r} of pipeline {pipeline.name!r} keeps field {c!r}: {exc.message}",
+                    fix=f"list the fields the view keeps without it: columns = {json.dumps(kept)}",
+                ) from None
         return TableDef(speed_table(pipeline, view), tuple(cols + INGEST_COLUMNS), tuple(view.key))
     cols = [(k, cql_type(types[k])) for k in view.key]
     cols += [(WINDOW_START, "timestamp"), (EPOCH, "bigint")]
