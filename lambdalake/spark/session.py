@@ -73,6 +73,10 @@ def driver_java_options(settings: Settings, workload: Workload) -> str:
         # took a third of the JVM's CPU time on a 2-core machine (measured: C2 thread 30 s of 80 s).
         # C1 alone compiles far cheaper; on clusters the driver keeps the JVM's default.
         opts.append("-XX:TieredStopAtLevel=1")
+        # The serial collector: a micro-batch's garbage is young and small, and G1's remembered sets
+        # and concurrent threads cost memory and a share of two cores (bench.peers, four runs each:
+        # RSS of the job median 1,923-1,944 MB against 1,981-2,066 with G1, as fast and as fresh).
+        opts.append("-XX:+UseSerialGC")
     if workload == "replay" and local:
         # The throughput collector: G1's concurrent threads take a share of two cores from the tasks
         # (a new process replaying 1M events: 24-24.5 s with G1, 20.5-22 s). C2 stays on: C1 alone was
