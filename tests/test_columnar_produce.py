@@ -61,7 +61,7 @@ def recording(services: Settings, name: str, **event: Any) -> tuple[EventProduce
         pipeline = pipeline.model_copy(update={"event": pipeline.event.model_copy(update=event)})
     producer = EventProducer(settings=services, pipeline=pipeline, clock=lambda: NOW)
     recorder = Recorder()
-    producer._producer = recorder  # type: ignore[assignment]
+    producer._producer = producer._dlq_producer = recorder  # type: ignore[assignment]
     return producer, recorder
 
 

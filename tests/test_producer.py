@@ -118,3 +118,24 @@ def test_two_waves_of_generated_readings_never_share_an_identity() -> None:
     first, second = identities(2), identities(4)
     assert max(first.values()) == max(second.values()) == 1
     assert not set(first) & set(second)
+
+
+def test_records_the_broker_never_acknowledged_are_counted_as_such(services: Settings, unique: str) -> None:
+    """Acknowledgements are counted at flush from what was not reported failed (the topic's producer
+    reports failures only): a broker that never answers leaves every record, valid or dead-lettered,
+    counted as not acknowledged, none as acknowledged."""
+    pipeline = pipeline_named(services, "offers", topic=f"offers-{unique}")
+    nowhere = services.model_copy(
+        update={"kafka": services.kafka.model_copy(update={"bootstrap_servers": "127.0.0.1:9"})}
+    )
+    producer = EventProducer(
+        settings=nowhere, pipeline=pipeline, prepare=False, producer_config={"message.timeout.ms": 1500}
+    )
+    records = list(generate("offers", 5, seed=3, mix=Mix(duplicates=0.0, invalid=0.0, late=0.0)))
+    outcome = producer.send_batch([dict(r) for r in records])
+    assert outcome.accepted == 5
+    assert producer.send({"offer_id": "no-merchant"}) is not None  # to the DLQ, which fails too
+    stats = producer.flush(30)
+    assert (stats.sent, stats.acked, stats.failed) == (5, 0, 5)
+    assert (stats.rejected, stats.dlq_acked, stats.dlq_failed) == (1, 0, 1)
+    assert stats.unacknowledged == 6
