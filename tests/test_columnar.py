@@ -408,3 +408,22 @@ def test_a_decimal_column_the_schema_cannot_hold_is_refused_naming_the_row() -> 
     wide = pa.array([Decimal("1.0"), Decimal("12345678.9")], pa.decimal128(9, 1))
     with pytest.raises(EncodeError, match=r"12345678.9 at row 1 has more than 9 digits"):
         encoder.encode(pa.table({"d": wide}))
+
+
+def test_a_general_union_read_row_by_row_takes_the_same_shape(caplog: pytest.LogCaptureFixture) -> None:
+    """A writer schema decoded with fastavro (a part not vectorised: duration) gives a general
+    union's values in the same struct of members as the columnar path."""
+    ref = {"type": "record", "name": "Ref", "fields": [{"name": "code", "type": "string"}]}
+    union = ["null", "long", "string", ref]
+    columnar = {"type": "record", "name": "r", "fields": [{"name": "v", "type": union}]}
+    duration = {"type": "fixed", "name": "D", "size": 12, "logicalType": "duration"}
+    fallback = {**columnar, "fields": [*columnar["fields"], {"name": "d", "type": duration}]}
+    values = [None, 7, "seven", {"code": "x"}]
+    framed = [_fastavro_bytes(fallback, {"v": v, "d": b"\x00" * 12}, 5) for v in values]
+    framed += [_fastavro_bytes(columnar, {"v": v}, 6) for v in values]
+    decoded = _decoder({5: fallback, 6: columnar}, columnar).decode(pa.array(framed, pa.binary()))
+    assert "row by row" in caplog.text and decoded.errors == {}
+    shaped = [None, {"member0": 7, "member1": None, "member2": None},
+              {"member0": None, "member1": "seven", "member2": None},
+              {"member0": None, "member1": None, "member2": {"code": "x"}}]  # fmt: skip
+    assert [r["v"] for r in decoded.batch.to_pylist()] == shaped * 2
