@@ -6,12 +6,14 @@ so a test compares the platform against something it did not compute itself.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +208,32 @@ def reading_is_valid(r: dict[str, Any], now_ms: int) -> bool:
 
 
 REFERENCE_VALID = {"offers": offer_is_valid, "telemetry": reading_is_valid}
+
+
+def offers_with_field(
+    settings: Settings,
+    tmp_path: Path,
+    *,
+    name: str,
+    topic: str,
+    field: dict[str, Any],
+    edit: Callable[[str], str] = lambda text: text,
+) -> Settings:
+    """Settings whose folders hold pipeline ``name``: the offers pipeline on ``topic`` (and its own
+    subject), its one schema version offers' v2 plus ``field``, its file changed by ``edit``."""
+    schemas = tmp_path / "schemas" / name
+    schemas.mkdir(parents=True)
+    v2 = json.loads((PROJECT_ROOT / "schemas" / "offers" / "v2.avsc").read_text())
+    v2["fields"].append(field)
+    (schemas / "v1.avsc").write_text(json.dumps(v2))
+    text = (PROJECT_ROOT / "pipelines" / "offers.toml").read_text()
+    text = text.replace('name = "offers"\n', f'name = "{name}"\n', 1)
+    text = text.replace('[topic]\nname = "offers"', f'[topic]\nname = "{topic}"')
+    text = text.replace('subject = "offers-value"', f'subject = "{topic}-value"')
+    text = text.replace('versions = ["offers/v1.avsc", "offers/v2.avsc"]', f'versions = ["{name}/v1.avsc"]')
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    (pipelines / f"{name}.toml").write_text(edit(text))
+    for extra in (PROJECT_ROOT / "pipelines").glob("offers.*.json"):
+        (pipelines / extra.name.replace("offers.", f"{name}.")).write_text(extra.read_text())
+    return settings.model_copy(update={"pipelines_dir": pipelines, "schemas_dir": tmp_path / "schemas"})

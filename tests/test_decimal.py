@@ -18,12 +18,12 @@ from lambdalake.errors import ConfigurationError
 from lambdalake.master import table_path
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.producer import EventProducer
-from lambdalake.settings import PROJECT_ROOT, Settings
+from lambdalake.settings import Settings
 from lambdalake.views import speed_table
 from serving import ServingClient
 from speed.job import SpeedJob
 from tests.conftest import isolated
-from tests.helpers import consume_all
+from tests.helpers import consume_all, offers_with_field
 
 DISCOUNT = {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}
 
@@ -31,24 +31,8 @@ DISCOUNT = {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 
 def decimal_pipeline(settings: Settings, tmp_path: Path, unique: str) -> Settings:
     """The offers pipeline under another name, topic and subject, its reader schema v2 plus an
     optional decimal ``discount``."""
-    schemas = tmp_path / "schemas" / "offers_dec"
-    schemas.mkdir(parents=True)
-    v2 = json.loads((PROJECT_ROOT / "schemas" / "offers" / "v2.avsc").read_text())
-    v2["fields"].append({"name": "discount", "type": ["null", DISCOUNT], "default": None})
-    (schemas / "v1.avsc").write_text(json.dumps(v2))
-    text = (PROJECT_ROOT / "pipelines" / "offers.toml").read_text()
-    text = text.replace('name = "offers"\n', 'name = "offers_dec"\n', 1)
-    text = text.replace('[topic]\nname = "offers"', f'[topic]\nname = "offers-dec-{unique}"')
-    text = text.replace('subject = "offers-value"', f'subject = "offers-dec-{unique}-value"')
-    text = text.replace(
-        'versions = ["offers/v1.avsc", "offers/v2.avsc"]', 'versions = ["offers_dec/v1.avsc"]'
-    )
-    pipelines = tmp_path / "pipelines"
-    pipelines.mkdir()
-    (pipelines / "offers_dec.toml").write_text(text)
-    for extra in (PROJECT_ROOT / "pipelines").glob("offers.*.json"):
-        (pipelines / extra.name.replace("offers.", "offers_dec.")).write_text(extra.read_text())
-    return settings.model_copy(update={"pipelines_dir": pipelines, "schemas_dir": tmp_path / "schemas"})
+    field = {"name": "discount", "type": ["null", DISCOUNT], "default": None}
+    return offers_with_field(settings, tmp_path, name="offers_dec", topic=f"offers-dec-{unique}", field=field)
 
 
 def offer(i: int, discount: object) -> bytes:

@@ -22,11 +22,11 @@ from lambdalake.errors import ConfigurationError
 from lambdalake.master import table_path
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.producer import EventProducer
-from lambdalake.settings import PROJECT_ROOT, Settings
+from lambdalake.settings import Settings
 from lambdalake.views import speed_table
 from speed.job import SpeedJob
 from tests.conftest import isolated
-from tests.helpers import consume_all
+from tests.helpers import consume_all, offers_with_field
 from tests.test_batch import wait_for_epoch_end
 
 REF = {"type": "record", "name": "Ref", "fields": [{"name": "code", "type": "string"}]}
@@ -36,31 +36,19 @@ MEMBERS = ("member0", "member1", "member2")
 def union_pipeline(settings: Settings, tmp_path: Path, unique: str, *, columns: bool = True) -> Settings:
     """The offers pipeline under another name, its reader schema v2 plus ``ref``: null, a string, a
     long or a record; the latest view keeps the fields Cassandra has a column type for."""
-    schemas = tmp_path / "schemas" / "offers_union"
-    schemas.mkdir(parents=True)
-    v2 = json.loads((PROJECT_ROOT / "schemas" / "offers" / "v2.avsc").read_text())
-    v2["fields"].append({"name": "ref", "type": ["null", "string", "long", REF], "default": None})
-    (schemas / "v1.avsc").write_text(json.dumps(v2))
-    text = (PROJECT_ROOT / "pipelines" / "offers.toml").read_text()
-    text = text.replace('name = "offers"\n', 'name = "offers_union"\n', 1)
-    text = text.replace('[topic]\nname = "offers"', f'[topic]\nname = "offers-union-{unique}"')
-    text = text.replace('subject = "offers-value"', f'subject = "offers-union-{unique}-value"')
-    text = text.replace(
-        'versions = ["offers/v1.avsc", "offers/v2.avsc"]', 'versions = ["offers_union/v1.avsc"]'
+
+    def edit(text: str) -> str:
+        if columns:
+            kept = 'columns = ["merchant_id", "price_cents", "version", "updated_at"]'
+            text = text.replace('version = "version"\n', f'version = "version"\n{kept}\n', 1)
+        # Short epochs, so that the batch layer can cover the test's events after a few seconds.
+        text = text.replace('epoch = "1 hour"', 'epoch = "10 seconds"')
+        return text.replace('dedup_delay = "10 minutes"', 'dedup_delay = "3 seconds"\ngrace = "1 second"')
+
+    field = {"name": "ref", "type": ["null", "string", "long", REF], "default": None}
+    return offers_with_field(
+        settings, tmp_path, name="offers_union", topic=f"offers-union-{unique}", field=field, edit=edit
     )
-    if columns:
-        text = text.replace(
-            'version = "version"\n',
-            'version = "version"\ncolumns = ["merchant_id", "price_cents", "version", "updated_at"]\n',
-            1,
-        )
-    # Short epochs, so that the batch layer can cover the test's events after a few seconds.
-    text = text.replace('epoch = "1 hour"', 'epoch = "10 seconds"')
-    text = text.replace('dedup_delay = "10 minutes"', 'dedup_delay = "3 seconds"\ngrace = "1 second"')
-    pipelines = tmp_path / "pipelines"
-    pipelines.mkdir()
-    (pipelines / "offers_union.toml").write_text(text)
-    return settings.model_copy(update={"pipelines_dir": pipelines, "schemas_dir": tmp_path / "schemas"})
 
 
 def offer(i: int, ref: object, updated_at: int) -> dict[str, object]:
