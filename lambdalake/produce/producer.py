@@ -556,7 +556,7 @@ class EventProducer:
 
         The topic's producer reports failures only (by default): a record it no longer holds and
         did not report failed was acknowledged, so ``acked`` is exact once nothing is left queued,
-        and what is left counts as not acknowledged."""
+        and what is left counts as not acknowledged (after a fatal error, every record does)."""
         deadline = time.monotonic() + timeout
         remaining = 0
         for producer in (self._producer, self._dlq_producer):
@@ -571,7 +571,11 @@ class EventProducer:
                 self.stats.fatal = self.stats.fatal or _describe_fatal(exc)
                 left = len(producer)
             if producer is self._producer and not self._reports_each:
-                self.stats.acked = self.stats.sent - self.stats.failed - left
+                # After a fatal error the reports of what was in flight need not all arrive, and
+                # the broker may have lost what it acknowledged (what makes an idempotent producer
+                # fail fatally): nothing counts as acknowledged then, the safe side (a record sent
+                # again counts once in the views).
+                self.stats.acked = 0 if self.stats.fatal else self.stats.sent - self.stats.failed - left
             remaining += left
         if remaining:
             self.stats.errors[f"{remaining} record(s) still queued after {timeout:g}s"] += 1
