@@ -17,6 +17,7 @@ from typing import Any
 
 from fastavro.validation import validate as fastavro_validate
 
+from lambdalake.columnar.unions import general_union_fields, union_value
 from lambdalake.event_schema import decimal_of, largest_decimal
 from lambdalake.pipeline import (
     AllowedRule,
@@ -94,7 +95,16 @@ def _type_test(avro_type: Any, named: dict[str, Any]) -> Callable[[Any], bool] |
         if len(avro_type) == 2 and "null" in avro_type:  # the common optional field: one test, no loop
             other = branches[1 - avro_type.index("null")]
             return lambda v: v is None or other(v)  # type: ignore[misc]
-        return lambda v: any(b(v) for b in branches)  # type: ignore[misc]
+        # fastavro's tuple notation names the branch: (type or named type's name, value).
+        names = [_branch_name(named.get(t, t) if isinstance(t, str) else t) for t in avro_type]
+
+        def union(v: Any) -> bool:
+            if type(v) is tuple and len(v) == 2 and isinstance(v[0], str):
+                wanted = v[0].rsplit(".", 1)[-1]
+                return any(n == wanted and b(v[1]) for n, b in zip(names, branches, strict=True))  # type: ignore[misc]
+            return any(b(v) for b in branches)  # type: ignore[misc]
+
+        return union
     if isinstance(avro_type, dict):
         kind = avro_type["type"]
         if kind == "enum":
@@ -119,6 +129,13 @@ def _type_test(avro_type: Any, named: dict[str, Any]) -> Callable[[Any], bool] |
         "string": lambda v: isinstance(v, str),
         "bytes": lambda v: isinstance(v, bytes),
     }.get(avro_type)
+
+
+def _branch_name(avro_type: Any) -> str:
+    """A union branch's name in fastavro's tuple notation, without its namespace."""
+    if isinstance(avro_type, dict):
+        return str(avro_type.get("name") or avro_type["type"]).rsplit(".", 1)[-1]
+    return str(avro_type)
 
 
 def _decimal_test(precision: int, scale: int) -> Callable[[Any], bool]:
@@ -285,6 +302,16 @@ def _utc(ms: float) -> str:
         return "beyond the years 1-9999"
 
 
+def _on_union_value(rule: Rule | RankRule, unions: frozenset[str]) -> Check:
+    """``rule``'s check; on a general union's field, of the value whatever form it comes in
+    (fastavro's tuple notation from producers, the struct of members from decoded rows)."""
+    check = compile_rule(rule)
+    if rule.field not in unions:
+        return check
+    field = rule.field
+    return lambda r, now: check({**r, field: union_value(r.get(field))}, now)
+
+
 class RecordValidator:
     """Validates records: Avro shape first (unless already decoded), then the pipeline's rules.
 
@@ -312,7 +339,9 @@ class RecordValidator:
         required = [r for r in rules if isinstance(r, RequiredRule)]
         others = [r for r in rules if not isinstance(r, RequiredRule)]
         shape = [compile_schema_check(schema, parsed_schema)] if check_shape else []
-        self._checks = [*(compile_rule(r) for r in required), *shape, *(compile_rule(r) for r in others)]
+        unions = general_union_fields(schema)
+        ruled = [_on_union_value(r, unions) for r in [*required, *others]]
+        self._checks = [*ruled[: len(required)], *shape, *ruled[len(required) :]]
         self._now = now
 
     def check(self, record: Mapping[str, Any], *, now: float | None = None) -> Rejection | None:

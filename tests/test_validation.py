@@ -7,6 +7,7 @@ import json
 import pytest
 
 from lambdalake.avro import parse_schema
+from lambdalake.pipeline import AllowedRule, RequiredRule
 from lambdalake.settings import Settings
 from lambdalake.validation import RecordValidator
 from tests.conftest import pipeline_named
@@ -120,3 +121,28 @@ def test_range_rule_fast_path_agrees_with_the_rule(bounds: dict) -> None:
         finite = not isinstance(v, float) or (v == v and v not in (inf, -inf))
         inside = (lo is None or v >= lo) and (hi is None or (v <= hi if incl else v < hi))
         assert (check({"x": v}, 0.0) is None) == (finite and inside), v
+
+
+@pytest.mark.parametrize(
+    ("plain", "branch", "member", "verdict"),
+    [("a", "string", "member0", None), (7, "long", "member1", None), ("b", "string", "member0", "v.allowed"),
+     (8, "long", "member1", "v.allowed"), (None, None, None, "v.required")],
+)  # fmt: skip
+def test_rules_on_a_general_union_judge_its_value_in_whichever_form_it_comes(
+    plain: object, branch: str | None, member: str | None, verdict: str | None
+) -> None:
+    """Producers hand a general union's value over plain, or in fastavro's ``(branch, value)``
+    notation (an Arrow table's struct, converted); decoded rows hold the struct of members. A rule
+    on the field judges the value itself in every form."""
+    schema = {"type": "record", "name": "r", "fields": [{"name": "v", "type": ["null", "string", "long"]}]}
+    rules = [
+        RequiredRule(kind="required", field="v"),
+        AllowedRule(kind="allowed", field="v", values=["a", 7]),
+    ]
+    edge = RecordValidator(rules, schema=schema, parsed_schema=parse_schema(schema))
+    decoded = RecordValidator(rules, schema=schema, parsed_schema=None, check_shape=False)
+    tagged = None if branch is None else (branch, plain)
+    members = None if member is None else {"member0": None, "member1": None, member: plain}
+    for record, validator in [({"v": plain}, edge), ({"v": tagged}, edge), ({"v": members}, decoded)]:
+        rejection = validator.check(record, now=0)
+        assert (rejection.rule if rejection else None) == verdict, (record, rejection)

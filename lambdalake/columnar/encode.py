@@ -350,8 +350,11 @@ def _general_union(branches: list[Any]) -> Encoder:
             row = int(np.argmax(count > 1))
             raise EncodeError(f"{what}: row {row} sets more than one member of the union")
         empty = present & (count == 0)
-        if (~present | empty).any() and null_index is None:
-            row = int(np.argmax(~present | empty))
+        if empty.any():
+            row = int(np.argmax(empty))
+            raise EncodeError(f"{what}: row {row} sets no member of the union (a null is the struct's null)")
+        if not present.all() and null_index is None:
+            row = int(np.argmax(~present))
             raise EncodeError(f"{what}: null at row {row}, and the schema does not allow null there")
         branch = np.full(n, -1 if null_index is None else null_index, dtype=np.int64)
         parts = []

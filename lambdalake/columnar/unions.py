@@ -9,7 +9,9 @@ row-by-row paths, where fastavro does the reading or writing. Schemas here are f
 from __future__ import annotations
 
 import datetime as dt
+import re
 import uuid
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -17,6 +19,7 @@ import fastavro.validation
 
 from lambdalake.event_schema import member_name, union_members
 
+_MEMBER = re.compile(r"member\d+")
 _NATURAL: dict[type, tuple[str, ...]] = {
     bool: ("boolean",), int: ("int", "long"), float: ("float", "double"), str: ("string", "enum"),
     bytes: ("bytes", "fixed"), dict: ("record", "map"), list: ("array",),
@@ -108,6 +111,27 @@ def from_members(value: Any, schema: Any) -> Any:
         pairs = value.items() if isinstance(value, dict) else value
         return {k: from_members(v, schema["values"]) for k, v in pairs}
     return value
+
+
+def union_value(value: Any) -> Any:
+    """The value of a general union given in either form: fastavro's ``(branch, value)`` or the
+    Arrow shape's struct with one member set (anything else as it is: a plain value)."""
+    if type(value) is tuple and len(value) == 2 and isinstance(value[0], str):
+        return value[1]
+    if isinstance(value, dict) and value and all(_MEMBER.fullmatch(str(k)) for k in value):
+        chosen = [v for v in value.values() if v is not None]
+        if len(chosen) == 1:
+            return chosen[0]
+    return value
+
+
+def general_union_fields(schema: Mapping[str, Any]) -> frozenset[str]:
+    """The top-level fields of a record schema whose type is a general union."""
+    return frozenset(
+        f["name"]
+        for f in schema["fields"]
+        if isinstance(f["type"], list) and len(union_members(f["type"])) > 1
+    )
 
 
 def has_general_union(schema: Any) -> bool:
