@@ -18,7 +18,7 @@ import fastavro
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lambdalake.errors import ConfigurationError
-from lambdalake.event_schema import arrow_type
+from lambdalake.event_schema import arrow_type, union_members
 from lambdalake.settings import Settings
 
 _UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
@@ -377,6 +377,21 @@ class Pipeline(Strict):
             raise ValueError(
                 f"fields not in the reader schema {reader}: {'; '.join(missing)} "
                 f"(fields there: {sorted(types)})"
+            )
+        # A general union is a struct of members in Spark, Delta and Arrow: rules judge its value,
+        # but it cannot key, time, version or be aggregated, and Cassandra has no column for it.
+        unions = {n for n, t in types.items() if isinstance(t, list) and len(union_members(t)) > 1}
+        for view in self.views:
+            if isinstance(view, LatestView) and view.columns is None:
+                uses += [(f"view {view.name!r} columns (all fields by default)", n) for n in sorted(unions)]
+        several = [
+            f"{where}: {name!r}" for where, name in uses if not where.startswith("rules") and name in unions
+        ]
+        if several:
+            raise ValueError(
+                f"fields of several types (general unions) in {reader} used where one type is needed: "
+                f"{'; '.join(several)} (use a field of one type, or of one type or null; a latest view "
+                "keeps such a field out through its columns)"
             )
         if len({v.name for v in self.views}) != len(self.views):
             raise ValueError("view names must be unique")

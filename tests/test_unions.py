@@ -125,13 +125,22 @@ def test_a_general_union_goes_from_producers_to_bronze_and_both_layers(
     assert run.rows[view.name] == len(want)
 
 
-def test_a_latest_view_keeping_a_general_union_is_refused_naming_the_field_and_the_fix(
-    tmp_path: Path,
-) -> None:
-    """Cassandra has no column type for the union's struct: the view's table is refused when it is
-    defined (before a job reads anything), naming the view, the field and the columns to keep."""
+def test_a_general_union_where_one_type_is_needed_is_refused_when_the_pipeline_loads(tmp_path: Path) -> None:
+    """A latest view keeping every field (the default) would need a Cassandra column for the union's
+    struct: the pipeline is refused when it loads, naming the view, the field and the fix."""
     settings = union_pipeline(Settings(), tmp_path, "x", columns=False)
-    pipeline = configured_pipeline("offers_union", settings)
+    with pytest.raises(ConfigurationError) as refused:
+        configured_pipeline("offers_union", settings)
+    said = refused.value.message
+    assert "view 'offer_latest' columns" in said and "'ref'" in said and "keeps such a field out" in said
+
+
+def test_a_latest_view_keeping_a_record_is_refused_naming_the_field_and_the_fix(tmp_path: Path) -> None:
+    """Cassandra has no column type for a record: the view's table is refused when it is defined
+    (before a job reads anything), naming the view, the field and the columns to keep."""
+    field = {"name": "ref", "type": ["null", REF], "default": None}
+    settings = offers_with_field(Settings(), tmp_path, name="offers_ref", topic="offers-ref", field=field)
+    pipeline = configured_pipeline("offers_ref", settings)
     view = next(v for v in pipeline.views if v.kind == "latest")
     with pytest.raises(ConfigurationError) as refused:
         speed_table_def(pipeline, view)
