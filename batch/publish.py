@@ -24,7 +24,7 @@ from cassandra.query import SimpleStatement
 from pyspark.sql import SparkSession
 
 from lambdalake.cassandra.active import ActiveBatch, active_batch
-from lambdalake.cassandra.session import connect
+from lambdalake.cassandra.session import connect, refresh_metadata
 from lambdalake.cassandra.tables import (
     BATCH_CLAIMS,
     BATCH_META,
@@ -63,7 +63,7 @@ class Publisher:
 
     def _versions_in_use(self, session: Session) -> list[int]:
         """Every batch version that has a table, activated or not (a killed publish's too)."""
-        session.cluster.refresh_schema_metadata()
+        refresh_metadata(session, self.keyspace)
         tables = session.cluster.metadata.keyspaces[self.keyspace].tables
         pattern = re.compile(rf"^{re.escape(self.pipeline.name)}__[a-z0-9_]+__b(\d+)$")
         return sorted({int(m.group(1)) for name in tables if (m := pattern.match(name))})

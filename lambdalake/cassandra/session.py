@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
+from cassandra import DriverException
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
 from cassandra.policies import ConstantReconnectionPolicy, RoundRobinPolicy
@@ -55,3 +57,26 @@ def connect(settings: CassandraSettings, *, keyspace: str | None = None) -> Sess
             ) from exc
         _sessions[key] = session
         return session
+
+
+def refresh_metadata(
+    session: Session, keyspace: str, table: str | None = None, *, wait_s: float = 60.0
+) -> None:
+    """Read the schema of ``keyspace`` (or of one ``table`` in it) again from the cluster.
+
+    The driver's control connection may still be coming back after a Cassandra restart (measured in
+    the tests: a job deployed right after one failed with "Table metadata was not refreshed"): the
+    refresh is asked again until ``wait_s`` has passed, then its error is raised.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if table is None:
+                session.cluster.refresh_keyspace_metadata(keyspace)
+            else:
+                session.cluster.refresh_table_metadata(keyspace, table)
+            return
+        except DriverException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from cassandra.cluster import Session
 
+from lambdalake.cassandra.session import refresh_metadata
 from lambdalake.errors import ConfigurationError
 from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
@@ -160,7 +161,7 @@ def ensure_table(session: Session, keyspace: str, table: TableDef) -> list[str]:
     new field: ``ALTER TABLE ... ADD``). Returns the columns added. A column whose type differs is
     refused with the fix, since Cassandra cannot change it in place."""
     session.execute(table.create_cql(keyspace), timeout=60)
-    session.cluster.refresh_table_metadata(keyspace, table.name)
+    refresh_metadata(session, keyspace, table.name)
     meta = session.cluster.metadata.keyspaces[keyspace].tables[table.name]
     if table.ttl_seconds and int(meta.options.get("default_time_to_live") or 0) != table.ttl_seconds:
         session.execute(
