@@ -157,6 +157,17 @@ def _delivery_counter(stats: ProduceStats) -> Callable[[KafkaError | None, Messa
     return on_delivery
 
 
+def _drop_tracebacks(exc: BaseException | None) -> None:
+    """Forget the frames of ``exc`` and the errors it chains. confluent-kafka keeps the error a
+    delivery callback raised after a fatal error, and its frames hold this producer: kept, they
+    keep it (and its librdkafka threads, retrying a broker) alive for good (measured in the tests)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
+
+
 def _describe_fatal(exc: BaseException) -> str:
     while not isinstance(exc, KafkaException) and exc.__cause__ is not None:
         exc = exc.__cause__
@@ -324,6 +335,7 @@ class EventProducer:
 
     def _fatal(self, exc: Exception) -> None:
         self.stats.fatal = self.stats.fatal or _describe_fatal(exc)
+        _drop_tracebacks(exc)
         raise ProducerFailed(self.stats.fatal) from None
 
     # --- public API --------------------------------------------------------------------------
@@ -569,6 +581,7 @@ class EventProducer:
                 # with that exception still set, which surfaces as SystemError): every record still
                 # queued fails with it, and the counts say how many were not acknowledged.
                 self.stats.fatal = self.stats.fatal or _describe_fatal(exc)
+                _drop_tracebacks(exc)
                 left = len(producer)
             if producer is self._producer and not self._reports_each:
                 # After a fatal error the reports of what was in flight need not all arrive, and
