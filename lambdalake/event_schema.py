@@ -6,6 +6,7 @@ definitions their column types, so serving can use the latter without importing 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -61,6 +62,16 @@ def arrow_type(avro_type: Any, named: dict[str, pa.DataType]) -> pa.DataType:
 def union_members(branches: list[Any]) -> list[Any]:
     """The branches of a union that are not null, in order: a general union's struct members."""
     return [b for b in branches if b != "null" and b != {"type": "null"}]
+
+
+def is_general_union(avro_type: Any) -> bool:
+    """Whether ``avro_type`` is a union of several branches besides null (a struct of members)."""
+    return isinstance(avro_type, list) and len(union_members(avro_type)) > 1
+
+
+def general_union_fields(schema: Mapping[str, Any]) -> frozenset[str]:
+    """The top-level fields of a record schema whose type is a general union."""
+    return frozenset(f["name"] for f in schema["fields"] if is_general_union(f["type"]))
 
 
 def member_name(index: int) -> str:

@@ -18,7 +18,7 @@ import fastavro
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lambdalake.errors import ConfigurationError
-from lambdalake.event_schema import arrow_type, union_members
+from lambdalake.event_schema import arrow_type, general_union_fields
 from lambdalake.settings import Settings
 
 _UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
@@ -380,7 +380,7 @@ class Pipeline(Strict):
             )
         # A general union is a struct of members in Spark, Delta and Arrow: rules judge its value,
         # but it cannot key, time, version or be aggregated, and Cassandra has no column for it.
-        unions = {n for n, t in types.items() if isinstance(t, list) and len(union_members(t)) > 1}
+        unions = general_union_fields(self.reader_schema)
         for view in self.views:
             if isinstance(view, LatestView) and view.columns is None:
                 uses += [(f"view {view.name!r} columns (all fields by default)", n) for n in sorted(unions)]

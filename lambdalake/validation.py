@@ -17,8 +17,8 @@ from typing import Any
 
 from fastavro.validation import validate as fastavro_validate
 
-from lambdalake.columnar.unions import general_union_fields, union_value
-from lambdalake.event_schema import decimal_of, largest_decimal
+from lambdalake.columnar.unions import branch_name, union_value
+from lambdalake.event_schema import decimal_of, general_union_fields, largest_decimal
 from lambdalake.pipeline import (
     AllowedRule,
     LatestView,
@@ -96,7 +96,7 @@ def _type_test(avro_type: Any, named: dict[str, Any]) -> Callable[[Any], bool] |
             other = branches[1 - avro_type.index("null")]
             return lambda v: v is None or other(v)  # type: ignore[misc]
         # fastavro's tuple notation names the branch: (type or named type's name, value).
-        names = [_branch_name(named.get(t, t) if isinstance(t, str) else t) for t in avro_type]
+        names = [branch_name(named.get(t, t)).rsplit(".", 1)[-1] for t in avro_type]
 
         def union(v: Any) -> bool:
             if type(v) is tuple and len(v) == 2 and isinstance(v[0], str):
@@ -129,13 +129,6 @@ def _type_test(avro_type: Any, named: dict[str, Any]) -> Callable[[Any], bool] |
         "string": lambda v: isinstance(v, str),
         "bytes": lambda v: isinstance(v, bytes),
     }.get(avro_type)
-
-
-def _branch_name(avro_type: Any) -> str:
-    """A union branch's name in fastavro's tuple notation, without its namespace."""
-    if isinstance(avro_type, dict):
-        return str(avro_type.get("name") or avro_type["type"]).rsplit(".", 1)[-1]
-    return str(avro_type)
 
 
 def _decimal_test(precision: int, scale: int) -> Callable[[Any], bool]:

@@ -457,9 +457,10 @@ def _matches(w: Any, r: Any) -> bool:
     """Whether a writer branch resolves to reader branch ``r`` (fastavro's and Java's test: the same
     type, a promotion, a named type of the same name or an alias)."""
     wb, rb = _base(w), _base(r)
-    if wb.partition(":")[0] in ("record", "enum", "fixed") and wb.partition(":")[0] == rb.partition(":")[0]:
+    kind, _, name = wb.partition(":")
+    if name and kind == rb.partition(":")[0]:  # named types of one kind: by name or alias
         aliases = {a.rsplit(".", 1)[-1] for a in (r.get("aliases", []) if isinstance(r, dict) else [])}
-        return wb == rb or wb.partition(":")[2] in aliases
+        return wb == rb or name in aliases
     return _promote(wb, rb)
 
 

@@ -290,17 +290,13 @@ def _enum(symbols: list[str]) -> Encoder:
     return encode
 
 
-def _tag(index: int, rows: int) -> Runs:
-    return Runs.constant(longs(np.array([index])).data.tobytes(), rows)
-
-
 def _union(branches: list[Any]) -> Encoder:
     others = union_members(branches)
     if len(others) > 1:
         return _general_union(branches)
     if len(branches) == 1:  # a union of one branch: its index, then the value
-        inner, tag = _compile(branches[0]), _tag(0, 1).data.tobytes()
-        return lambda array, what: concat([Runs.constant(tag, len(array)), inner(array, what)])
+        inner = _compile(branches[0])
+        return lambda array, what: concat([Runs.constant(b"\x00", len(array)), inner(array, what)])
     if not others:
         return lambda array, _what: Runs.constant(b"\x00", len(array))
     null_index, value_index = (0, 1) if branches[0] in ("null", {"type": "null"}) else (1, 0)
@@ -465,9 +461,11 @@ class ColumnarEncoder:
         self._header = HEADER.pack(0, self.schema_id)
         self._fastavro = fastavro.parse_schema(parsed)
         self._encode: Encoder | None = None
-        self._expanded: Any = None
+        #: The expanded schema when it holds a general union (rows then need :meth:`plain`).
+        self._unions: Any = None
         try:
-            self._expanded = expanded = fastavro.parse_schema(parsed, expand=True, _write_hint=False)
+            expanded = fastavro.parse_schema(parsed, expand=True, _write_hint=False)
+            self._unions = expanded if has_general_union(expanded) else None
             self._encode = _compile(expanded)
         except Unsupported as exc:
             log.warning("schema id %d: %s is not vectorised; encoding it row by row", self.schema_id, exc)
@@ -495,12 +493,14 @@ class ColumnarEncoder:
             pa.large_binary(), n, [None, pa.py_buffer(framed.offsets), pa.py_buffer(framed.data)]
         )
 
+    def plain(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A row of Arrow values as fastavro writes it: a general union's struct as its member set,
+        in fastavro's ``(branch, value)`` notation (the branch the member names)."""
+        return from_members(row, self._unions) if self._unions is not None else row
+
     def _row_by_row(self, rows: pa.Table | pa.RecordBatch) -> pa.LargeBinaryArray:
         out, buf = [], io.BytesIO()
-        records = rows.to_pylist()
-        if self._expanded is not None and has_general_union(self._expanded):
-            records = [from_members(r, self._expanded) for r in records]
-        for record in records:
+        for record in map(self.plain, rows.to_pylist()):
             buf.seek(0)
             buf.truncate()
             buf.write(self._header)

@@ -11,13 +11,12 @@ from __future__ import annotations
 import datetime as dt
 import re
 import uuid
-from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
 import fastavro.validation
 
-from lambdalake.event_schema import member_name, union_members
+from lambdalake.event_schema import is_general_union, member_name, union_members
 
 _MEMBER = re.compile(r"member\d+")
 _NATURAL: dict[type, tuple[str, ...]] = {
@@ -75,11 +74,11 @@ def to_members(value: Any, schema: Any) -> Any:
     return value
 
 
-def _branch_name(schema: Any) -> str:
-    """The name fastavro's tuple notation picks a union branch by."""
+def branch_name(schema: Any) -> str:
+    """The name fastavro's tuple notation picks a union branch by (a named type's full name)."""
     kind, _ = _kind(schema)
     if kind in ("record", "enum", "fixed"):
-        return schema["name"] if isinstance(schema.get("type"), str) else _branch_name(schema["type"])
+        return schema["name"] if isinstance(schema.get("type"), str) else branch_name(schema["type"])
     return kind
 
 
@@ -101,7 +100,7 @@ def from_members(value: Any, schema: Any) -> Any:
             # None or several members set: left as it is, for fastavro to refuse with its reason.
             return value
         member = members[chosen[0]]
-        return (_branch_name(member), from_members(value[member_name(chosen[0])], member))
+        return (branch_name(member), from_members(value[member_name(chosen[0])], member))
     kind, _ = _kind(schema)
     if kind == "record" and isinstance(value, dict):
         return {f["name"]: from_members(value.get(f["name"]), f["type"]) for f in schema["fields"]}
@@ -125,19 +124,10 @@ def union_value(value: Any) -> Any:
     return value
 
 
-def general_union_fields(schema: Mapping[str, Any]) -> frozenset[str]:
-    """The top-level fields of a record schema whose type is a general union."""
-    return frozenset(
-        f["name"]
-        for f in schema["fields"]
-        if isinstance(f["type"], list) and len(union_members(f["type"])) > 1
-    )
-
-
 def has_general_union(schema: Any) -> bool:
     """Whether an expanded schema holds a union of several branches but null anywhere."""
     if isinstance(schema, list):
-        return len(union_members(schema)) > 1 or any(has_general_union(b) for b in schema)
+        return is_general_union(schema) or any(has_general_union(b) for b in schema)
     if not isinstance(schema, dict):
         return False
     kind = schema.get("type")

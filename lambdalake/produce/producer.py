@@ -14,7 +14,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import fastavro
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,7 +21,6 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from lambdalake.avro import WireEncoder, parse_schema
 from lambdalake.columnar import ColumnarEncoder
-from lambdalake.columnar.unions import from_members, has_general_union
 from lambdalake.columnar.validate import ColumnarValidator
 from lambdalake.event_schema import decimal_of
 from lambdalake.kafka import dlq
@@ -244,8 +242,6 @@ class EventProducer:
         self._validator = RecordValidator(rules, schema=schema, parsed_schema=parsed, now=clock)
         self._clock = clock
         self._columnar = ColumnarEncoder(schema, self.schema_id)
-        self._expanded = fastavro.parse_schema(schema, expand=True, _write_hint=False)
-        self._unions = has_general_union(self._expanded)
         self._columns = ColumnarValidator(
             rules, schema=schema, drop_unknown=pipeline.event.unknown_fields == "drop"
         )
@@ -453,18 +449,14 @@ class EventProducer:
             records = pa.Table.from_batches([records])
         if isinstance(records, pa.Table):
             table = records
-            return self._send_table(table, lambda i: self.send(self._plain(table.slice(i, 1).to_pylist()[0])))
+            plain = self._columnar.plain
+            return self._send_table(table, lambda i: self.send(plain(table.slice(i, 1).to_pylist()[0])))
         rows = list(records)
         ready = _Ready(len(rows))
         read = self._dict_rows.read(rows)
         if read is not None:
             self._encode_clear(read[1], read[0], ready)
         return self._produce_in_order(ready, lambda i: self.send(rows[i]))  # type: ignore[arg-type]
-
-    def _plain(self, row: dict[str, Any]) -> dict[str, Any]:
-        """A row of an Arrow table as :meth:`send` takes it: a general union's struct as the value of
-        its member set, in fastavro's ``(branch, value)`` notation (the branch the member names)."""
-        return from_members(row, self._expanded) if self._unions else row
 
     def send_json_lines(self, lines: Sequence[bytes]) -> BatchOutcome:
         """:meth:`send_json_line` for many lines (each one JSON object), read as Arrow tables.
