@@ -427,3 +427,32 @@ def test_a_general_union_read_row_by_row_takes_the_same_shape(caplog: pytest.Log
               {"member0": None, "member1": "seven", "member2": None},
               {"member0": None, "member1": None, "member2": {"code": "x"}}]  # fmt: skip
     assert [r["v"] for r in decoded.batch.to_pylist()] == shaped * 2
+
+
+def test_uuids_read_row_by_row_come_as_their_text(caplog: pytest.LogCaptureFixture) -> None:
+    """A writer schema decoded with fastavro (duration is not vectorised) gives uuids as the columnar
+    path does, as their canonical text (fastavro's ``uuid.UUID`` failed the row before)."""
+    text = {"type": "string", "logicalType": "uuid"}
+    ref = {"type": "record", "name": "Ref", "fields": [{"name": "id", "type": text}]}
+    reader = {"type": "record", "name": "r", "fields": [
+        {"name": "u", "type": text},
+        {"name": "nu", "type": ["null", text]},
+        {"name": "gu", "type": ["null", "long", text, ref]},
+        {"name": "us", "type": {"type": "array", "items": text}},
+    ]}  # fmt: skip
+    duration = {"type": "fixed", "name": "D", "size": 12, "logicalType": "duration"}
+    writer = {**reader, "fields": [*reader["fields"], {"name": "d", "type": duration}]}
+    ids = [str(uuid.UUID(int=i * 7919 + 1)) for i in range(6)]
+    records = [
+        {"u": ids[0], "nu": ids[1], "gu": ids[2], "us": [ids[3], ids[4]]},
+        {"u": ids[5], "nu": None, "gu": {"id": ids[0]}, "us": []},
+    ]
+    framed = [_fastavro_bytes(writer, {**r, "d": b"\x00" * 12}, 3) for r in records]
+    framed += [_fastavro_bytes(reader, r, 4) for r in records]
+    decoded = _decoder({3: writer, 4: reader}, reader).decode(pa.array(framed, pa.binary()))
+    assert "row by row" in caplog.text and decoded.errors == {}
+    shaped = [
+        {**records[0], "gu": {"member0": None, "member1": ids[2], "member2": None}},
+        {**records[1], "gu": {"member0": None, "member1": None, "member2": {"id": ids[0]}}},
+    ]
+    assert decoded.batch.to_pylist() == shaped * 2

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lambdalake.columnar.unions import has_general_union, to_members
+from lambdalake.columnar.unions import to_members
 from lambdalake.event_schema import arrow_type, decimal_of, largest_decimal, union_members
 
 log = logging.getLogger("lambdalake.columnar")
@@ -651,7 +651,6 @@ class ColumnarDecoder:
         self.reader = json.loads(reader_schema) if isinstance(reader_schema, str) else dict(reader_schema)
         self._expanded_reader = fastavro.parse_schema(self.reader, expand=True, _write_hint=False)
         self._parsed_reader = fastavro.parse_schema(self.reader)
-        self._unions = has_general_union(self._expanded_reader)
         self.schema = pa.schema(list(arrow_type(self.reader, {})))
         self._fetch = fetch_schema
         self._unknown = unknown
@@ -737,7 +736,7 @@ class ColumnarDecoder:
             body = values[r].as_py()[5:]
             try:
                 record = fastavro.schemaless_reader(io.BytesIO(body), writer, self._parsed_reader)
-                records.append(to_members(record, self._expanded_reader) if self._unions else record)
+                records.append(to_members(record, self._expanded_reader))
             # fastavro raises EOFError, ValueError, ... on corrupt bodies (to_members: ValueError).
             except Exception as exc:
                 bad[r] = f"cannot decode: {exc!r}"

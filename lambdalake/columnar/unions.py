@@ -46,7 +46,7 @@ def _natural(value: Any, schema: Any) -> bool:
 
 
 def to_members(value: Any, schema: Any) -> Any:
-    """A value as fastavro reads it, in the Arrow shape of ``schema``."""
+    """A value as fastavro reads it, in the Arrow shape of ``schema`` (a uuid as its text)."""
     if value is None:
         return None
     if isinstance(schema, dict) and isinstance(schema.get("type"), dict | list):
@@ -71,7 +71,7 @@ def to_members(value: Any, schema: Any) -> Any:
         return [to_members(v, schema["items"]) for v in value]
     if kind == "map":
         return {k: to_members(v, schema["values"]) for k, v in value.items()}
-    return value
+    return str(value) if isinstance(value, uuid.UUID) else value
 
 
 def branch_name(schema: Any) -> str:
