@@ -12,6 +12,7 @@ from lambdalake.avro import WireEncoder, parse_schema
 from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark import decode
+from lambdalake.writer_schemas import SchemaIdNotFound
 
 
 @pytest.fixture
@@ -22,9 +23,7 @@ def telemetry(monkeypatch: pytest.MonkeyPatch) -> tuple[Pipeline, decode.DecodeS
 
     def fetch(schema_id: int) -> str:
         if schema_id not in schemas:
-            from confluent_kafka.schema_registry.error import SchemaRegistryError
-
-            raise SchemaRegistryError(404, 40403, "not found")
+            raise SchemaIdNotFound(f"schema id {schema_id} is not in the registry")
         return schemas[schema_id]
 
     monkeypatch.setitem(decode._FETCHERS, "http://registry.invalid:1", fetch)

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from lambdalake import writer_schemas
 from lambdalake.avro import parse_schema
 from lambdalake.columnar import ColumnarDecoder
 from lambdalake.columnar.validate import ColumnarValidator
@@ -87,15 +88,8 @@ def _fetcher(registry: dict[str, Any]) -> Callable[[int], str]:
     """A per-process cached ``schema id -> schema`` lookup (writer schemas never change for an id)."""
     url = registry["url"]
     if url not in _FETCHERS:
-        from confluent_kafka.schema_registry import SchemaRegistryClient
-
-        client = SchemaRegistryClient(registry)
-        _FETCHERS[url] = lambda schema_id: client.get_schema(schema_id).schema_str
+        _FETCHERS[url] = writer_schemas.fetcher(registry)
     return _FETCHERS[url]
-
-
-class UnknownSchemaId(LookupError):
-    pass
 
 
 def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -112,17 +106,12 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
         def fetch_or_unknown(schema_id: int) -> str:
             if schema_id in known:
                 return known[schema_id]
-            from confluent_kafka.schema_registry.error import SchemaRegistryError
-
-            try:
-                return _fetcher(spec.registry)(schema_id)
-            except SchemaRegistryError as exc:
-                if exc.http_status_code == 404:
-                    raise UnknownSchemaId(f"schema id {schema_id} is not in the registry") from exc
-                raise  # the registry is down or failing: fail the task, Spark retries it
+            # An id the registry does not hold fails its rows (SchemaIdNotFound); a registry that
+            # cannot answer fails the task (RegistryUnavailable), which Spark retries.
+            return _fetcher(spec.registry)(schema_id)
 
         reader = json.loads(spec.reader_schema)
-        columnar = ColumnarDecoder(reader, fetch_or_unknown, unknown=(UnknownSchemaId,))
+        columnar = ColumnarDecoder(reader, fetch_or_unknown, unknown=(writer_schemas.SchemaIdNotFound,))
         validator = RecordValidator(
             spec.rules, schema=reader, parsed_schema=parse_schema(reader), check_shape=False
         )
