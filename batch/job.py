@@ -35,7 +35,8 @@ from pyspark.sql import functions as F
 from batch.horizon import Horizon, find_horizon
 from lambdalake.delta import commit_files, open_table
 from lambdalake.errors import ConfigurationError
-from lambdalake.master import EPOCH_MS, MasterDataset, table_path
+from lambdalake.master import EPOCH_MS, MasterDataset
+from lambdalake.master_files import table_path
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.session import spark_session

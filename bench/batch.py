@@ -25,7 +25,8 @@ from batch.job import BatchJob
 from bench.common import bench_settings, write_result
 from infra.services import running
 from lambdalake.kafka.admin import ensure_pipeline_topics
-from lambdalake.master import MasterDataset, table_path, write_event_files
+from lambdalake.master import MasterDataset
+from lambdalake.master_files import table_path, write_event_files
 from lambdalake.pipeline import load_pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec

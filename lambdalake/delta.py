@@ -20,10 +20,10 @@ from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction
 from pyarrow import fs as pafs
 
+from lambdalake.master_files import NULL_PARTITION
 from lambdalake.storage import list_files
 
 #: Hive's name for the partition of a null value.
-NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 
 def open_table(uri: str, *, version: int | None = None) -> DeltaTable | None:

@@ -80,7 +80,8 @@ def pipeline_status(settings: Settings, pipeline: Pipeline, *, session: Any = No
 def _stream(settings: Settings, pipeline: Pipeline, status: PipelineStatus) -> None:
     from lambdalake.errors import ConfigurationError, ServiceUnavailable
     from lambdalake.kafka.offsets import offset_consumer, watermarks
-    from lambdalake.master import MasterDataset, table_path
+    from lambdalake.master import MasterDataset
+    from lambdalake.master_files import table_path
 
     topic = pipeline.topic.name
     try:

@@ -42,7 +42,8 @@ from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import deploy_speed_tables, speed_table_def
 from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.kafka.admin import require_log_append_time
-from lambdalake.master import MasterDataset, table_path
+from lambdalake.master import MasterDataset
+from lambdalake.master_files import table_path
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.procs import TreeMemory, tree_memory
 from lambdalake.settings import Settings

@@ -42,7 +42,8 @@ from lambdalake.cassandra.tables import speed_table_def
 from lambdalake.cassandra.writer import bulk_options, upsert_arrow
 from lambdalake.errors import ConfigurationError
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, record_time, watermarks
-from lambdalake.master import MasterDataset, offsets_present, table_path, write_event_files
+from lambdalake.master import MasterDataset
+from lambdalake.master_files import offsets_present, table_path, write_event_files
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decoder

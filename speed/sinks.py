@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame
 from lambdalake.cassandra.tables import TableDef
 from lambdalake.cassandra.writer import cassandra_values, upsert_arrow
 from lambdalake.kafka import dlq
-from lambdalake.master import write_event_files
+from lambdalake.master_files import write_event_files
 from lambdalake.settings import CassandraSettings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decoder
 from lambdalake.spark.views import INGEST_TS

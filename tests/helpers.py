@@ -19,7 +19,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
-from lambdalake.master import MasterDataset, table_path
+from lambdalake.master import MasterDataset
+from lambdalake.master_files import table_path
 from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.settings import PROJECT_ROOT, Settings
 

@@ -255,7 +255,8 @@ def test_a_planted_fault_fails_the_gate_and_serving_keeps_the_previous_version(a
     checks): the run stops naming the expectation, and the active batch version does not move.
     Last in the module: it leaves bronze faulty."""
     from batch.quality import QualityGateFailed
-    from lambdalake.master import MasterDataset, table_path, write_event_files
+    from lambdalake.master import MasterDataset
+    from lambdalake.master_files import table_path, write_event_files
 
     settings, pipeline = archived["settings"], archived["pipeline"]
     session = connect(settings.cassandra)

@@ -13,7 +13,8 @@ import pyarrow.compute as pc
 import pytest
 
 from lambdalake.coverage import covered_until, intersection, merged, normalized
-from lambdalake.master import MasterDataset, write_event_files
+from lambdalake.master import MasterDataset
+from lambdalake.master_files import write_event_files
 from lambdalake.pipeline import LayersSpec
 from lambdalake.settings import Settings
 

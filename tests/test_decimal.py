@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 
 from lambdalake.cassandra.session import connect
 from lambdalake.errors import ConfigurationError
-from lambdalake.master import table_path
+from lambdalake.master_files import table_path
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings

@@ -11,7 +11,8 @@ import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from lambdalake.master import MasterDataset, write_event_files
+from lambdalake.master import MasterDataset
+from lambdalake.master_files import write_event_files
 
 EVENTS = pa.table({
     "id": ["a", "b", "c"],
@@ -96,7 +97,7 @@ def _coordinates(partition: int, offsets: range) -> pa.Table:
 
 def test_files_holding_a_range_are_picked_by_their_offset_stats(tmp_path: Path) -> None:
     from lambdalake.delta import commit_files
-    from lambdalake.master import offsets_present
+    from lambdalake.master_files import offsets_present
     from lambdalake.pipeline import LayersSpec
 
     path = str(tmp_path / "bronze")

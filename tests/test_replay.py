@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 
 from batch.job import BatchJob
 from lambdalake.cassandra.session import connect
-from lambdalake.master import table_path
+from lambdalake.master_files import table_path
 from lambdalake.pipeline import LatestView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer

@@ -17,7 +17,8 @@ from pyspark.sql import functions as F
 from lambdalake.avro import HEADER, MAGIC, WireEncoder, parse_schema
 from lambdalake.errors import ConfigurationError
 from lambdalake.kafka import dlq
-from lambdalake.master import MasterDataset, table_path
+from lambdalake.master import MasterDataset
+from lambdalake.master_files import table_path
 from lambdalake.pipeline import Pipeline, WindowedView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from infra.services import CassandraService
-from lambdalake.master import table_path
+from lambdalake.master_files import table_path
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings

@@ -19,7 +19,7 @@ from batch.job import BatchJob
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import speed_table_def
 from lambdalake.errors import ConfigurationError
-from lambdalake.master import table_path
+from lambdalake.master_files import table_path
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
