@@ -61,6 +61,8 @@ log = logging.getLogger("lambdalake.kafka_source")
 
 EARLIEST, LATEST = -2, -1
 ARROW_BATCH_ROWS = 20_000
+#: Records asked of the consumer per call.
+CONSUME_RECORDS = 10_000
 
 BASE_SCHEMA = (
     "key binary, value binary, topic string, partition int, offset long, "
@@ -198,6 +200,11 @@ def _consumer(config: Mapping[str, str]) -> Any:
 
     return Consumer(
         {
+            # A task reads a known range: librdkafka's prefetch (100k records or 64 MB a partition
+            # by default) fetched up to 100k records past its end, for the broker to send and this
+            # worker to hold and drop. Two consume() calls' worth keeps the reads fed.
+            "queued.min.messages": 2 * CONSUME_RECORDS,
+            "queued.max.messages.kbytes": 16384,
             **config,
             # Offsets are ours (the checkpoint's); the group only satisfies the client.
             "group.id": config.get("group.id", "lambdalake-spark-source"),
@@ -434,7 +441,7 @@ def read_partition(opts: SourceOptions, part: KafkaPartition) -> Iterator[pa.Rec
         while not done:
             # consume() waits for num_messages or the timeout: ask for no more than can be left, and
             # wait briefly, so the tail of a range (or a gap at it) costs milliseconds, not seconds.
-            wanted = max(1, min(10_000, until - next_offset))
+            wanted = max(1, min(CONSUME_RECORDS, until - next_offset))
             msgs = consumer.consume(num_messages=wanted, timeout=0.1)
             if not msgs:
                 position = consumer.position([tp])[0].offset
