@@ -1,8 +1,10 @@
 """Resident memory of a process and everything it started (a Spark driver, its JVM, its Python
-workers), read from Linux's ``/proc``."""
+workers), read from Linux's ``/proc``; and handing a finished task's freed memory back."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,3 +50,24 @@ def tree_memory(root: int) -> TreeMemory:
             seen.append(pid)
             todo += children.get(pid, [])
     return TreeMemory(sum(rss[p] for p in seen), len(seen))
+
+
+_libc: ctypes.CDLL | None = None
+
+
+def release_freed_memory() -> None:
+    """Hand what a finished task freed back to the system: the unused pages of Arrow's memory pool,
+    and glibc's free pages in every arena (``malloc_trim``; nothing where the C library has none).
+
+    A Python worker is reused for the next task and otherwise stays as large as its largest task
+    made it (measured in the speed job's workers: ~25 MB less each, in ~ms per task).
+    """
+    global _libc
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    trim = getattr(_libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)

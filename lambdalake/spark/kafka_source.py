@@ -57,6 +57,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
+from lambdalake.procs import release_freed_memory
+
 log = logging.getLogger("lambdalake.kafka_source")
 
 EARLIEST, LATEST = -2, -1
@@ -714,7 +716,8 @@ def transformed(transform: Transform, schema: StructType, *, name: str) -> type[
     pickled = cloudpickle.dumps(transform)
 
     def run(records: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return pickle.loads(pickled)(records)  # type: ignore[no-any-return]
+        yield from pickle.loads(pickled)(records)
+        release_freed_memory()
 
     class Transformed(KafkaSource):
         @classmethod
