@@ -55,12 +55,18 @@ def tree_memory(root: int) -> TreeMemory:
 _libc: ctypes.CDLL | None = None
 
 
+#: Tasks of up to this many rows hand freed memory back when they end (see release_freed_memory).
+LIGHT_TASK_ROWS = 20_000
+
+
 def release_freed_memory() -> None:
     """Hand what a finished task freed back to the system: the unused pages of Arrow's memory pool,
     and glibc's free pages in every arena (``malloc_trim``; nothing where the C library has none).
 
     A Python worker is reused for the next task and otherwise stays as large as its largest task
-    made it (measured in the speed job's workers: ~25 MB less each, in ~ms per task).
+    made it (measured in the speed job's workers: ~25 MB less each). Callers do it after light
+    tasks only (``LIGHT_TASK_ROWS``): a backlog's large tasks would fault the pages in again each
+    time, and once the job has caught up its first light task hands the backlog's memory back.
     """
     global _libc
     import pyarrow as pa

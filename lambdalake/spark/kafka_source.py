@@ -57,7 +57,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from lambdalake.procs import release_freed_memory
+from lambdalake.procs import LIGHT_TASK_ROWS, release_freed_memory
 
 log = logging.getLogger("lambdalake.kafka_source")
 
@@ -197,16 +197,19 @@ class _NoAnswer(Exception):
     """A request that returned without the broker's answer (retried like a client timeout)."""
 
 
-def _consumer(config: Mapping[str, str]) -> Any:
+def _consumer(config: Mapping[str, str], *, records: int | None = None) -> Any:
+    """A consumer for our own offsets; ``records``: how many the caller will read, if it knows."""
     from confluent_kafka import Consumer
 
+    # librdkafka keeps up to 100k records a partition fetched ahead: for a task's small range that
+    # was up to 100k records past its end, for the broker to send and the worker to hold and drop.
+    # A large range keeps the full prefetch.
+    ahead = (
+        {} if records is None else {"queued.min.messages": min(100_000, max(2 * CONSUME_RECORDS, records))}
+    )
     return Consumer(
         {
-            # A task reads a known range: librdkafka's prefetch (100k records or 64 MB a partition
-            # by default) fetched up to 100k records past its end, for the broker to send and this
-            # worker to hold and drop. Two consume() calls' worth keeps the reads fed.
-            "queued.min.messages": 2 * CONSUME_RECORDS,
-            "queued.max.messages.kbytes": 16384,
+            **ahead,
             **config,
             # Offsets are ours (the checkpoint's); the group only satisfies the client.
             "group.id": config.get("group.id", "lambdalake-spark-source"),
@@ -393,7 +396,7 @@ def read_partition(opts: SourceOptions, part: KafkaPartition) -> Iterator[pa.Rec
     """
     from confluent_kafka import KafkaError, TopicPartition
 
-    consumer = _consumer(opts.client_config)
+    consumer = _consumer(opts.client_config, records=part.until - part.start)
     try:
         tp = TopicPartition(part.topic, part.partition)
         low, high = opts.retrying(
@@ -716,8 +719,17 @@ def transformed(transform: Transform, schema: StructType, *, name: str) -> type[
     pickled = cloudpickle.dumps(transform)
 
     def run(records: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from pickle.loads(pickled)(records)
-        release_freed_memory()
+        read = 0
+
+        def counted() -> Iterator[pa.RecordBatch]:
+            nonlocal read
+            for batch in records:
+                read += batch.num_rows
+                yield batch
+
+        yield from pickle.loads(pickled)(counted())
+        if read <= LIGHT_TASK_ROWS:
+            release_freed_memory()
 
     class Transformed(KafkaSource):
         @classmethod

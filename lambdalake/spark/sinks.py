@@ -31,14 +31,15 @@ def upsert_view(
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from lambdalake.cassandra.writer import upsert_arrow
-        from lambdalake.procs import release_freed_memory
+        from lambdalake.procs import LIGHT_TASK_ROWS, release_freed_memory
 
         written = 0
         for batch in batches:
             written += upsert_arrow(
                 batch, table=table, settings=cassandra, batch_rows=batch_rows, concurrency=concurrency
             )
-        release_freed_memory()
+        if written <= LIGHT_TASK_ROWS:
+            release_freed_memory()
         yield pa.RecordBatch.from_pydict({"rows": [written]})
 
     return sum(r["rows"] for r in df.select(*table.column_names).mapInArrow(write, "rows long").collect())
