@@ -115,7 +115,8 @@ class Deployer:
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         from lambdalake.kafka.admin import require_log_append_time
-        from lambdalake.master import MasterDataset, table_path
+        from lambdalake.master import MasterDataset
+        from lambdalake.master_files import table_path
         from lambdalake.registry import call, client
 
         sr = client(self.settings)
