@@ -4,7 +4,6 @@ workers), read from Linux's ``/proc``; and handing a finished task's freed memor
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +72,7 @@ def release_freed_memory() -> None:
 
     pa.default_memory_pool().release_unused()
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        _libc = ctypes.CDLL(None)  # the process's own symbols, the C library's among them
     trim = getattr(_libc, "malloc_trim", None)
     if trim is not None:
         trim(0)
