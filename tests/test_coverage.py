@@ -100,31 +100,69 @@ def test_a_commit_leaves_out_the_coordinates_bronze_holds(tmp_path: Path) -> Non
     assert bronze.read_progress(["t/0"]) == {"t/0": 149}
 
 
-def test_concurrent_writers_of_one_range_never_hold_a_coordinate_twice(tmp_path: Path) -> None:
-    """Writers deciding on one snapshot: the commit that lands second conflicts and decides again."""
+def test_a_writer_decides_on_what_others_committed_since_its_last_commit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The speed job keeps one MasterDataset for its run: its next commit is decided on the newest
+    snapshot (another writer's commit in between seen at once, not learnt from a conflict)."""
+    path = str(tmp_path / "bronze")
+    seed = write_event_files(events(1, range(0, 1)), path=path, event_time="event_time", name="seed")
+    MasterDataset(path, event_time="event_time").commit(
+        seed, app_id="seed", batch_id=0, layers=LAYERS, ranges={"t/1": [(0, 1)]}
+    )
+    speed = MasterDataset(path, event_time="event_time")
+    first = write_event_files(events(0, range(0, 100)), path=path, event_time="event_time", name="s0")
+    speed.commit(first, app_id="speed", batch_id=0, layers=LAYERS, ranges={"t/0": [(0, 100)]}, speed=True)
+    replay = write_event_files(events(0, range(100, 200)), path=path, event_time="event_time", name="r")
+    MasterDataset(path, event_time="event_time").commit(
+        replay, app_id="replay", batch_id=0, layers=LAYERS, ranges={"t/0": [(100, 200)]}
+    )
+    second = write_event_files(events(0, range(100, 250)), path=path, event_time="event_time", name="s1")
+    with caplog.at_level("INFO", logger="lambdalake.master"):
+        added = speed.commit(
+            second, app_id="speed", batch_id=1, layers=LAYERS, ranges={"t/0": [(100, 250)]}, speed=True
+        )
+    assert added == 50
+    assert not [r for r in caplog.records if "concurrent commit" in r.getMessage()]
+    assert coordinates(speed) == [(0, o) for o in range(250)] + [(1, 0)]
+    assert speed.read_speed_end() == {"t/0": 250}
+    # The replay's commit is not the speed job's batch 1: the same batch again is still skipped.
+    again = speed.commit(second, app_id="speed", batch_id=1, layers=LAYERS, ranges={"t/0": [(100, 250)]})
+    assert again is None
+
+
+@pytest.mark.parametrize("commits_each", [1, 3])
+def test_concurrent_writers_of_one_range_never_hold_a_coordinate_twice(
+    tmp_path: Path, commits_each: int
+) -> None:
+    """Writers deciding on one snapshot: the commit that lands second conflicts and decides again
+    (each writer keeps its MasterDataset, and so its snapshot, across its commits)."""
     path = str(tmp_path / "bronze")
     bronze = MasterDataset(path, event_time="event_time")
     seed = write_event_files(events(0, range(0, 1)), path=path, event_time="event_time", name="seed")
     bronze.commit(seed, app_id="seed", batch_id=0, layers=LAYERS, ranges={"t/0": [(0, 1)]})
     writers = 6
-    files = [
-        write_event_files(events(0, range(1 + 10 * i, 60 + 10 * i)), path=path, event_time="event_time",
-                          name=f"w{i}")
-        for i in range(writers)
-    ]  # fmt: skip
+    # Writer i's batch b reads [1 + 10 * (i + b), 60 + 10 * (i + b)): every range overlaps others.
+    files = {
+        (i, b): write_event_files(events(0, range(1 + 10 * (i + b), 60 + 10 * (i + b))), path=path,
+                                  event_time="event_time", name=f"w{i}b{b}")
+        for i in range(writers) for b in range(commits_each)
+    }  # fmt: skip
     barrier = threading.Barrier(writers)
     errors: list[BaseException] = []
 
     def write(i: int) -> None:
         try:
             barrier.wait()
-            MasterDataset(path, event_time="event_time").commit(
-                files[i],
-                app_id=f"w{i}",
-                batch_id=0,
-                layers=LAYERS,
-                ranges={"t/0": [(1 + 10 * i, 60 + 10 * i)]},
-            )
+            writer = MasterDataset(path, event_time="event_time")  # one per writer, kept across its commits
+            for b in range(commits_each):
+                writer.commit(
+                    files[(i, b)],
+                    app_id=f"w{i}",
+                    batch_id=b,
+                    layers=LAYERS,
+                    ranges={"t/0": [(1 + 10 * (i + b), 60 + 10 * (i + b))]},
+                )
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -134,9 +172,9 @@ def test_concurrent_writers_of_one_range_never_hold_a_coordinate_twice(tmp_path:
     for t in threads:
         t.join()
     assert not errors, errors
-    held = coordinates(bronze)
-    assert held == [(0, o) for o in range(60 + 10 * (writers - 1))]
-    assert bronze.read_coverage() == {"t/0": [(0, 60 + 10 * (writers - 1))]}
+    end = 60 + 10 * (writers - 1 + commits_each - 1)
+    assert coordinates(bronze) == [(0, o) for o in range(end)]
+    assert bronze.read_coverage() == {"t/0": [(0, end)]}
     assert pc.sum(pc.equal(bronze.read().column("_offset"), 30)).as_py() == 1
 
 
