@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -85,6 +86,8 @@ class MasterDataset:
         self.path = path
         self.event_time = event_time
         self._committing: DeltaTable | None = None
+        self._refreshing: threading.Thread | None = None
+        self._refresh_failed = False
 
     def _table(self) -> DeltaTable | None:
         return open_table(self.path)
@@ -95,6 +98,11 @@ class MasterDataset:
         the log from its last checkpoint, every live file included: ~17 ms at 1k files, ~290 ms at
         150k, which the speed job's bronze reaches in about 12 hours at 1k events/s (BENCHMARKS.md).
         The snapshot is this object's: one object per writing thread."""
+        if self._refreshing is not None:
+            self._refreshing.join()
+            self._refreshing = None
+            if self._refresh_failed:
+                self._committing, self._refresh_failed = None, False
         if self._committing is None:
             self._committing = open_table(self.path)
         else:
@@ -104,6 +112,20 @@ class MasterDataset:
                 self._committing = None  # opened afresh next time, whatever state the failure left
                 raise
         return self._committing
+
+    def _refresh_later(self, table: DeltaTable) -> None:
+        """Bring ``table`` up to date with the commit just made while the caller goes on (the speed
+        job: its next micro-batch). delta-rs rebuilds the table's file list to do it, ~180 ms at 150k
+        files, without holding the GIL; the next commit waits for it before it decides."""
+
+        def refresh() -> None:
+            try:
+                table.update_incremental()
+            except BaseException:  # reopened by the next commit, which reports what still fails
+                self._refresh_failed = True
+
+        self._refreshing = threading.Thread(target=refresh, name="bronze-snapshot-refresh")
+        self._refreshing.start()
 
     def commit(
         self,
@@ -157,6 +179,7 @@ class MasterDataset:
             try:
                 _version, rows = commit_files(
                     self.path, keep, mode="append", partition=(PARTITION, pa.date32()), table=table,
+                    refresh=False,
                     app_transactions=[(app_id, batch_id), (WRITER_APP, version + 1)],
                     stats_columns=COORDINATES,
                     metadata={
@@ -174,6 +197,8 @@ class MasterDataset:
                     raise
                 log.info("bronze commit of %s met a concurrent commit; deciding again", app_id)
                 continue
+            if table is not None:
+                self._refresh_later(table)
             if held:
                 log.info("left out offsets bronze already held: %s", to_json(held))
             log.debug("master commit of %d files: %.2fs", len(keep), time.monotonic() - t0)

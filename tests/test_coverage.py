@@ -204,3 +204,47 @@ def test_a_coordinate_held_twice_is_one_delivery_in_deduplication(spark, tmp_pat
     kept = deduplicate(bronze, pipeline).select("_offset").collect()
     # 0, 1 and 2 once each; 3 is the first delivery of its identity (4 and 5 repeat it), once.
     assert sorted(r[0] for r in kept) == [0, 1, 2, 3]
+
+
+def test_a_snapshot_that_fails_to_refresh_after_a_commit_is_opened_again(tmp_path: Path) -> None:
+    """The kept snapshot is brought up to date off the caller's path after each commit; if that
+    fails, the next commit opens the table again instead of deciding on a stale snapshot."""
+    path = str(tmp_path / "bronze")
+    speed = MasterDataset(path, event_time="event_time")
+
+    def commit(batch: int) -> int | None:
+        files = write_event_files(
+            events(0, range(100 * batch, 100 * batch + 100)),
+            path=path,
+            event_time="event_time",
+            name=f"b{batch}",
+        )
+        return speed.commit(
+            files,
+            app_id="speed",
+            batch_id=batch,
+            layers=LAYERS,
+            ranges={"t/0": [(100 * batch, 100 * batch + 100)]},
+        )
+
+    commit(0)  # creates the table
+    commit(1)  # opens it, and keeps it
+    kept = speed._committing
+    assert kept is not None
+    calls = []
+
+    def failing_second_call() -> None:
+        calls.append(1)
+        if len(calls) == 2:  # the refresh after batch 2's commit
+            raise OSError("the log is unreadable for a moment")
+        type(kept).update_incremental(kept)
+
+    kept.update_incremental = failing_second_call  # type: ignore[method-assign]
+    assert commit(2) == 100
+    other = write_event_files(events(0, range(300, 400)), path=path, event_time="event_time", name="other")
+    MasterDataset(path, event_time="event_time").commit(
+        other, app_id="replay", batch_id=0, layers=LAYERS, ranges={"t/0": [(300, 400)]}
+    )
+    assert commit(3) == 0  # the replay's commit holds batch 3's offsets: seen on the reopened table
+    assert len(calls) == 2 and speed._committing is not kept
+    assert coordinates(speed) == [(0, o) for o in range(400)]
