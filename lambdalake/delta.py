@@ -66,12 +66,14 @@ def add_actions(
     *,
     partition: tuple[str, pa.DataType] | None = None,
     stats_columns: Sequence[str] = (),
+    data_change: bool = True,
 ) -> tuple[list[AddAction], pa.Schema | None, int]:
     """Add actions for ``files`` (paths relative to the table), the schema and the total rows.
 
     ``partition`` names the Hive-style partition column of the paths (``name=value/...``) and its type.
     ``stats_columns`` names integer columns whose min, max and null count go into each file's stats
-    (readers skip files by them); every file's row count always does.
+    (readers skip files by them); every file's row count always does. ``data_change`` is False for
+    files that hold rows already in the table (a compaction's).
     """
     filesystem, root = pafs.FileSystem.from_uri(uri)
     root = root.rstrip("/")
@@ -92,7 +94,7 @@ def add_actions(
         stats = {"numRecords": metadata.num_rows, **_integer_stats(metadata, stats_columns)}
         actions.append(AddAction(
             path=relative, size=filesystem.get_file_info(target).size, partition_values=values,
-            modification_time=now_ms, data_change=True, stats=json.dumps(stats),
+            modification_time=now_ms, data_change=data_change, stats=json.dumps(stats),
         ))  # fmt: skip
     return actions, schema, total
 

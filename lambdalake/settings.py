@@ -191,6 +191,19 @@ class SparkSettings(BaseModel):
         return value
 
 
+class BronzeSettings(BaseModel):
+    """Compaction of the master dataset's small files by the speed job (:mod:`lambdalake.compaction`)."""
+
+    #: Rewrite small files into large ones on a thread of the speed job (the rows stay as they are).
+    compact: bool = True
+    #: Bronze commits (micro-batches) between two rounds: 100 is about a minute at 1k events/s.
+    compact_every_commits: int = Field(100, ge=1, description="commits, 1 or more", examples=["100"])
+    #: Files of one event date, Kafka partition and size class rewritten together once this many gathered.
+    compact_fan_in: int = Field(10, ge=2, le=10_000, description="files, 2-10000", examples=["10"])
+    #: Files this large (MiB) are never rewritten (Delta's own target for optimized files: 1 GiB).
+    compact_max_mb: int = Field(1024, ge=2, description="MiB, 2 or more", examples=["512"])
+
+
 class ServingSettings(BaseModel):
     """The HTTP API (``lambdalake serve``)."""
 
@@ -215,6 +228,7 @@ class Settings(BaseSettings):
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     cassandra: CassandraSettings = Field(default_factory=CassandraSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
+    bronze: BronzeSettings = Field(default_factory=BronzeSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
     #: Where embedded services keep data, PID files and logs.
     state_dir: Path = PROJECT_ROOT / ".lambdalake"

@@ -40,6 +40,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import deploy_speed_tables, speed_table_def
+from lambdalake.compaction import CompactionPolicy, Compactor
 from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.kafka.admin import require_log_append_time
 from lambdalake.master import MasterDataset
@@ -88,6 +89,18 @@ class SpeedOptions:
     starting_offsets: str = "earliest"
     broker_wait_s: float = 120.0
     fail_on_data_loss: bool = True
+
+
+def _compactor(settings: Settings, path: str, *, staging_prefix: str) -> Compactor | None:
+    """Bronze's compaction on a thread of the job (None when ``bronze.compact`` is off); what a
+    killed round staged starts with ``staging_prefix``, which the job's next start clears."""
+    bronze = settings.bronze
+    if not bronze.compact:
+        return None
+    policy = CompactionPolicy(fan_in=bronze.compact_fan_in, max_bytes=bronze.compact_max_mb << 20)
+    return Compactor(
+        path, policy=policy, every_commits=bronze.compact_every_commits, staging_prefix=staging_prefix
+    )
 
 
 def checkpoints_path(storage_root: str, pipeline: str) -> str:
@@ -270,6 +283,7 @@ class SpeedJob:
         self.master = MasterDataset(
             table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
         )
+        self.compactor: Compactor | None = None
         self.checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
         self.progress = ProgressLog(speed_status_file(settings.storage_root, pipeline.name))
         self.queries: list[StreamingQuery] = []
@@ -427,6 +441,8 @@ class SpeedJob:
             layers=self.pipeline.layers, partitions=self.read_progress.value,
             ranges=self.batch_ranges(batch_id), speed=True,
         )  # fmt: skip
+        if self.compactor is not None:
+            self.compactor.committed()
         log.debug("main batch %d: pass %.2fs, commit %.2fs (%d files)", batch_id, t1 - t0,
                   time.monotonic() - t1, len(files))  # fmt: skip
 
@@ -438,6 +454,7 @@ class SpeedJob:
         self.deploy()
         self.run_id = self._run_id()
         self.master.clear_staging(f"{self.run_id}-")
+        self.compactor = _compactor(self.settings, self.master.path, staging_prefix=f"{self.run_id}-")
         trigger = {"processingTime": f"{self.options.trigger_seconds} seconds"}
         name = self.pipeline.name
         main = self.main_stream().writeStream.queryName(f"{name}-main")
@@ -505,6 +522,8 @@ class SpeedJob:
     def stop(self) -> None:
         for q in self.queries:
             q.stop()
+        if self.compactor is not None:
+            self.compactor.close()
         self.progress.close(self.queries)
 
     def close(self) -> None:

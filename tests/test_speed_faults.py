@@ -12,12 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
 from infra.services import CassandraService
+from lambdalake.compaction import OPERATION
 from lambdalake.master_files import table_path
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
-from lambdalake.settings import PROJECT_ROOT, Settings
+from lambdalake.settings import PROJECT_ROOT, BronzeSettings, Settings
 from speed.job import SpeedJob
 from tests.conftest import env_for, isolated, pipeline_named
 from tests.helpers import bronze_coordinates, stop_job
@@ -92,7 +94,11 @@ def start_job(settings: Settings, name: str, log: Path) -> subprocess.Popen:
 
 
 def test_kill_minus_nine_three_times(services: Settings, tmp_path: Path, unique: str) -> None:
-    settings = isolated(services, tmp_path, unique).model_copy(update={"topic_prefix": f"{unique}-"})
+    # Bronze compaction every 3 micro-batches, 3 files at a time: the kills land inside its rounds too.
+    compacting = BronzeSettings(compact_every_commits=3, compact_fan_in=3)
+    settings = isolated(services, tmp_path, unique).model_copy(
+        update={"topic_prefix": f"{unique}-", "bronze": compacting}
+    )
     pipeline = pipeline_named(settings, "offers")  # the job finds the same topic through the prefix
     assert pipeline.topic.name == f"{unique}-offers"
     EventProducer(settings=settings, pipeline=pipeline)  # topics and schemas exist before the job
@@ -121,6 +127,8 @@ def test_kill_minus_nine_three_times(services: Settings, tmp_path: Path, unique:
     # A kill mid-write leaves a half-written file in _staging/; the next start clears it.
     staging = Path(table_path(settings.storage_root, pipeline.name)) / "_staging"
     assert not staging.exists() or sorted(staging.iterdir()) == []
+    history = DeltaTable(table_path(settings.storage_root, pipeline.name)).history()
+    assert sum(1 for e in history if e.get(OPERATION) == "compact") >= 3, "bronze was not compacted"
 
 
 def test_cassandra_stopped_for_30s(services: Settings, spark, tmp_path: Path, unique: str) -> None:

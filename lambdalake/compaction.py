@@ -1,0 +1,329 @@
+"""Compaction of the master dataset: a running speed job adds a few small files to bronze with every
+micro-batch (~3 a second at 1k events/s, 150k in about 12 hours), and delta-rs's open, commit and
+update, the batch layer's file listing and replay's file choice all grow with the live files.
+
+Compaction rewrites small files of one event date and one Kafka partition into one file, in offset
+order, and swaps them in one Delta commit (``dataChange=false`` adds and removes: the rows, their
+coordinates and every commit's recorded coverage stay as they were). Files of one size class are
+rewritten together only when ``fan_in`` of them have gathered, so a row is rewritten about once per
+size class (a factor of ``fan_in`` each), never once per round; files of ``max_bytes`` or more are
+never rewritten.
+
+Concurrency: the commit carries the bronze writers' shared app transaction, so any bronze commit
+landing between the plan and this commit fails it; it is then checked again on the newest snapshot
+(are the files it replaces still live?) and committed, or given up for that group. Whatever the
+outcome, each row is held by exactly one live file. The files it removes stay on storage (readers
+pinned to an earlier version still read them) until a vacuum past their retention.
+
+Delivery guarantee: none needed; the rows are unchanged. A compaction killed at any point leaves
+either its commit or nothing live (an output written but not committed is adopted by the next round
+with the same inputs: its name is derived from them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import RemoveAction
+from pyarrow import fs as pafs
+
+from lambdalake.delta import add_actions, open_table
+from lambdalake.master import COORDINATES, WRITER_APP
+from lambdalake.master_files import NULL_PARTITION, PARTITION
+
+log = logging.getLogger("lambdalake.compaction")
+
+#: Commit metadata: what a compaction commit did (bronze's own keys are left to its writers).
+OPERATION = "lambdalake.operation"
+COMMIT_ATTEMPTS = 20
+#: Rows per row group of a compacted file (a whole micro-batch file is often a few hundred).
+ROW_GROUP_ROWS = 128 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompactionPolicy:
+    """Which small files are rewritten together.
+
+    Attributes:
+        fan_in: How many files of one event date, Kafka partition and size class must gather before
+            they are rewritten into one (default 10).
+        base_bytes: The upper bound of the smallest size class (default 1 MiB); each class above it
+            is ``fan_in`` times wider.
+        max_bytes: Files this large or larger are never rewritten, and an output stops growing at
+            it (default 1 GiB, Delta's own target for optimized files).
+    """
+
+    fan_in: int = 10
+    base_bytes: int = 1 << 20
+    max_bytes: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        if self.fan_in < 2 or self.base_bytes < 1 or self.max_bytes <= self.base_bytes:
+            raise ValueError(f"a compaction policy needs fan_in >= 2 and 0 < base_bytes < max_bytes: {self}")
+
+    def size_class(self, size: int) -> int:
+        """0 below ``base_bytes``, then one more for each factor of ``fan_in``."""
+        if size < self.base_bytes:
+            return 0
+        return 1 + int(math.log(size / self.base_bytes, self.fan_in))
+
+
+@dataclass(frozen=True)
+class LiveFile:
+    path: str
+    size: int
+    first_offset: int
+
+
+@dataclass(frozen=True)
+class Group:
+    """Live files of one event date (its Hive value) and Kafka partition, rewritten into one file."""
+
+    date: str
+    partition: int
+    files: tuple[LiveFile, ...]
+
+    @property
+    def name(self) -> str:
+        """The output's name: derived from the inputs, so a rerun writes the same file."""
+        digest = hashlib.sha1("\n".join(sorted(f.path for f in self.files)).encode()).hexdigest()[:16]
+        return f"compact-p{self.partition}-o{self.files[0].first_offset}-{digest}"
+
+    @property
+    def relative(self) -> str:
+        return f"{PARTITION}={self.date}/{self.name}.parquet"
+
+
+def plan(table: DeltaTable, policy: CompactionPolicy) -> list[Group]:
+    """The groups worth rewriting in ``table``'s snapshot: per event date, Kafka partition and size
+    class, ``policy.fan_in`` files or more, in offset order, cut so no output passes ``max_bytes``.
+    Files without coordinate stats, or spanning Kafka partitions, are left alone."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    bounds = [f"{edge}.{c}" for c in COORDINATES for edge in ("min", "max")]
+    date_column = f"partition.{PARTITION}"
+    if actions.num_rows == 0 or not all(b in actions.column_names for b in [*bounds, date_column]):
+        return []
+    gathered: dict[tuple[str, int, int], list[LiveFile]] = {}
+    columns = [actions.column(c).to_pylist() for c in ("path", "size_bytes", date_column, *bounds)]
+    for path, size, date, p_min, p_max, o_min, _o_max in zip(*columns, strict=True):
+        if p_min is None or p_min != p_max or o_min is None or size >= policy.max_bytes:
+            continue
+        value = NULL_PARTITION if date is None else str(date)
+        key = (value, int(p_min), policy.size_class(size))
+        gathered.setdefault(key, []).append(LiveFile(path, size, int(o_min)))
+    groups = []
+    for (date, partition, _), files in sorted(gathered.items()):
+        if len(files) < policy.fan_in:
+            continue
+        files.sort(key=lambda f: (f.first_offset, f.path))
+        chunk: list[LiveFile] = []
+        for f in [*files, None]:
+            if f is None or (chunk and sum(c.size for c in chunk) + f.size > policy.max_bytes):
+                if len(chunk) > 1:
+                    groups.append(Group(date, partition, tuple(chunk)))
+                chunk = []
+            if f is not None:
+                chunk.append(f)
+    return groups
+
+
+def _hive_value(date: str) -> str | None:
+    return None if date == NULL_PARTITION else date
+
+
+class Compaction:
+    """One round of compaction of the master dataset at ``path``.
+
+    :meth:`write` writes each planned group's file (on storage, not yet live); :meth:`commit` swaps
+    them in. :meth:`run` does both. One object per round.
+
+    Args:
+        path: The master dataset (a local path or an object-store URI).
+        policy: Which files are rewritten together (default :class:`CompactionPolicy`'s defaults).
+        staging_prefix: Starts the names of files being written (default none): a killed round's
+            are cleared by :meth:`lambdalake.master.MasterDataset.clear_staging` with it.
+    """
+
+    def __init__(
+        self, path: str, *, policy: CompactionPolicy | None = None, staging_prefix: str = ""
+    ) -> None:
+        self.path = path.rstrip("/")
+        self.policy = policy or CompactionPolicy()
+        self.staging_prefix = staging_prefix
+        self.groups: list[Group] = []
+        self._filesystem, root = pafs.FileSystem.from_uri(self.path)
+        self._root = root.rstrip("/")
+
+    def run(self) -> int:
+        """Plan, write and commit; returns how many files were replaced (0: nothing worth it)."""
+        if not self.write():
+            return 0
+        return self.commit()
+
+    def write(self, table: DeltaTable | None = None) -> list[Group]:
+        """Plan on ``table``'s snapshot (default the newest) and write each group's file."""
+        table = table if table is not None else open_table(self.path)
+        if table is None:
+            return []
+        self.groups = []
+        for group in plan(table, self.policy):
+            if self._write(group):
+                self.groups.append(group)
+        return self.groups
+
+    def _write(self, group: Group) -> bool:
+        """Write ``group``'s file (kept as it is if it exists: the same inputs' rows). False when its
+        inputs do not share one schema (written by pipelines of different versions: left alone)."""
+        target = f"{self._root}/{group.relative}"
+        if self._filesystem.get_file_info(target).type != pafs.FileType.NotFound:
+            return True
+        paths = [f"{self._root}/{f.path}" for f in group.files]
+        # Opened one at a time: a group may hold more files than a process may keep open.
+        schema = pq.read_schema(paths[0], filesystem=self._filesystem)
+        if any(not pq.read_schema(p, filesystem=self._filesystem).equals(schema) for p in paths[1:]):
+            log.info("left %d files of %s alone: they hold different schemas", len(paths), group.relative)
+            return False
+        staging = f"{self._root}/_staging/{self.staging_prefix}{group.name}.{uuid.uuid4().hex}.parquet"
+        self._filesystem.create_dir(f"{self._root}/_staging", recursive=True)
+        self._filesystem.create_dir(target.rsplit("/", 1)[0], recursive=True)
+        pending: list[pa.RecordBatch] = []
+        with pq.ParquetWriter(staging, schema, filesystem=self._filesystem, compression="snappy") as out:
+            # One input's row group at a time: memory stays at a row group, whatever the group's size.
+            for path in paths:
+                source = pq.ParquetFile(path, filesystem=self._filesystem)
+                try:
+                    for batch in source.iter_batches(batch_size=ROW_GROUP_ROWS):
+                        pending.append(batch)
+                        if sum(b.num_rows for b in pending) >= ROW_GROUP_ROWS:
+                            out.write_table(
+                                pa.Table.from_batches(pending, schema), row_group_size=ROW_GROUP_ROWS
+                            )
+                            pending = []
+                finally:
+                    source.close()
+            if pending:
+                out.write_table(pa.Table.from_batches(pending, schema), row_group_size=ROW_GROUP_ROWS)
+        self._filesystem.move(staging, target)
+        return True
+
+    def commit(self) -> int:
+        """Swap the written groups in, in one commit decided on the newest snapshot; returns how many
+        files were replaced. A group whose inputs another commit removed meanwhile is left out."""
+        for attempt in range(COMMIT_ATTEMPTS):
+            table = open_table(self.path)
+            if table is None:
+                return 0
+            live = set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
+            groups = [g for g in self.groups if all(f.path in live for f in g.files)]
+            if len(groups) < len(self.groups):
+                lost = len(self.groups) - len(groups)
+                log.info("%d compaction groups lost their inputs to another commit: left out", lost)
+            self.groups = groups
+            if not groups:
+                return 0
+            try:
+                self._commit(table, groups)
+            except CommitFailedError as exc:
+                if "Concurrent" not in str(exc) or attempt == COMMIT_ATTEMPTS - 1:
+                    raise
+                log.info("bronze compaction met a concurrent commit; checking its files again")
+                continue
+            replaced = sum(len(g.files) for g in groups)
+            log.info("compacted %d bronze files into %d", replaced, len(groups))
+            return replaced
+        raise AssertionError("unreachable")
+
+    def _commit(self, table: DeltaTable, groups: list[Group]) -> None:
+        adds, _, rows = add_actions(
+            self.path, [g.relative for g in groups], partition=(PARTITION, pa.date32()),
+            stats_columns=COORDINATES, data_change=False,
+        )  # fmt: skip
+        expected = sum(self._rows(f.path) for g in groups for f in g.files)
+        if rows != expected:
+            raise AssertionError(f"compacted files hold {rows} rows, their inputs {expected}: not committed")
+        now_ms = int(time.time() * 1000)
+        # Positional (path, data_change, deletion_timestamp, size, partition_values): the binding
+        # takes no keywords.
+        removes = [
+            RemoveAction(f.path, False, now_ms, f.size, {PARTITION: _hive_value(g.date)})
+            for g in groups
+            for f in g.files
+        ]
+        table.create_write_transaction(
+            [*adds, *removes],
+            mode="append",
+            schema=table.schema(),
+            partition_by=[PARTITION],
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(app_id=WRITER_APP, version=table.version() + 1)],
+                custom_metadata={OPERATION: "compact", "lambdalake.files_replaced": str(len(removes))},
+            ),
+        )
+
+    def _rows(self, relative: str) -> int:
+        return pq.read_metadata(f"{self._root}/{relative}", filesystem=self._filesystem).num_rows
+
+
+class Compactor:
+    """Runs a :class:`Compaction` on a thread of its own every ``every_commits`` bronze commits of its
+    owner (the speed job), one at a time, so the stream never waits for it.
+
+    Args:
+        path: The master dataset.
+        policy: Which files are rewritten together.
+        every_commits: Commits between rounds (default 100, about a minute of micro-batches).
+        staging_prefix: See :class:`Compaction`.
+        on_error: Called with a round's exception (default: logged); the next round tries again.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        policy: CompactionPolicy | None = None,
+        every_commits: int = 100,
+        staging_prefix: str = "",
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.path = path
+        self.staging_prefix = staging_prefix
+        self.policy = policy or CompactionPolicy()
+        self.every_commits = every_commits
+        self.on_error = on_error or (lambda exc: log.warning("bronze compaction failed: %s", exc))
+        self.rounds = 0
+        self.replaced = 0
+        self._commits = 0
+        self._thread: threading.Thread | None = None
+
+    def committed(self) -> None:
+        """Count one commit; start a round when it is due and none is running."""
+        self._commits += 1
+        if self._commits < self.every_commits or (self._thread is not None and self._thread.is_alive()):
+            return
+        self._commits = 0
+        self._thread = threading.Thread(target=self._round, name="bronze-compaction", daemon=True)
+        self._thread.start()
+
+    def _round(self) -> None:
+        try:
+            round_ = Compaction(self.path, policy=self.policy, staging_prefix=self.staging_prefix)
+            self.replaced += round_.run()
+            self.rounds += 1
+        except Exception as exc:  # a failed round leaves bronze as it was; the next one tries again
+            self.on_error(exc)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for a running round to end."""
+        if self._thread is not None:
+            self._thread.join(timeout)
