@@ -9,10 +9,15 @@ rewritten together only when ``fan_in`` of them have gathered, so a row is rewri
 size class (a factor of ``fan_in`` each), never once per round; files of ``max_bytes`` or more are
 never rewritten.
 
-Concurrency: the commit carries the bronze writers' shared app transaction, so any bronze commit
-landing between the plan and this commit fails it; it is then checked again on the newest snapshot
-(are the files it replaces still live?) and committed, or given up for that group. Whatever the
-outcome, each row is held by exactly one live file. The files it removes stay on storage (readers
+Concurrency: the decision a round depends on is which files are live, and only a commit that
+removes files can change it: writers only append, and what they decide (which coordinates bronze
+holds) a compaction leaves as it was. So rounds carry an app transaction of their own
+(:data:`COMPACTION_APP`; every commit that removes bronze files must): a round landing between
+another's snapshot and its commit fails it (delta-rs alone does not: measured, two rounds then
+removed the same files and both outputs stayed live), and it is checked again on the newest
+snapshot (are the files it replaces still live?) and committed, or given up for that group. The
+writers' commits neither wait for rounds nor fail because of them. Whatever the outcome, each row
+is held by exactly one live file. The files it removes stay on storage (readers
 pinned to an earlier version still read them) until a vacuum past their retention.
 
 Delivery guarantee: none needed; the rows are unchanged. A compaction killed at any point leaves
@@ -39,11 +44,13 @@ from deltalake.transaction import RemoveAction
 from pyarrow import fs as pafs
 
 from lambdalake.delta import add_actions, open_table
-from lambdalake.master import COORDINATES, WRITER_APP
+from lambdalake.master import COORDINATES
 from lambdalake.master_files import NULL_PARTITION, PARTITION
 
 log = logging.getLogger("lambdalake.compaction")
 
+#: The app transaction every commit that removes bronze files carries: two made on one snapshot conflict.
+COMPACTION_APP = "lambdalake.bronze-compaction"
 #: Commit metadata: what a compaction commit did (bronze's own keys are left to its writers).
 OPERATION = "lambdalake.operation"
 COMMIT_ATTEMPTS = 20
@@ -266,7 +273,7 @@ class Compaction:
             schema=table.schema(),
             partition_by=[PARTITION],
             commit_properties=CommitProperties(
-                app_transactions=[Transaction(app_id=WRITER_APP, version=table.version() + 1)],
+                app_transactions=[Transaction(app_id=COMPACTION_APP, version=table.version() + 1)],
                 custom_metadata={OPERATION: "compact", "lambdalake.files_replaced": str(len(removes))},
             ),
         )

@@ -131,7 +131,7 @@ def test_a_commit_landing_during_compaction_stays_and_the_compaction_commits_aft
         return original(self, table, groups)
 
     monkeypatch.setattr(Compaction, "_commit", speed_commit_first)
-    assert round_.commit() == 12  # its first commit met the micro-batch's and was decided again
+    assert round_.commit() == 12  # an append changes nothing it decided: no conflict
     assert coordinates(bronze) == sorted([(0, o) for o in range(70)] + [(1, o) for o in range(60)])
     assert live(bronze) == 3
 
@@ -149,7 +149,7 @@ def test_two_compactions_of_the_same_files_replace_them_once(tmp_path: Path) -> 
 def test_a_compaction_landing_inside_another_on_overlapping_files_wins_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The second decided on a snapshot where the first's inputs were live; the writers' shared app
+    """The second decided on a snapshot where the first's inputs were live; the rounds' own app
     transaction fails its commit, and deciding again it finds them gone."""
     bronze = bronze_of(tmp_path / "b", 3)
     early = Compaction(bronze.path, policy=SMALL)
