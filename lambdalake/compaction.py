@@ -18,7 +18,8 @@ removed the same files and both outputs stayed live), and it is checked again on
 snapshot (are the files it replaces still live?) and committed, or given up for that group. The
 writers' commits neither wait for rounds nor fail because of them. Whatever the outcome, each row
 is held by exactly one live file. The files it removes stay on storage (readers
-pinned to an earlier version still read them) until a vacuum past their retention.
+pinned to an earlier version still read them) until :func:`vacuum` deletes those removed longer
+ago than its retention (files never committed are never touched by it).
 
 Delivery guarantee: none needed; the rows are unchanged. A compaction killed at any point leaves
 either its commit or nothing live (an output written but not committed is adopted by the next round
@@ -282,6 +283,17 @@ class Compaction:
         return pq.read_metadata(f"{self._root}/{relative}", filesystem=self._filesystem).num_rows
 
 
+def vacuum(path: str, *, retention_hours: int) -> int:
+    """Delete the files of ``path`` that a commit removed more than ``retention_hours`` ago (delta-rs's
+    lite vacuum: removed files only, never one that no commit named, such as a micro-batch's file
+    written but not committed yet); returns how many. A reader pinned to a version older than the
+    retention (a batch run longer than it) would miss them: keep the retention above the longest."""
+    table = open_table(path)
+    if table is None:
+        return 0
+    return len(table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False))
+
+
 class Compactor:
     """Runs a :class:`Compaction` on a thread of its own every ``every_commits`` bronze commits of its
     owner (the speed job), one at a time, so the stream never waits for it.
@@ -291,6 +303,10 @@ class Compactor:
         policy: Which files are rewritten together.
         every_commits: Commits between rounds (default 100, about a minute of micro-batches).
         staging_prefix: See :class:`Compaction`.
+        vacuum_retention_hours: After every ``vacuum_every_rounds``-th round, :func:`vacuum` with this
+            retention (default 168, a week, Delta's own default); None never vacuums.
+        vacuum_every_rounds: Rounds between vacuums (default 10: a vacuum writes two commits to
+            the log, files to delete or not).
         on_error: Called with a round's exception (default: logged); the next round tries again.
     """
 
@@ -301,10 +317,15 @@ class Compactor:
         policy: CompactionPolicy | None = None,
         every_commits: int = 100,
         staging_prefix: str = "",
+        vacuum_retention_hours: int | None = 168,
+        vacuum_every_rounds: int = 10,
         on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.path = path
         self.staging_prefix = staging_prefix
+        self.vacuum_retention_hours = vacuum_retention_hours
+        self.vacuum_every_rounds = vacuum_every_rounds
+        self.vacuumed = 0
         self.policy = policy or CompactionPolicy()
         self.every_commits = every_commits
         self.on_error = on_error or (lambda exc: log.warning("bronze compaction failed: %s", exc))
@@ -327,6 +348,8 @@ class Compactor:
             round_ = Compaction(self.path, policy=self.policy, staging_prefix=self.staging_prefix)
             self.replaced += round_.run()
             self.rounds += 1
+            if self.vacuum_retention_hours is not None and self.rounds % self.vacuum_every_rounds == 0:
+                self.vacuumed += vacuum(self.path, retention_hours=self.vacuum_retention_hours)
         except Exception as exc:  # a failed round leaves bronze as it was; the next one tries again
             self.on_error(exc)
 

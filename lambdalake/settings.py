@@ -202,6 +202,9 @@ class BronzeSettings(BaseModel):
     compact_fan_in: int = Field(10, ge=2, le=10_000, description="files, 2-10000", examples=["10"])
     #: Files this large (MiB) are never rewritten (Delta's own target for optimized files: 1 GiB).
     compact_max_mb: int = Field(1024, ge=2, description="MiB, 2 or more", examples=["512"])
+    #: Every 10th round deletes the files rounds removed longer ago than this (hours). A batch run
+    #: reads the files of the bronze version it started on: keep this above the longest run.
+    vacuum_retention_hours: int = Field(168, ge=0, description="hours, 0 or more", examples=["168"])
 
 
 class ServingSettings(BaseModel):

@@ -99,8 +99,9 @@ def _compactor(settings: Settings, path: str, *, staging_prefix: str) -> Compact
         return None
     policy = CompactionPolicy(fan_in=bronze.compact_fan_in, max_bytes=bronze.compact_max_mb << 20)
     return Compactor(
-        path, policy=policy, every_commits=bronze.compact_every_commits, staging_prefix=staging_prefix
-    )
+        path, policy=policy, every_commits=bronze.compact_every_commits, staging_prefix=staging_prefix,
+        vacuum_retention_hours=bronze.vacuum_retention_hours,
+    )  # fmt: skip
 
 
 def checkpoints_path(storage_root: str, pipeline: str) -> str:

@@ -286,6 +286,37 @@ def test_the_compactor_runs_a_round_every_so_many_commits_on_a_thread(tmp_path: 
     assert (compactor.rounds, compactor.replaced, live(bronze)) == (1, 6, 2)
 
 
+def test_a_vacuum_deletes_only_files_removed_longer_ago_than_its_retention(tmp_path: Path) -> None:
+    import os
+    import time
+
+    bronze = bronze_of(tmp_path / "b", 3)
+    before = rows(bronze)
+    # A file written long ago and never committed (a micro-batch to be committed by its replay).
+    pending = write_event_files(
+        events(0, range(90, 95)), path=bronze.path, event_time="event_time", name="pending"
+    )
+    month_ago = time.time() - 30 * 86400
+    os.utime(tmp_path / "b" / pending[0], (month_ago, month_ago))
+    on_disk = {p.name for p in (tmp_path / "b" / "event_date=2026-01-01").iterdir()}
+    compactor = Compactor(
+        bronze.path, policy=SMALL, every_commits=1, vacuum_retention_hours=1, vacuum_every_rounds=1
+    )
+    compactor.committed()
+    compactor.close()
+    assert (compactor.replaced, compactor.vacuumed) == (6, 0)  # removed just now: kept
+    compactor = Compactor(
+        bronze.path, policy=SMALL, every_commits=1, vacuum_retention_hours=0, vacuum_every_rounds=1
+    )
+    compactor.committed()
+    compactor.close()
+    assert compactor.vacuumed == 6
+    left = {p.name for p in (tmp_path / "b" / "event_date=2026-01-01").iterdir()}
+    assert left == {"pending.parquet", *(u.rsplit("/", 1)[1] for u in DeltaTable(bronze.path).file_uris())}
+    assert on_disk - left == {f"r-{p}-{i}.parquet" for p in (0, 1) for i in range(3)}
+    assert rows(bronze) == before
+
+
 def test_a_failed_round_is_reported_and_leaves_bronze_as_it_was(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
