@@ -92,6 +92,7 @@ class LiveFile:
     path: str
     size: int
     first_offset: int
+    last_offset: int
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,10 @@ class Group:
 def plan(table: DeltaTable, policy: CompactionPolicy) -> list[Group]:
     """The groups worth rewriting in ``table``'s snapshot: per event date, Kafka partition and size
     class, ``policy.fan_in`` files or more, in offset order, cut so no output passes ``max_bytes``.
-    Files without coordinate stats, or spanning Kafka partitions, are left alone."""
+    Files without coordinate stats, or spanning Kafka partitions, are left alone, and so are files
+    whose offset spans overlap another candidate's: bronze written before commits left out what it
+    held may hold a coordinate in two files, and one file holding it twice could not be told apart
+    from itself (readers keep exactly one copy by the file it lies in)."""
     actions = pa.table(table.get_add_actions(flatten=True))
     bounds = [f"{edge}.{c}" for c in COORDINATES for edge in ("min", "max")]
     date_column = f"partition.{PARTITION}"
@@ -124,17 +128,17 @@ def plan(table: DeltaTable, policy: CompactionPolicy) -> list[Group]:
         return []
     gathered: dict[tuple[str, int, int], list[LiveFile]] = {}
     columns = [actions.column(c).to_pylist() for c in ("path", "size_bytes", date_column, *bounds)]
-    for path, size, date, p_min, p_max, o_min, _o_max in zip(*columns, strict=True):
-        if p_min is None or p_min != p_max or o_min is None or size >= policy.max_bytes:
+    for path, size, date, p_min, p_max, o_min, o_max in zip(*columns, strict=True):
+        if p_min is None or p_min != p_max or o_min is None or o_max is None or size >= policy.max_bytes:
             continue
         value = NULL_PARTITION if date is None else str(date)
         key = (value, int(p_min), policy.size_class(size))
-        gathered.setdefault(key, []).append(LiveFile(path, size, int(o_min)))
+        gathered.setdefault(key, []).append(LiveFile(path, size, int(o_min), int(o_max)))
     groups = []
-    for (date, partition, _), files in sorted(gathered.items()):
+    for (date, partition, _), candidates in sorted(gathered.items()):
+        files = _apart(candidates)
         if len(files) < policy.fan_in:
             continue
-        files.sort(key=lambda f: (f.first_offset, f.path))
         chunk: list[LiveFile] = []
         for f in [*files, None]:
             if f is None or (chunk and sum(c.size for c in chunk) + f.size > policy.max_bytes):
@@ -144,6 +148,23 @@ def plan(table: DeltaTable, policy: CompactionPolicy) -> list[Group]:
             if f is not None:
                 chunk.append(f)
     return groups
+
+
+def _apart(files: list[LiveFile]) -> list[LiveFile]:
+    """``files`` in offset order without those whose offset span overlaps another's."""
+    files = sorted(files, key=lambda f: (f.first_offset, f.last_offset, f.path))
+    kept: list[LiveFile] = []
+    cluster: list[LiveFile] = []
+    end = -1
+    for f in [*files, None]:
+        if f is None or f.first_offset > end:
+            if len(cluster) == 1:
+                kept.extend(cluster)
+            cluster = []
+        if f is not None:
+            cluster.append(f)
+            end = max(end, f.last_offset)
+    return kept
 
 
 def _hive_value(date: str) -> str | None:

@@ -266,6 +266,27 @@ def test_a_group_of_more_files_than_a_process_may_open_at_once(tmp_path: Path) -
     assert coordinates(bronze) == [(0, o) for o in range(400)] and live(bronze) == 1
 
 
+def test_files_that_may_hold_a_coordinate_twice_are_left_alone(tmp_path: Path) -> None:
+    """A bronze written before commits left out what it held: two files hold offsets 20-29. Merged,
+    one file would hold each twice and readers could not keep exactly one."""
+    from lambdalake.delta import commit_files
+    from lambdalake.master_files import PARTITION
+
+    bronze = bronze_of(tmp_path / "b", 5, partitions=(0,))
+    again = write_event_files(
+        events(0, range(20, 30)), path=bronze.path, event_time="event_time", name="again"
+    )
+    commit_files(bronze.path, again, mode="append", metadata={}, partition=(PARTITION, pa.date32()),
+                 stats_columns=("_partition", "_offset"))  # fmt: skip
+    assert bronze.may_hold_twice()
+    assert Compaction(bronze.path, policy=SMALL).run() == 4  # r-0-2 and `again` left apart
+    assert len(coordinates(bronze)) == 60 and len(set(coordinates(bronze))) == 50
+    assert bronze.may_hold_twice()
+    live_names = sorted(u.rsplit("/", 1)[1] for u in DeltaTable(bronze.path).file_uris())
+    assert [n for n in live_names if not n.startswith("compact-p0-")] == ["again.parquet", "r-0-2.parquet"]
+    assert len(live_names) == 3
+
+
 def test_files_of_different_schemas_are_left_alone(tmp_path: Path) -> None:
     bronze = bronze_of(tmp_path / "b", 2, partitions=(0,))
     wider = events(0, range(20, 30)).append_column("extra", pa.array(["x"] * 10))
