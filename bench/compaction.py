@@ -9,7 +9,12 @@ seconds apart, timed as the caller sees them; then one :class:`lambdalake.compac
 round with the default policy (wall time, and the process's CPU time over it); then the same
 commits again. Every row is read back before and after the round and compared.
 
+With ``--spark-read``, a batch-layer Spark session (``workload="batch"``) also reads the live files
+before and after the round, as the batch job's first stage does (`read_bronze`, then a count per
+identity: the narrow part of its deduplication), twice each, interleaved.
+
     python -m bench.compaction [--files 1000 20000 50000] [--rows 300] [--commits 12] [--gap 0.4]
+                               [--spark-read]
 """
 
 from __future__ import annotations
@@ -111,6 +116,18 @@ class Bronze:
         return times[1:]
 
 
+def spark_read(spark, path: str) -> float:
+    """Seconds to read the live files and count deliveries per identity (the batch job's read)."""
+    from pyspark.sql import functions as F
+
+    from lambdalake.spark.views import read_bronze
+
+    t0 = time.perf_counter()
+    bronze = read_bronze(spark, DeltaTable(path).file_uris(), held_twice=False)
+    bronze.groupBy("id", "_partition").agg(F.count(F.lit(1)).alias("n")).filter("n > 1").count()
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -119,7 +136,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=300, help="events a micro-batch file holds")
     parser.add_argument("--commits", type=int, default=12, help="commits timed before and after the round")
     parser.add_argument("--gap", type=float, default=0.4, help="seconds between commits")
+    parser.add_argument("--spark-read", action="store_true", help="also time the batch layer's read")
     args = parser.parse_args()
+    spark = None
+    if args.spark_read:
+        from bench.common import bench_settings
+        from lambdalake.spark.session import spark_session
+
+        spark = spark_session(bench_settings(fresh=False), "lambdalake-bench-compaction", workload="batch")
     sizes = []
     with tempfile.TemporaryDirectory(prefix="bench-compaction-") as tmp:
         for files in args.files:
@@ -133,6 +157,10 @@ def main() -> None:
                 .sort_by([("_partition", "ascending"), ("_offset", "ascending")])
             )
             live_before = len(DeltaTable(path).file_uris())
+            reads: dict[str, list[float]] = {"before": [], "after": []}
+            if spark is not None:
+                spark_read(spark, path)  # warm: the session's first job pays for its classes
+                reads["before"] = [spark_read(spark, path) for _ in range(2)]
             wall0, cpu0 = time.perf_counter(), time.process_time()
             replaced = Compaction(path).run()
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
@@ -144,6 +172,8 @@ def main() -> None:
             )
             if not rows_after.equals(rows_before):
                 raise SystemExit(f"{files} files: the compacted bronze does not hold the same rows")
+            if spark is not None:
+                reads["after"] = [spark_read(spark, path) for _ in range(2)]
             after = bronze.timed_commits(args.commits, args.gap)
             row = {
                 "files": files,
@@ -157,17 +187,24 @@ def main() -> None:
                 "round_us_per_event": round(wall / rows_before.num_rows * 1e6, 2),
                 "commit_median_ms_before": round(statistics.median(before), 1),
                 "commit_median_ms_after": round(statistics.median(after), 1),
+                "spark_read_s": {k: [round(v, 2) for v in vs] for k, vs in reads.items()},
             }
             sizes.append(row)
             print(
                 f"{files:>6} files ({rows_before.num_rows:,} events): commit median "
                 f"{row['commit_median_ms_before']:.0f} ms -> {row['commit_median_ms_after']:.0f} ms; round: "
                 f"{replaced} files into {live_after - (live_before - replaced)} in {wall:.1f} s "
-                f"({cpu:.1f} s CPU), live files {live_before} -> {live_after}",
+                f"({cpu:.1f} s CPU), live files {live_before} -> {live_after}"
+                + (f"; Spark read {reads['before']} s -> {reads['after']} s" if spark is not None else ""),
                 flush=True,
             )
             shutil.rmtree(path, ignore_errors=True)
-    path = write_result("compaction", {"commits": args.commits, "gap_s": args.gap, "sizes": sizes})
+    if spark is not None:
+        spark.stop()
+    path = write_result(
+        "compaction" + ("-spark-read" if spark is not None else ""),
+        {"commits": args.commits, "gap_s": args.gap, "sizes": sizes},
+    )
     print(f"-> {path}")
 
 

@@ -47,6 +47,8 @@ from pyarrow import fs as pafs
 from lambdalake.delta import add_actions, open_table
 from lambdalake.master import COORDINATES
 from lambdalake.master_files import NULL_PARTITION, PARTITION
+from lambdalake.settings import BronzeSettings
+from lambdalake.storage import delete_file, list_files
 
 log = logging.getLogger("lambdalake.compaction")
 
@@ -75,6 +77,11 @@ class CompactionPolicy:
     fan_in: int = 10
     base_bytes: int = 1 << 20
     max_bytes: int = 1 << 30
+
+    @classmethod
+    def of(cls, settings: BronzeSettings) -> CompactionPolicy:
+        """The policy ``LAMBDALAKE_BRONZE__*`` sets."""
+        return cls(fan_in=settings.compact_fan_in, max_bytes=settings.compact_max_mb << 20)
 
     def __post_init__(self) -> None:
         if self.fan_in < 2 or self.base_bytes < 1 or self.max_bytes <= self.base_bytes:
@@ -302,6 +309,22 @@ class Compaction:
 
     def _rows(self, relative: str) -> int:
         return pq.read_metadata(f"{self._root}/{relative}", filesystem=self._filesystem).num_rows
+
+
+def clear_staging(path: str, *, prefix: str, older_than_s: float) -> int:
+    """Delete the files a killed round staged (names starting with ``prefix``) that are older than
+    ``older_than_s`` (a live round moves its file in as soon as it is written); returns how many."""
+    filesystem, _ = pafs.FileSystem.from_uri(path)
+    cutoff = time.time() - older_than_s
+    stale = [
+        uri
+        for uri in list_files(f"{path.rstrip('/')}/_staging", prefix=prefix)
+        if (info := filesystem.get_file_info(pafs.FileSystem.from_uri(uri)[1])).mtime is not None
+        and info.mtime.timestamp() < cutoff
+    ]
+    for uri in stale:
+        delete_file(uri)
+    return len(stale)
 
 
 def vacuum(path: str, *, retention_hours: int) -> int:

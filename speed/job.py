@@ -97,10 +97,9 @@ def _compactor(settings: Settings, path: str, *, staging_prefix: str) -> Compact
     bronze = settings.bronze
     if not bronze.compact:
         return None
-    policy = CompactionPolicy(fan_in=bronze.compact_fan_in, max_bytes=bronze.compact_max_mb << 20)
     return Compactor(
-        path, policy=policy, every_commits=bronze.compact_every_commits, staging_prefix=staging_prefix,
-        vacuum_retention_hours=bronze.vacuum_retention_hours,
+        path, policy=CompactionPolicy.of(bronze), every_commits=bronze.compact_every_commits,
+        staging_prefix=staging_prefix, vacuum_retention_hours=bronze.vacuum_retention_hours,
     )  # fmt: skip
 
 

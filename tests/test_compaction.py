@@ -367,3 +367,23 @@ def test_events_without_a_date_are_compacted_in_their_own_partition(tmp_path: Pa
     before = rows(bronze)
     assert Compaction(bronze.path, policy=SMALL).run() == 6
     assert rows(bronze) == before and live(bronze) == 2
+
+
+def test_the_command_compacts_a_pipelines_bronze_and_says_what_it_did(tmp_path: Path) -> None:
+    from lambdalake.master_files import table_path
+    from lambdalake.settings import BronzeSettings, Settings
+    from tests.conftest import run_cli
+
+    settings = Settings(storage_root=str(tmp_path / "storage"), bronze=BronzeSettings(compact_fan_in=3))
+    missing = run_cli(settings, "bronze", "compact", "offers", timeout=120)
+    assert missing.returncode == 2 and "run the speed job first" in missing.stderr.decode()
+    bronze = bronze_of(Path(table_path(settings.storage_root, "offers")), 4)
+    before = rows(bronze)
+    dry = run_cli(settings, "bronze", "compact", "offers", "--dry-run", timeout=120)
+    assert dry.returncode == 0, dry.stderr.decode()
+    assert "8 live files; 8 would be rewritten" in dry.stdout.decode() and live(bronze) == 8
+    done = run_cli(settings, "bronze", "compact", "offers", timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    assert "8 files rewritten; 8 live files before, 2 now" in done.stdout.decode()
+    assert "0 files removed more than 168 hours ago deleted" in done.stdout.decode()
+    assert rows(bronze) == before and live(bronze) == 2

@@ -1,0 +1,73 @@
+"""``lambdalake bronze``: upkeep of a pipeline's master dataset."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from lambdalake.cli.common import DryRun, PipelineArg, console, out, pipeline_of
+from lambdalake.errors import LambdalakeError
+from lambdalake.settings import get_settings
+
+app = typer.Typer(help="Upkeep of a pipeline's master dataset (bronze).", no_args_is_help=True)
+
+#: Names the files this command stages: a killed run's are cleared by the next after an hour.
+STAGING_PREFIX = "compact-cli-"
+
+
+@app.command("compact")
+def bronze_compact(
+    pipeline: PipelineArg,
+    vacuum: Annotated[
+        bool,
+        typer.Option(
+            "--vacuum/--no-vacuum",
+            help="Also delete the files compactions removed longer ago than "
+            "LAMBDALAKE_BRONZE__VACUUM_RETENTION_HOURS.",
+        ),
+    ] = True,
+    dry_run: DryRun = False,
+) -> None:
+    """Rewrite the master dataset's small files into large ones now, as a running speed job does every
+    LAMBDALAKE_BRONZE__COMPACT_EVERY_COMMITS micro-batches. The rows stay as they are; safe beside
+    running speed jobs, replays and batch runs (README, Speed layer)."""
+    from lambdalake.compaction import Compaction, CompactionPolicy, clear_staging, plan
+    from lambdalake.compaction import vacuum as vacuum_bronze
+    from lambdalake.delta import open_table
+    from lambdalake.master_files import table_path
+
+    settings = get_settings()
+    p = pipeline_of(pipeline, settings)
+    path = table_path(settings.storage_root, p.name)
+    table = open_table(path)
+    if table is None:
+        raise LambdalakeError(
+            f"pipeline {p.name!r} has no master dataset at {path} yet",
+            fix=f"run the speed job first (`lambdalake speed run {p.name}`)",
+        )
+    policy = CompactionPolicy.of(settings.bronze)
+    live = len(table.file_uris())
+    groups = plan(table, policy)
+    if dry_run:
+        rows = Table("event date", "partition", "files", "MB")
+        for g in groups:
+            rows.add_row(
+                g.date, str(g.partition), f"{len(g.files):,}", f"{sum(f.size for f in g.files) / 1e6:,.1f}"
+            )
+        out.print(rows)
+        out.print(
+            f"[dim]dry run: {live:,} live files; {sum(len(g.files) for g in groups):,} would be rewritten[/]"
+        )
+        return
+    clear_staging(path, prefix=STAGING_PREFIX, older_than_s=3600)
+    with console.status(f"compacting {sum(len(g.files) for g in groups):,} of {live:,} files of {p.name}..."):
+        replaced = Compaction(path, policy=policy, staging_prefix=STAGING_PREFIX).run()
+    left = len(open_table(path).file_uris())
+    out.print(f"[green]✔[/] {p.name}: {replaced:,} files rewritten; {live:,} live files before, {left:,} now")
+    if vacuum:
+        hours = settings.bronze.vacuum_retention_hours
+        with console.status(f"deleting files removed more than {hours} hours ago..."):
+            deleted = vacuum_bronze(path, retention_hours=hours)
+        out.print(f"[green]✔[/] {deleted:,} files removed more than {hours} hours ago deleted")
