@@ -195,7 +195,7 @@ class BronzeSettings(BaseModel):
     """Compaction of the master dataset's small files by the speed job (:mod:`lambdalake.compaction`)."""
 
     #: Rewrite small files into large ones on a thread of the speed job (the rows stay as they are).
-    compact: bool = True
+    compact: bool = Field(True, description="true or false", examples=["false"])
     #: Bronze commits (micro-batches) between two rounds: 100 is about a minute at 1k events/s.
     compact_every_commits: int = Field(100, ge=1, description="commits, 1 or more", examples=["100"])
     #: Files of one event date, Kafka partition and size class rewritten together once this many gathered.
