@@ -44,7 +44,7 @@ PARTITIONS = (0, 1)
 
 
 def events(rows: int) -> pa.Table:
-    """``rows`` events of offsets 0..rows-1 (shifted per file)."""
+    """``rows`` events of offsets 0..rows-1 (shifted per file, and their ids with them)."""
     at = pa.array([datetime(2026, 1, 1, 10, tzinfo=UTC)] * rows, type=pa.timestamp("us", tz="UTC"))
     return pa.table({
         "id": [f"e{i}" for i in range(rows)],
@@ -73,7 +73,12 @@ class Bronze:
         start = self.next_offset[partition]
         self.next_offset[partition] += self.rows
         table = self.template.set_column(5, "_partition", pa.array([partition] * self.rows, type=pa.int32()))
-        table = table.set_column(6, "_offset", pc.add(self.template.column("_offset"), start))
+        offsets = pc.add(self.template.column("_offset"), start)
+        table = table.set_column(6, "_offset", offsets)
+        # Every event its own identity, as in a real topic (copies aside).
+        table = table.set_column(
+            0, "id", pc.binary_join_element_wise(f"e{partition}-", pc.cast(offsets, pa.string()), "")
+        )
         relative = f"{PARTITION}={DAY}/b{self.batch}-p{partition}-{start}.parquet"
         Path(self.path, relative).parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, f"{self.path}/{relative}", compression="snappy")
@@ -195,7 +200,12 @@ def main() -> None:
                 f"{row['commit_median_ms_before']:.0f} ms -> {row['commit_median_ms_after']:.0f} ms; round: "
                 f"{replaced} files into {live_after - (live_before - replaced)} in {wall:.1f} s "
                 f"({cpu:.1f} s CPU), live files {live_before} -> {live_after}"
-                + (f"; Spark read {reads['before']} s -> {reads['after']} s" if spark is not None else ""),
+                + (
+                    f"; Spark read {' / '.join(f'{v:.2f}' for v in reads['before'])} s -> "
+                    f"{' / '.join(f'{v:.2f}' for v in reads['after'])} s"
+                    if spark is not None
+                    else ""
+                ),
                 flush=True,
             )
             shutil.rmtree(path, ignore_errors=True)
