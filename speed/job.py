@@ -523,7 +523,9 @@ class SpeedJob:
         for q in self.queries:
             q.stop()
         if self.compactor is not None:
-            self.compactor.close()
+            # A round cut short by the process's exit leaves bronze as it was (its staged file is
+            # cleared at the next start), so a stop waits for it a while, not for ever.
+            self.compactor.close(timeout=30)
         self.progress.close(self.queries)
 
     def close(self) -> None:
