@@ -294,7 +294,9 @@ class MasterDataset:
         table = self._table()
         if table is None:
             return None
-        for entry in table.history(10):
+        # Compaction and vacuum commits record none: look past them, into all of history if need be.
+        recent = table.history(RECENT)
+        for entry in recent if any(EPOCH_MS in e for e in recent) else table.history():
             if EPOCH_MS in entry:
                 return {EPOCH_MS: int(entry[EPOCH_MS]), DEDUP_DELAY_MS: int(entry[DEDUP_DELAY_MS])}
         return None

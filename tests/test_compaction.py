@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from lambdalake.compaction import OPERATION, Compaction, CompactionPolicy, Compactor, plan
+from lambdalake.compaction import OPERATION, Compaction, CompactionPolicy, Compactor, plan, vacuum
 from lambdalake.master import MasterDataset
 from lambdalake.master_files import write_event_files
 from tests.test_coverage import LAYERS, coordinates, events
@@ -336,6 +336,23 @@ def test_a_vacuum_deletes_only_files_removed_longer_ago_than_its_retention(tmp_p
     assert left == {"pending.parquet", *(u.rsplit("/", 1)[1] for u in DeltaTable(bronze.path).file_uris())}
     assert on_disk - left == {f"r-{p}-{i}.parquet" for p in (0, 1) for i in range(3)}
     assert rows(bronze) == before
+
+
+def test_layers_recorded_before_many_compactions_and_vacuums_are_still_checked(tmp_path: Path) -> None:
+    from lambdalake.errors import ConfigurationError
+    from lambdalake.pipeline import LayersSpec
+
+    bronze = bronze_of(tmp_path / "b", 3, partitions=(0,))
+    assert Compaction(bronze.path, policy=SMALL).run() == 3
+    for _ in range(12):
+        vacuum(bronze.path, retention_hours=0)
+    assert all("lambdalake.epoch_ms" not in e for e in DeltaTable(bronze.path).history(21))  # none recent
+    assert bronze.recorded_layers() == {
+        "lambdalake.epoch_ms": 3_600_000,
+        "lambdalake.dedup_delay_ms": 600_000,
+    }
+    with pytest.raises(ConfigurationError, match="epoch"):
+        bronze.check_layers(LayersSpec(epoch="2 hours"), pipeline="p")
 
 
 def test_a_failed_round_is_reported_and_leaves_bronze_as_it_was(
