@@ -147,13 +147,15 @@ def plan(table: DeltaTable, policy: CompactionPolicy) -> list[Group]:
         if len(files) < policy.fan_in:
             continue
         chunk: list[LiveFile] = []
+        size = 0
         for f in [*files, None]:
-            if f is None or (chunk and sum(c.size for c in chunk) + f.size > policy.max_bytes):
+            if f is None or (chunk and size + f.size > policy.max_bytes):
                 if len(chunk) > 1:
                     groups.append(Group(date, partition, tuple(chunk)))
-                chunk = []
+                chunk, size = [], 0
             if f is not None:
                 chunk.append(f)
+                size += f.size
     return groups
 
 
@@ -234,6 +236,7 @@ class Compaction:
         self._filesystem.create_dir(f"{self._root}/_staging", recursive=True)
         self._filesystem.create_dir(target.rsplit("/", 1)[0], recursive=True)
         pending: list[pa.RecordBatch] = []
+        rows = 0
         with pq.ParquetWriter(staging, schema, filesystem=self._filesystem, compression="snappy") as out:
             # One input's row group at a time: memory stays at a row group, whatever the group's size.
             for path in paths:
@@ -241,11 +244,12 @@ class Compaction:
                 try:
                     for batch in source.iter_batches(batch_size=ROW_GROUP_ROWS):
                         pending.append(batch)
-                        if sum(b.num_rows for b in pending) >= ROW_GROUP_ROWS:
+                        rows += batch.num_rows
+                        if rows >= ROW_GROUP_ROWS:
                             out.write_table(
                                 pa.Table.from_batches(pending, schema), row_group_size=ROW_GROUP_ROWS
                             )
-                            pending = []
+                            pending, rows = [], 0
                 finally:
                     source.close()
             if pending:

@@ -55,6 +55,18 @@ def test_size_classes_widen_by_the_fan_in(size: int, klass: int) -> None:
     assert CompactionPolicy(fan_in=10).size_class(size) == klass
 
 
+def test_an_output_stops_growing_at_max_bytes(tmp_path: Path) -> None:
+    bronze = bronze_of(tmp_path / "b", 12, partitions=(0,))
+    sizes = sorted(f.stat().st_size for f in (tmp_path / "b" / "event_date=2026-01-01").iterdir())
+    capped = CompactionPolicy(fan_in=3, base_bytes=1, max_bytes=3 * sizes[-1] + 1)  # three inputs an output
+    groups = plan(DeltaTable(bronze.path), capped)
+    assert [len(g.files) for g in groups] == [3, 3, 3, 3]
+    assert [g.files[0].first_offset for g in groups] == [0, 30, 60, 90]  # in offset order
+    before = rows(bronze)
+    assert Compaction(bronze.path, policy=capped).run() == 12
+    assert rows(bronze) == before and live(bronze) == 4
+
+
 def test_only_groups_of_fan_in_files_of_one_date_and_partition_are_planned(tmp_path: Path) -> None:
     bronze = bronze_of(tmp_path / "b", 3, partitions=(0,))
     # Two files of another partition (fewer than the fan-in), and one spanning two partitions.
