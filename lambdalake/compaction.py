@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import threading
 import time
 import uuid
@@ -89,9 +88,10 @@ class CompactionPolicy:
 
     def size_class(self, size: int) -> int:
         """0 below ``base_bytes``, then one more for each factor of ``fan_in``."""
-        if size < self.base_bytes:
-            return 0
-        return 1 + int(math.log(size / self.base_bytes, self.fan_in))
+        klass, bound = 0, self.base_bytes
+        while size >= bound:  # integers: a float logarithm puts 1000 MiB below 10^3 MiB
+            klass, bound = klass + 1, bound * self.fan_in
+        return klass
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,15 @@ def live(bronze: MasterDataset) -> int:
 
 @pytest.mark.parametrize(
     ("size", "klass"),
-    [(0, 0), ((1 << 20) - 1, 0), (1 << 20, 1), (10 << 20, 2), ((100 << 20) - 1, 2), (100 << 20, 3)],
+    [
+        (0, 0),
+        ((1 << 20) - 1, 0),
+        (1 << 20, 1),
+        (10 << 20, 2),
+        ((100 << 20) - 1, 2),
+        (100 << 20, 3),
+        (1000 << 20, 4),
+    ],
 )
 def test_size_classes_widen_by_the_fan_in(size: int, klass: int) -> None:
     assert CompactionPolicy(fan_in=10).size_class(size) == klass
