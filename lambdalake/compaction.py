@@ -35,6 +35,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -313,6 +314,35 @@ class Compaction:
 
     def _rows(self, relative: str) -> int:
         return pq.read_metadata(f"{self._root}/{relative}", filesystem=self._filesystem).num_rows
+
+
+#: Commits of bronze's history searched for the last compaction round (a round every 100 at default).
+HISTORY_SCAN = 1000
+
+
+def summary(table: DeltaTable, policy: CompactionPolicy) -> dict[str, Any]:
+    """What ``table``'s snapshot holds and what compaction did to it: live files, their bytes and
+    rows, those below the smallest size class, those a round would rewrite now, and the newest
+    compaction commit among the last :data:`HISTORY_SCAN` (None: none)."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    sizes = actions.column("size_bytes").to_pylist()
+    records = actions.column("num_records") if "num_records" in actions.column_names else None
+    last = next((e for e in table.history(HISTORY_SCAN) if e.get(OPERATION) == "compact"), None)
+    return {
+        "version": table.version(),
+        "live_files": len(sizes),
+        "bytes": sum(sizes),
+        "records": None if records is None or records.null_count else sum(records.to_pylist()),
+        "small_files": sum(1 for size in sizes if size < policy.base_bytes),
+        "would_rewrite": sum(len(g.files) for g in plan(table, policy)),
+        "last_round": None
+        if last is None
+        else {
+            "version": last.get("version"),
+            "at_ms": last.get("timestamp"),
+            "files_replaced": int(last.get("lambdalake.files_replaced", 0)),
+        },
+    }
 
 
 def clear_staging(path: str, *, prefix: str, older_than_s: float) -> int:

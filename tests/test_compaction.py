@@ -4,6 +4,7 @@ compaction landing meanwhile never makes a row vanish or count twice."""
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -424,3 +425,8 @@ def test_the_command_compacts_a_pipelines_bronze_and_says_what_it_did(tmp_path: 
     assert "8 files rewritten; 8 live files before, 2 now" in done.stdout.decode()
     assert "0 files removed more than 168 hours ago deleted" in done.stdout.decode()
     assert rows(bronze) == before and live(bronze) == 2
+    status = run_cli(settings, "bronze", "status", "offers", "--json", timeout=120)
+    assert status.returncode == 0, status.stderr.decode()
+    found = json.loads(status.stdout)
+    assert (found["live_files"], found["records"], found["would_rewrite"]) == (2, 80, 0)
+    assert found["last_round"]["files_replaced"] == 8

@@ -17,6 +17,48 @@ app = typer.Typer(help="Upkeep of a pipeline's master dataset (bronze).", no_arg
 STAGING_PREFIX = "compact-cli-"
 
 
+@app.command("status")
+def bronze_status(
+    pipeline: PipelineArg,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """The master dataset's live files (how many, how large, how many a compaction round would
+    rewrite now) and its last compaction round."""
+    import json
+    from datetime import UTC, datetime
+
+    from lambdalake.compaction import CompactionPolicy, summary
+    from lambdalake.delta import open_table
+    from lambdalake.master_files import table_path
+
+    settings = get_settings()
+    p = pipeline_of(pipeline, settings)
+    path = table_path(settings.storage_root, p.name)
+    table = open_table(path)
+    if table is None:
+        raise LambdalakeError(
+            f"pipeline {p.name!r} has no master dataset at {path} yet",
+            fix=f"run the speed job first (`lambdalake speed run {p.name}`)",
+        )
+    found = summary(table, CompactionPolicy.of(settings.bronze))
+    if as_json:
+        out.print_json(json.dumps({"pipeline": p.name, "path": path, **found}))
+        return
+    last = found["last_round"]
+    when = "never" if last is None else (
+        f"{datetime.fromtimestamp(last['at_ms'] / 1000, UTC):%Y-%m-%d %H:%M:%S} UTC "
+        f"(version {last['version']}, {last['files_replaced']:,} files replaced)"
+    )  # fmt: skip
+    rows = Table("pipeline", "version", "live files", "MB", "events", "under 1 MiB", "to rewrite now")
+    events = "-" if found["records"] is None else f"{found['records']:,}"
+    rows.add_row(
+        p.name, str(found["version"]), f"{found['live_files']:,}", f"{found['bytes'] / 1e6:,.1f}", events,
+        f"{found['small_files']:,}", f"{found['would_rewrite']:,}",
+    )  # fmt: skip
+    out.print(rows)
+    out.print(f"last compaction round: {when}")
+
+
 @app.command("compact")
 def bronze_compact(
     pipeline: PipelineArg,
