@@ -2,19 +2,40 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from lambdalake.cli.common import DryRun, PipelineArg, console, out, pipeline_of
 from lambdalake.errors import LambdalakeError
-from lambdalake.settings import get_settings
+from lambdalake.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+    from lambdalake.pipeline import Pipeline
 
 app = typer.Typer(help="Upkeep of a pipeline's master dataset (bronze).", no_args_is_help=True)
 
 #: Names the files this command stages: a killed run's are cleared by the next after an hour.
 STAGING_PREFIX = "compact-cli-"
+
+
+def _master_dataset(name: str, settings: Settings) -> tuple[Pipeline, str, DeltaTable]:
+    """The pipeline, its master dataset's location and newest snapshot; refused when there is none."""
+    from lambdalake.delta import open_table
+    from lambdalake.master_files import table_path
+
+    p = pipeline_of(name, settings)
+    path = table_path(settings.storage_root, p.name)
+    table = open_table(path)
+    if table is None:
+        raise LambdalakeError(
+            f"pipeline {p.name!r} has no master dataset at {path} yet",
+            fix=f"run the speed job first (`lambdalake speed run {p.name}`)",
+        )
+    return p, path, table
 
 
 @app.command("status")
@@ -28,18 +49,9 @@ def bronze_status(
     from datetime import UTC, datetime
 
     from lambdalake.compaction import CompactionPolicy, summary
-    from lambdalake.delta import open_table
-    from lambdalake.master_files import table_path
 
     settings = get_settings()
-    p = pipeline_of(pipeline, settings)
-    path = table_path(settings.storage_root, p.name)
-    table = open_table(path)
-    if table is None:
-        raise LambdalakeError(
-            f"pipeline {p.name!r} has no master dataset at {path} yet",
-            fix=f"run the speed job first (`lambdalake speed run {p.name}`)",
-        )
+    p, path, table = _master_dataset(pipeline, settings)
     found = summary(table, CompactionPolicy.of(settings.bronze))
     if as_json:
         out.print_json(json.dumps({"pipeline": p.name, "path": path, **found}))
@@ -78,17 +90,9 @@ def bronze_compact(
     from lambdalake.compaction import Compaction, CompactionPolicy, clear_staging, plan
     from lambdalake.compaction import vacuum as vacuum_bronze
     from lambdalake.delta import open_table
-    from lambdalake.master_files import table_path
 
     settings = get_settings()
-    p = pipeline_of(pipeline, settings)
-    path = table_path(settings.storage_root, p.name)
-    table = open_table(path)
-    if table is None:
-        raise LambdalakeError(
-            f"pipeline {p.name!r} has no master dataset at {path} yet",
-            fix=f"run the speed job first (`lambdalake speed run {p.name}`)",
-        )
+    p, path, table = _master_dataset(pipeline, settings)
     policy = CompactionPolicy.of(settings.bronze)
     live = len(table.file_uris())
     groups = plan(table, policy)
