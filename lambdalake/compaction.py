@@ -48,7 +48,6 @@ from lambdalake.delta import add_actions, open_table
 from lambdalake.master import COORDINATES
 from lambdalake.master_files import NULL_PARTITION, PARTITION
 from lambdalake.settings import BronzeSettings
-from lambdalake.storage import delete_file, list_files
 
 log = logging.getLogger("lambdalake.compaction")
 
@@ -343,22 +342,6 @@ def summary(table: DeltaTable, policy: CompactionPolicy) -> dict[str, Any]:
             "files_replaced": int(last.get("lambdalake.files_replaced", 0)),
         },
     }
-
-
-def clear_staging(path: str, *, prefix: str, older_than_s: float) -> int:
-    """Delete the files a killed round staged (names starting with ``prefix``) that are older than
-    ``older_than_s`` (a live round moves its file in as soon as it is written); returns how many."""
-    filesystem, _ = pafs.FileSystem.from_uri(path)
-    cutoff = time.time() - older_than_s
-    stale = [
-        uri
-        for uri in list_files(f"{path.rstrip('/')}/_staging", prefix=prefix)
-        if (info := filesystem.get_file_info(pafs.FileSystem.from_uri(uri)[1])).mtime is not None
-        and info.mtime.timestamp() < cutoff
-    ]
-    for uri in stale:
-        delete_file(uri)
-    return len(stale)
 
 
 def vacuum(path: str, *, retention_hours: int) -> int:

@@ -340,11 +340,22 @@ class MasterDataset:
         low = low or {}
         return {key: covered_until(coverage.get(key, []), low.get(key, 0)) - 1 for key in keys}
 
-    def clear_staging(self, prefix: str) -> int:
+    def clear_staging(self, prefix: str, *, older_than_s: float = 0) -> int:
         """Delete the staging files whose names start with ``prefix`` (a run id: files of attempts
         killed mid-write; a live attempt moves its file out at once). Call it before the run's
-        tasks start. Returns how many were deleted."""
+        tasks start; a writer that cannot tell whether another with the same prefix still writes
+        (``lambdalake bronze compact``) deletes only files older than ``older_than_s``. Returns
+        how many were deleted."""
         left = list_files(f"{self.path.rstrip('/')}/_staging", prefix=prefix)
+        if older_than_s > 0:
+            filesystem, _ = pafs.FileSystem.from_uri(self.path)
+            cutoff = time.time() - older_than_s
+            infos = [filesystem.get_file_info(pafs.FileSystem.from_uri(uri)[1]) for uri in left]
+            left = [
+                u
+                for u, i in zip(left, infos, strict=True)
+                if i.mtime is not None and i.mtime.timestamp() < cutoff
+            ]
         for uri in left:
             delete_file(uri)
         if left:

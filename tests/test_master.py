@@ -48,6 +48,21 @@ def test_clear_staging_deletes_only_the_runs_leftovers(tmp_path: Path) -> None:
     assert MasterDataset(str(tmp_path / "nothing"), event_time="event_time").clear_staging("run1-") == 0
 
 
+def test_clear_staging_by_age_keeps_what_may_still_be_written(tmp_path: Path) -> None:
+    import os
+    import time
+
+    staging = tmp_path / "_staging"
+    staging.mkdir()
+    for name in ("compact-cli-a.parquet", "compact-cli-b.parquet"):
+        (staging / name).write_bytes(b"half")
+    two_hours_ago = time.time() - 7200
+    os.utime(staging / "compact-cli-a.parquet", (two_hours_ago, two_hours_ago))
+    master = MasterDataset(str(tmp_path), event_time="event_time")
+    assert master.clear_staging("compact-cli-", older_than_s=3600) == 1
+    assert [p.name for p in staging.iterdir()] == ["compact-cli-b.parquet"]
+
+
 def test_only_a_missing_table_reads_as_empty(tmp_path: Path) -> None:
     """Measured before: any storage error (a corrupt log, a denied path) read as "no table yet"."""
     missing = MasterDataset(str(tmp_path / "none"), event_time="t")

@@ -87,7 +87,7 @@ def bronze_compact(
     """Rewrite the master dataset's small files into large ones now, as a running speed job does every
     LAMBDALAKE_BRONZE__COMPACT_EVERY_COMMITS micro-batches. The rows stay as they are; safe beside
     running speed jobs, replays and batch runs (README, Speed layer)."""
-    from lambdalake.compaction import Compaction, CompactionPolicy, clear_staging, plan
+    from lambdalake.compaction import Compaction, CompactionPolicy, plan
     from lambdalake.compaction import vacuum as vacuum_bronze
     from lambdalake.delta import open_table
 
@@ -107,7 +107,9 @@ def bronze_compact(
             f"[dim]dry run: {live:,} live files; {sum(len(g.files) for g in groups):,} would be rewritten[/]"
         )
         return
-    clear_staging(path, prefix=STAGING_PREFIX, older_than_s=3600)
+    from lambdalake.master import MasterDataset
+
+    MasterDataset(path, event_time=p.event.time).clear_staging(STAGING_PREFIX, older_than_s=3600)
     with console.status(f"compacting {sum(len(g.files) for g in groups):,} of {live:,} files of {p.name}..."):
         replaced = Compaction(path, policy=policy, staging_prefix=STAGING_PREFIX).run()
     left = len(open_table(path).file_uris())
