@@ -18,12 +18,13 @@ and tuned (``--tuned-commit`` s). In each round every side, in turn (the order r
    offer of a new merchant) every 1/``--probe-rate`` s; per probe the time from its produce call
    until its row is visible in each view's table; p50/p99.
 4. Memory: RSS summed over the side's process tree (lambdalake: driver, JVM, Python
-   workers; quix-streams: its one process), sampled every 0.5 s through 1-3; median and max.
+   workers; quix-streams: its one process), sampled every 0.5 s through 1-3; median and max, and
+   the steady state: the median over the second half of 3.
 
 The peer runs in its own virtualenv (``.lambdalake/peer-venv``: quix-streams 3.28.1 pins
 confluent-kafka below the version the project uses), made on first use.
 
-    python -m bench.peers [--events 300000] [--rounds 2] [--rate 1000] [--seconds 60]
+    python -m bench.peers [--events 300000] [--rounds 2] [--rate 1000] [--seconds 120]
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class RssSampler:
     """Samples the summed RSS of a process tree every ``every`` seconds in a thread."""
 
     def __init__(self, root: int, every: float = 0.5) -> None:
-        self.samples: list[int] = []
+        self.samples: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(root, every), daemon=True)
         self._thread.start()
@@ -87,15 +88,21 @@ class RssSampler:
         while not self._stop.wait(every):
             rss = tree_memory(root).rss_bytes
             if rss:
-                self.samples.append(rss)
+                self.samples.append((time.monotonic(), rss))
 
-    def stop(self) -> dict[str, float]:
+    def stop(self, steady_from: float | None = None) -> dict[str, float]:
+        """Median and max of every sample, and ``steady_mb``: the median of those from the monotonic
+        time ``steady_from`` on (0 where there are none)."""
         self._stop.set()
         self._thread.join()
+        every = [rss for _, rss in self.samples]
+        steady = [rss for t, rss in self.samples if steady_from is not None and t >= steady_from]
         return {
-            "median_mb": statistics.median(self.samples) / 2**20 if self.samples else 0.0,
-            "max_mb": max(self.samples, default=0) / 2**20,
-            "samples": len(self.samples),
+            "median_mb": statistics.median(every) / 2**20 if every else 0.0,
+            "max_mb": max(every, default=0) / 2**20,
+            "steady_mb": statistics.median(steady) / 2**20 if steady else 0.0,
+            "samples": len(every),
+            "steady_samples": len(steady),
         }
 
 
@@ -341,6 +348,7 @@ def one_run(
     job = side.start()
     rss = RssSampler(job.pid)
     first: float | None = None
+    steady_from: float | None = None
     try:
         deadline = time.monotonic() + 900
         while True:
@@ -362,6 +370,9 @@ def one_run(
         if problems:
             raise SystemExit(f"{side_name} differs from the reference:\n" + "\n".join(problems))
         tables = {"latest": "offer_latest", "windowed": "merchant_offers_hourly"}
+        # Steady state: the second half of the freshness run (the side caught up, Spark's one-shot
+        # planning workers gone once a minute idle, a bronze compaction round or more behind it).
+        steady_from = time.monotonic() + args.seconds / 2
         fresh = probe_freshness(
             producer,
             generate(
@@ -383,7 +394,7 @@ def one_run(
             views=list(tables),
         )
     finally:
-        memory = rss.stop()
+        memory = rss.stop(steady_from)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(job.pid, signal.SIGTERM)
         try:
@@ -409,7 +420,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=300_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rate", type=float, default=1000, help="events/s during the freshness run")
-    parser.add_argument("--seconds", type=float, default=60, help="length of the freshness run")
+    parser.add_argument(
+        "--seconds", type=float, default=120, help="length of the freshness run (its second half: steady RSS)"
+    )
     parser.add_argument("--probe-rate", type=float, default=5, help="probes/s during the freshness run")
     parser.add_argument("--tuned-commit", type=float, default=0.5, help="quix-streams' tuned commit interval")
     parser.add_argument("--sides", default=",".join(SIDES), help="a comma-separated subset to run")
@@ -432,7 +445,8 @@ def main() -> None:
                 print(
                     f"round {round_no + 1} {name}: {result['events_per_s_from_start']:,.0f} ev/s from "
                     f"start ({result['seconds_from_start']:.1f} s), rss median "
-                    f"{result['rss']['median_mb']:,.0f} MB max {result['rss']['max_mb']:,.0f} MB, {fresh}",
+                    f"{result['rss']['median_mb']:,.0f} MB max {result['rss']['max_mb']:,.0f} MB steady "
+                    f"{result['rss']['steady_mb']:,.0f} MB, {fresh}",
                     flush=True,
                 )
     shutil.rmtree(base.storage_root, ignore_errors=True)
