@@ -27,11 +27,18 @@ from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from tests.conftest import pipeline_named, run_cli
 from tests.helpers import consume_all
-from tests.test_bad_input import BAD_LINES, ODD_VALID_LINES, offer
+from tests.test_bad_input import BAD_LINES, ODD_VALID_LINES
+from tests.test_bad_input import offer as offer_now
 
 pytestmark = pytest.mark.services
 
 NOW = time.time()
+
+
+def offer(i: int, **changes: Any) -> dict:
+    """A valid offer a minute before NOW, the producers' clock here: made with the real clock, one
+    would be "in the future" to them once the suite has run five minutes past this module's import."""
+    return offer_now(i, **{"updated_at": int(NOW * 1000) - 60_000, **changes})
 
 
 class Recorder:
