@@ -211,13 +211,22 @@ class Compaction:
             return 0
         return self.commit()
 
-    def write(self, table: DeltaTable | None = None) -> list[Group]:
-        """Plan on ``table``'s snapshot (default the newest) and write each group's file."""
-        table = table if table is not None else open_table(self.path)
-        if table is None:
-            return []
+    def write(self, table: DeltaTable | None = None, *, groups: list[Group] | None = None) -> list[Group]:
+        """Plan on ``table``'s snapshot (default the newest) and write each group's file.
+
+        Args:
+            table: The snapshot to plan on (default: the newest).
+            groups: What :func:`plan` gave with this round's policy, when the caller planned already
+                (then ``table`` is not read). :meth:`commit` checks their inputs on the newest
+                snapshot either way.
+        """
+        if groups is None:
+            table = table if table is not None else open_table(self.path)
+            if table is None:
+                return []
+            groups = plan(table, self.policy)
         self.groups = []
-        for group in plan(table, self.policy):
+        for group in groups:
             if self._write(group):
                 self.groups.append(group)
         return self.groups

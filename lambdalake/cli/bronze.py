@@ -111,7 +111,8 @@ def bronze_compact(
 
     MasterDataset(path, event_time=p.event.time).clear_staging(STAGING_PREFIX, older_than_s=3600)
     with console.status(f"compacting {sum(len(g.files) for g in groups):,} of {live:,} files of {p.name}..."):
-        replaced = Compaction(path, policy=policy, staging_prefix=STAGING_PREFIX).run()
+        round_ = Compaction(path, policy=policy, staging_prefix=STAGING_PREFIX)
+        replaced = round_.commit() if round_.write(groups=groups) else 0
     left = len(open_table(path).file_uris())
     out.print(f"[green]✔[/] {p.name}: {replaced:,} files rewritten; {live:,} live files before, {left:,} now")
     if vacuum:
