@@ -19,7 +19,9 @@ and tuned (``--tuned-commit`` s). In each round every side, in turn (the order r
    until its row is visible in each view's table; p50/p99.
 4. Memory: RSS summed over the side's process tree (lambdalake: driver, JVM, Python
    workers; quix-streams: its one process), sampled every 0.5 s through 1-3; median and max, and
-   the steady state: the median over the second half of 3.
+   the steady state: the median over the second half of 3. Beside it the steady PSS (sampled every
+   5 s), which shares each page among the processes mapping it: what the side costs the machine,
+   where the RSS sum counts a forked worker's pages shared with its daemon once per process.
 
 The peer runs in its own virtualenv (``.lambdalake/peer-venv``: quix-streams 3.28.1 pins
 confluent-kafka below the version the project uses), made on first use.
@@ -76,33 +78,45 @@ def peer_python() -> Path:
 
 
 class RssSampler:
-    """Samples the summed RSS of a process tree every ``every`` seconds in a thread."""
+    """Samples the summed RSS of a process tree every ``every`` seconds in a thread, and its summed
+    PSS every ``pss_every`` samples (reading every process's page-table rollup costs the machine
+    more than its RSS does)."""
 
-    def __init__(self, root: int, every: float = 0.5) -> None:
+    def __init__(self, root: int, every: float = 0.5, pss_every: int = 10) -> None:
         self.samples: list[tuple[float, int]] = []
+        self.pss_samples: list[tuple[float, int]] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(root, every), daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(root, every, pss_every), daemon=True)
         self._thread.start()
 
-    def _run(self, root: int, every: float) -> None:
+    def _run(self, root: int, every: float, pss_every: int) -> None:
+        n = 0
         while not self._stop.wait(every):
-            rss = tree_memory(root).rss_bytes
-            if rss:
-                self.samples.append((time.monotonic(), rss))
+            n += 1
+            memory = tree_memory(root, pss=n % pss_every == 0)
+            if memory.rss_bytes:
+                self.samples.append((time.monotonic(), memory.rss_bytes))
+            if memory.pss_bytes:
+                self.pss_samples.append((time.monotonic(), memory.pss_bytes))
 
     def stop(self, steady_from: float | None = None) -> dict[str, float]:
-        """Median and max of every sample, and ``steady_mb``: the median of those from the monotonic
-        time ``steady_from`` on (0 where there are none)."""
+        """Median and max of every sample, and ``steady_mb`` / ``steady_pss_mb``: the medians of
+        those from the monotonic time ``steady_from`` on (0 where there are none)."""
         self._stop.set()
         self._thread.join()
+
+        def steady(samples: list[tuple[float, int]]) -> list[int]:
+            return [v for t, v in samples if steady_from is not None and t >= steady_from]
+
         every = [rss for _, rss in self.samples]
-        steady = [rss for t, rss in self.samples if steady_from is not None and t >= steady_from]
+        steady_rss, steady_pss = steady(self.samples), steady(self.pss_samples)
         return {
             "median_mb": statistics.median(every) / 2**20 if every else 0.0,
             "max_mb": max(every, default=0) / 2**20,
-            "steady_mb": statistics.median(steady) / 2**20 if steady else 0.0,
+            "steady_mb": statistics.median(steady_rss) / 2**20 if steady_rss else 0.0,
+            "steady_pss_mb": statistics.median(steady_pss) / 2**20 if steady_pss else 0.0,
             "samples": len(every),
-            "steady_samples": len(steady),
+            "steady_samples": len(steady_rss),
         }
 
 
@@ -446,7 +460,8 @@ def main() -> None:
                     f"round {round_no + 1} {name}: {result['events_per_s_from_start']:,.0f} ev/s from "
                     f"start ({result['seconds_from_start']:.1f} s), rss median "
                     f"{result['rss']['median_mb']:,.0f} MB max {result['rss']['max_mb']:,.0f} MB steady "
-                    f"{result['rss']['steady_mb']:,.0f} MB, {fresh}",
+                    f"{result['rss']['steady_mb']:,.0f} MB "
+                    f"(PSS {result['rss']['steady_pss_mb']:,.0f} MB), {fresh}",
                     flush=True,
                 )
     shutil.rmtree(base.storage_root, ignore_errors=True)

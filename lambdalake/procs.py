@@ -13,10 +13,16 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 @dataclass(frozen=True)
 class TreeMemory:
-    """Resident memory summed over a process tree."""
+    """Resident memory summed over a process tree.
+
+    ``rss_bytes`` counts a page once per process mapping it (a forked worker's pages shared with its
+    daemon, the libraries every Python maps); ``pss_bytes``, where asked for, shares each such page
+    among the processes mapping it: what the tree costs the machine.
+    """
 
     rss_bytes: int
     processes: int
+    pss_bytes: int | None = None
 
     @property
     def rss_mb(self) -> float:
@@ -32,8 +38,25 @@ def _parent_and_rss(pid: str) -> tuple[int, int] | None:
         return None  # ended meanwhile, or not Linux
 
 
-def tree_memory(root: int) -> TreeMemory:
-    """RSS of ``root`` and all its descendants (zero processes where ``/proc`` is not there)."""
+def _pss(pid: int) -> int:
+    """The process's proportional set size (0 when it ended meanwhile or the kernel has no rollup)."""
+    try:
+        for line in Path("/proc", str(pid), "smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def tree_memory(root: int, *, pss: bool = False) -> TreeMemory:
+    """RSS of ``root`` and all its descendants (zero processes where ``/proc`` is not there).
+
+    Args:
+        root: The tree's root process.
+        pss: Also sum the proportional set sizes (reads each process's ``smaps_rollup``, which walks
+            its page tables: a few milliseconds for a JVM, so not for every poll of a hot loop).
+    """
     if not os.path.isdir("/proc"):
         return TreeMemory(0, 0)
     children: dict[int, list[int]] = {}
@@ -48,7 +71,7 @@ def tree_memory(root: int) -> TreeMemory:
         if pid in rss:
             seen.append(pid)
             todo += children.get(pid, [])
-    return TreeMemory(sum(rss[p] for p in seen), len(seen))
+    return TreeMemory(sum(rss[p] for p in seen), len(seen), sum(_pss(p) for p in seen) if pss else None)
 
 
 _libc: ctypes.CDLL | None = None

@@ -24,6 +24,11 @@ def test_a_tree_counts_its_children_and_their_memory() -> None:
         assert 200 * 2**20 < alone.rss_bytes < 400 * 2**20
         mine = tree_memory(os.getpid())
         assert mine.processes >= 3 and mine.rss_bytes > alone.rss_bytes
+        assert alone.pss_bytes is None
+        # PSS shares the Python interpreter's pages between the two: less than the RSS sum, and
+        # still the 200 MB that only the child holds.
+        shared = tree_memory(child.pid, pss=True)
+        assert 200 * 2**20 < shared.pss_bytes < shared.rss_bytes
     finally:
         child.kill()
         child.wait()
