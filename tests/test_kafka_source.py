@@ -15,9 +15,11 @@ from lambdalake.settings import Settings
 from lambdalake.spark.kafka_source import (
     KafkaBatchReader,
     KafkaPartition,
+    KafkaRanges,
     KafkaSourceError,
     KafkaStreamReader,
     SourceOptions,
+    pack,
     plan,
     positions,
     rate_limit,
@@ -126,6 +128,42 @@ def test_plan_cuts_long_ranges_into_contiguous_pieces(max_records: int) -> None:
         sizes = [p.until - p.start for p in mine]
         assert max(sizes) <= max_records and max(sizes) - min(sizes) <= 1
     assert len(plan(start, end)) == 3  # without a limit: one per topic partition
+
+
+@pytest.mark.parametrize("min_records", [None, 1, 5, 12, 30, 1000])
+def test_pack_joins_small_ranges_whole_and_in_order(min_records: int | None) -> None:
+    parts = plan(
+        {"t": {"0": 0, "1": 0, "2": 0}, "u": {"0": 0}}, {"t": {"0": 10, "1": 3, "2": 8}, "u": {"0": 4}}
+    )
+    tasks = pack(parts, min_records)
+    flat = [q for t in tasks for q in (t.parts if isinstance(t, KafkaRanges) else (t,))]
+    assert flat == parts  # every range once, whole, in the plan's order
+    sizes = [sum(q.until - q.start for q in (t.parts if isinstance(t, KafkaRanges) else (t,))) for t in tasks]
+    if not min_records:
+        assert len(tasks) == len(parts)
+    else:
+        assert all(size >= min_records for size in sizes[:-1])  # a task closes once it holds enough
+        # ... and not before: without its last range, each task holds fewer than the bound.
+        for t, size in zip(tasks, sizes, strict=True):
+            if isinstance(t, KafkaRanges):
+                assert size - (t.parts[-1].until - t.parts[-1].start) < min_records
+    assert len(pack(parts, 1000)) == 1 and len(pack(parts, 1)) == len(parts)
+
+
+def test_stream_reads_packed_ranges_as_one_task(services: Settings, unique: str) -> None:
+    topic = f"pack-{unique}"
+    make_topic(services, topic, 3)
+    produce(services, topic, 40)
+    reader = KafkaStreamReader(options(services, topic, startingOffsets="earliest", minRecordsPerTask="100"))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    (task,) = reader.partitions(start, end)
+    assert isinstance(task, KafkaRanges) and len(task.parts) == 3
+    rows = [r for b in reader.read(task) for r in zip(*b.to_pydict().values(), strict=True)]
+    assert sorted(r[1] for r in rows) == sorted(f"v{i}".encode() for i in range(40))
+    # Below the bound no longer: a task per partition, as without the option.
+    many = KafkaStreamReader(options(services, topic, startingOffsets="earliest", minRecordsPerTask="5"))
+    assert all(isinstance(t, KafkaPartition) for t in many.partitions(start, end))
 
 
 def test_stream_limits_and_added_partitions(services: Settings, unique: str) -> None:

@@ -14,10 +14,12 @@ Options (as Spark's): ``kafka.<librdkafka property>`` (``kafka.bootstrap.servers
 ``startingOffsets`` (``earliest``, ``latest`` or JSON ``{"topic": {"0": 23, "1": -2}}``, -2 earliest,
 -1 latest), ``startingTimestamp`` (ms, all partitions), ``endingOffsets`` (batch reads: ``latest`` or
 JSON), ``endingTimestamp`` (batch reads, ms), ``maxOffsetsPerTrigger``, ``maxRecordsPerPartition``,
-``failOnDataLoss`` (default true), ``includeHeaders`` (default false), ``kafkaConsumer.pollTimeoutMs``
-(default 120000), ``fetchOffset.numRetries`` (default 3) and ``fetchOffset.retryIntervalMs`` (default
-1000): how often and how far apart a metadata or offset request the broker did not answer is retried
-before the query fails naming the broker.
+``minRecordsPerTask`` (streaming reads: partitions' ranges joined into one task up to that many
+offsets; not an option of Spark's source), ``failOnDataLoss`` (default true), ``includeHeaders``
+(default false), ``kafkaConsumer.pollTimeoutMs`` (default 120000), ``fetchOffset.numRetries``
+(default 3) and ``fetchOffset.retryIntervalMs`` (default 1000): how often and how far apart a
+metadata or offset request the broker did not answer is retried before the query fails naming the
+broker.
 
 Data loss: a broker that loses acknowledged records (a crashed one that had not written them, or an
 unclean leader election) loses the tail of a partition and hands the lost offsets to new records. The
@@ -42,9 +44,9 @@ import logging
 import pickle
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import chain, pairwise
 from typing import Any
 
 import pyarrow as pa
@@ -127,6 +129,7 @@ class SourceOptions:
     ending_timestamp: int | None
     max_offsets_per_trigger: int | None
     max_records_per_partition: int | None
+    min_records_per_task: int | None
     fail_on_data_loss: bool
     include_headers: bool
     poll_timeout_s: float
@@ -158,6 +161,7 @@ class SourceOptions:
             ending_timestamp=as_int("endingtimestamp"),
             max_offsets_per_trigger=as_int("maxoffsetspertrigger"),
             max_records_per_partition=as_int("maxrecordsperpartition"),
+            min_records_per_task=as_int("minrecordspertask"),
             fail_on_data_loss=lower.get("failondataloss", "true").lower() != "false",
             include_headers=lower.get("includeheaders", "false").lower() == "true",
             poll_timeout_s=int(lower.get("kafkaconsumer.polltimeoutms", "120000")) / 1000,
@@ -384,6 +388,38 @@ def plan(start: Offsets, end: Offsets, *, max_records: int | None = None) -> lis
             pieces = -(-(until - begin) // max_records) if max_records else 1
             bounds = [begin + (until - begin) * i // pieces for i in range(pieces)] + [until]
             out.extend(KafkaPartition(topic, int(p), lo, hi, new=not known) for lo, hi in pairwise(bounds))
+    return out
+
+
+class KafkaRanges(InputPartition):
+    """Several partitions' ranges read one after another by one task (see :func:`pack`)."""
+
+    def __init__(self, parts: Sequence[KafkaPartition]) -> None:
+        super().__init__(tuple(p.value for p in parts))
+        self.parts = tuple(parts)
+
+    def __repr__(self) -> str:
+        return f"KafkaRanges({', '.join(map(repr, self.parts))})"
+
+
+def pack(parts: list[KafkaPartition], min_records: int | None) -> list[KafkaPartition | KafkaRanges]:
+    """``parts`` with consecutive ones joined into one task until it holds ``min_records`` offsets
+    (``minRecordsPerTask``); each range stays whole within its task.
+
+    A small micro-batch costs a task's fixed overhead per Kafka partition and a Python worker per
+    task running at once; read by one task it costs one of each. A large one keeps a task per range.
+    """
+    if not min_records or len(parts) < 2:
+        return list(parts)
+    out: list[KafkaPartition | KafkaRanges] = []
+    group: list[KafkaPartition] = []
+    for part in parts:
+        group.append(part)
+        if sum(p.until - p.start for p in group) >= min_records:
+            out.append(group[0] if len(group) == 1 else KafkaRanges(group))
+            group = []
+    if group:
+        out.append(group[0] if len(group) == 1 else KafkaRanges(group))
     return out
 
 
@@ -623,11 +659,15 @@ class KafkaStreamReader(DataSourceStreamReader):
         # broker for every partition's watermark a second time per trigger.
         return self._latest
 
-    def partitions(self, start: dict, end: dict) -> list[KafkaPartition]:
-        return plan(positions(start), positions(end), max_records=self.opts.max_records_per_partition)
+    def partitions(self, start: dict, end: dict) -> list[KafkaPartition | KafkaRanges]:
+        parts = plan(positions(start), positions(end), max_records=self.opts.max_records_per_partition)
+        return pack(parts, self.opts.min_records_per_task)
 
-    def read(self, partition: KafkaPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        records = read_partition(self.opts, partition)
+    def read(self, partition: KafkaPartition | KafkaRanges) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        if isinstance(partition, KafkaRanges):
+            records = chain.from_iterable(read_partition(self.opts, p) for p in partition.parts)
+        else:
+            records = read_partition(self.opts, partition)
         return records if self.transform is None else self.transform(records)
 
     def commit(self, end: dict) -> None:
