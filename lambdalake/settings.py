@@ -182,6 +182,11 @@ class SparkSettings(BaseModel):
     #: Start the driver JVM from the class-data-sharing archive ``make setup`` builds, if there is one
     #: (see :mod:`lambdalake.spark.cds`).
     cds: bool = True
+    #: Idle Python workers an executor keeps (unset: every one it forked, Spark's default). 1 keeps
+    #: a caught-up speed job to one worker (~250 MB less on ``local[2,4]``) at the cost of a fresh
+    #: worker for a backlog's second task each micro-batch (~20 % slower draining it alone;
+    #: BENCHMARKS.md). ``spark.python.factory.idleWorkerMaxPoolSize`` in ``conf`` wins.
+    idle_python_workers: int | None = Field(None, ge=1, description="workers, 1 or more", examples=["1"])
 
     @field_validator("master")
     @classmethod

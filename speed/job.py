@@ -77,13 +77,14 @@ class SpeedOptions:
             before the job stops with an error naming the broker. Default 120 s.
         fail_on_data_loss: Stop with an error naming the offsets when the broker lost records the
             job had read (default True); False goes on past them with a warning.
-
         min_records_per_task: A micro-batch's partitions are read together by one task until it
-            holds this many records (the source's ``minRecordsPerTask``). Default 5,000: a small
-            micro-batch then costs one task's overhead and needs one Python worker at a time, so
-            with ``spark.python.factory.idleWorkerMaxPoolSize=1`` a caught-up job keeps one.
+            holds this many records (the source's ``minRecordsPerTask``); 0 reads each partition in
+            a task of its own. Default None: 5,000 when the session keeps one idle Python worker
+            (``LAMBDALAKE_SPARK__IDLE_PYTHON_WORKERS=1``: a caught-up job's small micro-batches
+            then need one worker, where two tasks at once would fork a fresh one every batch),
+            else 0 (packing alone measured no faster or fresher: BENCHMARKS.md).
 
-    Each Kafka partition's share of a micro-batch is read by one task (the source's
+    Each Kafka partition's share of a micro-batch is read whole by one task (the source's
     ``maxRecordsPerPartition`` is not set): deduplication needs a partition's records in one task,
     and each task has a fixed cost here (about 0.3 s: a warm 198k-record batch ran 7.2 s in 3
     tasks and 8.7 s in 9). Raise the topic's partitions to use more cores.
@@ -94,7 +95,11 @@ class SpeedOptions:
     starting_offsets: str = "earliest"
     broker_wait_s: float = 120.0
     fail_on_data_loss: bool = True
-    min_records_per_task: int = 5_000
+    min_records_per_task: int | None = None
+
+
+#: A task's records at least, where micro-batches are packed (see :class:`SpeedOptions`).
+PACKED_RECORDS = 5_000
 
 
 def _compactor(settings: Settings, path: str, *, staging_prefix: str) -> Compactor | None:
@@ -339,6 +344,14 @@ class SpeedJob:
         chosen = read_text(f"{self.checkpoints}/{RESET_FILE}")
         return chosen.strip() if chosen else self.options.starting_offsets
 
+    @property
+    def min_records_per_task(self) -> int:
+        """The source's ``minRecordsPerTask`` (see :class:`SpeedOptions`)."""
+        if self.options.min_records_per_task is not None:
+            return self.options.min_records_per_task
+        kept = self.spark.sparkContext.getConf().get("spark.python.factory.idleWorkerMaxPoolSize")
+        return PACKED_RECORDS if kept == "1" else 0
+
     def records(self, source: str = "lambdalake_kafka") -> DataFrame:
         """The pipeline's topic as a stream of Kafka records (the Kafka source's columns), or what
         ``source`` (a :func:`lambdalake.spark.kafka_source.transformed` one) makes of them."""
@@ -349,7 +362,7 @@ class SpeedJob:
             reader.option("subscribe", self.pipeline.topic.name)
             .option("startingOffsets", self.starting_offsets())
             .option("maxOffsetsPerTrigger", str(self.options.max_offsets_per_trigger))
-            .option("minRecordsPerTask", str(self.options.min_records_per_task))
+            .option("minRecordsPerTask", str(self.min_records_per_task))
             .option("failOnDataLoss", str(self.options.fail_on_data_loss).lower())
             .option("fetchOffset.numRetries", str(max(1, int(self.options.broker_wait_s))))
             .option("fetchOffset.retryIntervalMs", "1000")

@@ -69,8 +69,9 @@ def inject_bad_records(settings: Settings, pipeline: Pipeline) -> int:
     producer = EventProducer(settings=settings, pipeline=pipeline, prepare=False)
     schema = parse_schema(pipeline.reader_schema)
     encoder = WireEncoder(producer.schema_id, schema)
-    good = next(generate(pipeline.name, 1, seed=99, mix=Mix(duplicates=0, invalid=0, late=0)))
-    breaks_rule = {**good, "price_cents": -5} if pipeline.name == "offers" else {**good, "speed_kmh": -5.0}
+    kind = pipeline.generator.kind if pipeline.generator else pipeline.name
+    good = next(generate(kind, 1, seed=99, mix=Mix(duplicates=0, invalid=0, late=0)))
+    breaks_rule = {**good, "price_cents": -5} if kind == "offers" else {**good, "speed_kmh": -5.0}
     raw = Producer(settings.kafka.client_config())
     bad = [b"not avro at all", HEADER.pack(MAGIC, 987654) + b"\x02", encoder.encode(breaks_rule)]
     for value in bad:
@@ -320,3 +321,37 @@ def test_speed_status_counts_every_row_across_restarts(services: Settings, spark
     assert result.returncode == 0, result.stderr.decode()
     main = json.loads(result.stdout)["telemetry_status-main"]
     assert main["rows"] == 4965, main
+
+
+def test_packed_micro_batches_give_the_same_views_bronze_and_dead_letters(
+    services: Settings, spark, tmp_path: Path
+) -> None:
+    """Small micro-batches whose partitions one task reads together (``min_records_per_task``, as with
+    ``LAMBDALAKE_SPARK__IDLE_PYTHON_WORKERS=1``): copies across tasks and batches still count once."""
+    unique = os.urandom(4).hex()
+    settings = isolated(services, tmp_path, unique)
+    # A name of its own: query names are unique per Spark session, and the module's jobs still run.
+    pipeline = pipeline_named(settings, "offers", topic=f"offers-{unique}", epoch="10 seconds").model_copy(
+        update={"name": "offers_packed"}
+    )
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    send_generated(producer, "offers", 3000, seed=41, mix=Mix(duplicates=0.05, invalid=0.01, late=0.03))
+    bad = inject_bad_records(settings, pipeline)
+    run_speed_once(settings, pipeline, spark, max_offsets_per_trigger=400, min_records_per_task=100_000)
+
+    events, invalid = topic_events(settings, pipeline)
+    assert invalid == bad and len(events) > 2800
+    assert differences(settings, pipeline, events) == []
+    path = table_path(settings.storage_root, pipeline.name)
+    bronze = MasterDataset(path, event_time=pipeline.event.time).read()
+    coords = list(
+        zip(bronze.column("_partition").to_pylist(), bronze.column("_offset").to_pylist(), strict=True)
+    )
+    assert len(coords) == len(set(coords)) == len(events)
+    # Files named by a hash of their coordinates hold records of several partitions: packed tasks.
+    names = [Path(f).name for f in MasterDataset(path, event_time=pipeline.event.time).file_uris()]
+    assert any(f"-{pipeline.topic.name}-" not in n for n in names), names
+    letters = [
+        m for m in consume_all(settings, pipeline.topic.dlq) if dict(m.headers())[dlq.STAGE] == b"speed"
+    ]
+    assert len(letters) == bad

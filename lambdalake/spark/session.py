@@ -109,10 +109,12 @@ def spark_session(
         # One machine: bind to loopback instead of guessing an interface (and warning about it).
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name).master(settings.spark.master)
-    java = {"spark.driver.extraJavaOptions": driver_java_options(settings, workload)}
+    derived = {"spark.driver.extraJavaOptions": driver_java_options(settings, workload)}
+    if settings.spark.idle_python_workers is not None:
+        derived["spark.python.factory.idleWorkerMaxPoolSize"] = str(settings.spark.idle_python_workers)
     workload_defaults = {"stream": {}, "batch": BATCH_DEFAULTS, "replay": REPLAY_DEFAULTS}[workload]
     defaults = {**SPARK_DEFAULTS, **workload_defaults}
-    for key, value in {**defaults, **java, **settings.spark.conf}.items():
+    for key, value in {**defaults, **derived, **settings.spark.conf}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

@@ -1,0 +1,76 @@
+"""How many Python workers a Spark session keeps after parallel tasks (``spark.idle_python_workers``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Two tasks at once (each sleeps, so they overlap on local[2,4]), then the tree's forked workers are
+# counted: a worker is a process whose parent runs the same `pyspark.daemon pyspark.worker` command.
+CHILD = r"""
+import os, time
+from pathlib import Path
+from lambdalake.settings import Settings
+from lambdalake.spark.session import spark_session
+
+def slow(batches):
+    import time
+    time.sleep(1.5)
+    yield from batches
+
+def cmdline(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return b""
+
+def parent(pid):
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2 :].split()[1])
+    except (OSError, ValueError):
+        return -1
+
+def workers():
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            pid = int(entry.name)
+            line = cmdline(pid)
+            if b"pyspark.daemon pyspark.worker" in line and cmdline(parent(pid)) == line:
+                out.append(pid)
+    return out
+
+spark = spark_session(Settings(), "python-workers")
+df = spark.range(0, 2, 1, 2)
+for _ in range(2):
+    assert df.mapInArrow(slow, df.schema).count() == 2
+deadline = time.monotonic() + 20
+while len(workers()) > int(os.environ["WANT"]) and time.monotonic() < deadline:
+    time.sleep(0.2)
+print("workers", len(workers()), flush=True)
+spark.stop()
+"""
+
+
+@pytest.mark.parametrize(("idle", "kept"), [(None, 2), (1, 1)])
+def test_idle_python_workers_bounds_the_workers_kept(idle: int | None, kept: int, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "LAMBDALAKE_SPARK__MASTER": "local[2,4]",
+        "LAMBDALAKE_SPARK__CDS": "false",
+        "LAMBDALAKE_STATE_DIR": str(tmp_path),
+        "WANT": str(kept),
+    }
+    env.pop("LAMBDALAKE_SPARK__CONF", None)
+    if idle is not None:
+        env["LAMBDALAKE_SPARK__IDLE_PYTHON_WORKERS"] = str(idle)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"workers {kept}" in out.stdout.splitlines(), out.stdout
