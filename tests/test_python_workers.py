@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-# Two tasks at once (each sleeps, so they overlap on local[2,4]), then the tree's forked workers are
+# Two tasks at once (each sleeps, so they overlap on local[2,4]), then the child's forked workers are
 # counted: a worker is a process whose parent runs the same `pyspark.daemon pyspark.worker` command.
 CHILD = r"""
 import os, time
@@ -36,13 +36,18 @@ def parent(pid):
         return -1
 
 def workers():
+    # Among this process's descendants only: the test session's own Spark has workers too.
+    parents = {int(e.name): parent(int(e.name)) for e in os.scandir("/proc") if e.name.isdigit()}
+    mine, todo = set(), [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        mine.add(pid)
+        todo += [c for c, p in parents.items() if p == pid and c not in mine]
     out = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            pid = int(entry.name)
-            line = cmdline(pid)
-            if b"pyspark.daemon pyspark.worker" in line and cmdline(parent(pid)) == line:
-                out.append(pid)
+    for pid in mine:
+        line = cmdline(pid)
+        if b"pyspark.daemon pyspark.worker" in line and cmdline(parents[pid]) == line:
+            out.append(pid)
     return out
 
 spark = spark_session(Settings(), "python-workers")
