@@ -122,14 +122,17 @@ class Group:
         return f"{PARTITION}={self.date}/{self.name}.parquet"
 
 
-def plan(table: DeltaTable, policy: CompactionPolicy) -> list[Group]:
+def plan(table: DeltaTable, policy: CompactionPolicy, *, actions: pa.Table | None = None) -> list[Group]:
     """The groups worth rewriting in ``table``'s snapshot: per event date, Kafka partition and size
     class, ``policy.fan_in`` files or more, in offset order, cut so no output passes ``max_bytes``.
     Files without coordinate stats, or spanning Kafka partitions, are left alone, and so are files
     whose offset spans overlap another candidate's: bronze written before commits left out what it
     held may hold a coordinate in two files, and one file holding it twice could not be told apart
-    from itself (readers keep exactly one copy by the file it lies in)."""
-    actions = pa.table(table.get_add_actions(flatten=True))
+    from itself (readers keep exactly one copy by the file it lies in).
+
+    ``actions``: the snapshot's add actions (flattened) where the caller has read them already."""
+    if actions is None:
+        actions = pa.table(table.get_add_actions(flatten=True))
     bounds = [f"{edge}.{c}" for c in COORDINATES for edge in ("min", "max")]
     date_column = f"partition.{PARTITION}"
     if actions.num_rows == 0 or not all(b in actions.column_names for b in [*bounds, date_column]):
@@ -363,7 +366,7 @@ def summary(table: DeltaTable, policy: CompactionPolicy) -> dict[str, Any]:
         "bytes": sum(sizes),
         "records": None if records is None or records.null_count else sum(records.to_pylist()),
         "small_files": sum(1 for size in sizes if size < policy.base_bytes),
-        "would_rewrite": sum(len(g.files) for g in plan(table, policy)),
+        "would_rewrite": sum(len(g.files) for g in plan(table, policy, actions=actions)),
         "last_round": None
         if last is None
         else {
