@@ -38,6 +38,31 @@ def _parent_and_rss(pid: str) -> tuple[int, int] | None:
         return None  # ended meanwhile, or not Linux
 
 
+def _tree(root: int) -> dict[int, tuple[int, int]]:
+    """``root`` and its live descendants, each as ``pid: (parent pid, RSS bytes)``, from one pass
+    over ``/proc`` (empty where it is not there)."""
+    if not os.path.isdir("/proc"):
+        return {}
+    children: dict[int, list[int]] = {}
+    found: dict[int, tuple[int, int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and (parent_rss := _parent_and_rss(entry.name)) is not None:
+            children.setdefault(parent_rss[0], []).append(int(entry.name))
+            found[int(entry.name)] = parent_rss
+    todo, tree = [root], {}
+    while todo:
+        pid = todo.pop()
+        if pid in found:
+            tree[pid] = found[pid]
+            todo += children.get(pid, [])
+    return tree
+
+
+def process_tree(root: int) -> dict[int, int]:
+    """``root`` and its live descendants, each with its parent's pid (empty without ``/proc``)."""
+    return {pid: parent for pid, (parent, _) in _tree(root).items()}
+
+
 def _pss(pid: int) -> int:
     """The process's proportional set size (0 when it ended meanwhile or the kernel has no rollup)."""
     try:
@@ -57,21 +82,9 @@ def tree_memory(root: int, *, pss: bool = False) -> TreeMemory:
         pss: Also sum the proportional set sizes (reads each process's ``smaps_rollup``, which walks
             its page tables: a few milliseconds for a JVM, so not for every poll of a hot loop).
     """
-    if not os.path.isdir("/proc"):
-        return TreeMemory(0, 0)
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and (found := _parent_and_rss(entry.name)) is not None:
-            children.setdefault(found[0], []).append(int(entry.name))
-            rss[int(entry.name)] = found[1]
-    todo, seen = [root], []
-    while todo:
-        pid = todo.pop()
-        if pid in rss:
-            seen.append(pid)
-            todo += children.get(pid, [])
-    return TreeMemory(sum(rss[p] for p in seen), len(seen), sum(_pss(p) for p in seen) if pss else None)
+    tree = _tree(root)
+    rss = sum(r for _, r in tree.values())
+    return TreeMemory(rss, len(tree), sum(_pss(p) for p in tree) if pss else None)
 
 
 _libc: ctypes.CDLL | None = None

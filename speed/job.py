@@ -50,7 +50,7 @@ from lambdalake.procs import TreeMemory, tree_memory
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decode
 from lambdalake.spark.kafka_source import FROM, positions, transformed
-from lambdalake.spark.session import spark_session
+from lambdalake.spark.session import IDLE_WORKERS_CONF, spark_session
 from lambdalake.spark.sinks import upsert_view
 from lambdalake.spark.views import INGEST_TS, windowed
 from lambdalake.status import speed_status_file
@@ -349,7 +349,7 @@ class SpeedJob:
         """The source's ``minRecordsPerTask`` (see :class:`SpeedOptions`)."""
         if self.options.min_records_per_task is not None:
             return self.options.min_records_per_task
-        kept = self.spark.sparkContext.getConf().get("spark.python.factory.idleWorkerMaxPoolSize")
+        kept = self.spark.sparkContext.getConf().get(IDLE_WORKERS_CONF)
         return PACKED_RECORDS if kept == "1" else 0
 
     def records(self, source: str = "lambdalake_kafka") -> DataFrame:

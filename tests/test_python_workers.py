@@ -14,6 +14,7 @@ import pytest
 CHILD = r"""
 import os, time
 from pathlib import Path
+from lambdalake.procs import process_tree
 from lambdalake.settings import Settings
 from lambdalake.spark.session import spark_session
 
@@ -28,27 +29,13 @@ def cmdline(pid):
     except OSError:
         return b""
 
-def parent(pid):
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat[stat.rindex(")") + 2 :].split()[1])
-    except (OSError, ValueError):
-        return -1
-
 def workers():
     # Among this process's descendants only: the test session's own Spark has workers too.
-    parents = {int(e.name): parent(int(e.name)) for e in os.scandir("/proc") if e.name.isdigit()}
-    mine, todo = set(), [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        mine.add(pid)
-        todo += [c for c, p in parents.items() if p == pid and c not in mine]
-    out = []
-    for pid in mine:
-        line = cmdline(pid)
-        if b"pyspark.daemon pyspark.worker" in line and cmdline(parents[pid]) == line:
-            out.append(pid)
-    return out
+    tree = process_tree(os.getpid())
+    return [
+        pid for pid, parent in tree.items()
+        if b"pyspark.daemon pyspark.worker" in cmdline(pid) and cmdline(parent) == cmdline(pid)
+    ]
 
 spark = spark_session(Settings(), "python-workers")
 df = spark.range(0, 2, 1, 2)

@@ -342,14 +342,14 @@ def test_packed_micro_batches_give_the_same_views_bronze_and_dead_letters(
     events, invalid = topic_events(settings, pipeline)
     assert invalid == bad and len(events) > 2800
     assert differences(settings, pipeline, events) == []
-    path = table_path(settings.storage_root, pipeline.name)
-    bronze = MasterDataset(path, event_time=pipeline.event.time).read()
+    master = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    bronze = master.read()
     coords = list(
         zip(bronze.column("_partition").to_pylist(), bronze.column("_offset").to_pylist(), strict=True)
     )
     assert len(coords) == len(set(coords)) == len(events)
     # Files named by a hash of their coordinates hold records of several partitions: packed tasks.
-    names = [Path(f).name for f in MasterDataset(path, event_time=pipeline.event.time).file_uris()]
+    names = [Path(f).name for f in master.file_uris()]
     assert any(f"-{pipeline.topic.name}-" not in n for n in names), names
     letters = [
         m for m in consume_all(settings, pipeline.topic.dlq) if dict(m.headers())[dlq.STAGE] == b"speed"

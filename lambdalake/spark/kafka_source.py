@@ -413,11 +413,13 @@ def pack(parts: list[KafkaPartition], min_records: int | None) -> list[KafkaPart
         return list(parts)
     out: list[KafkaPartition | KafkaRanges] = []
     group: list[KafkaPartition] = []
+    held = 0
     for part in parts:
         group.append(part)
-        if sum(p.until - p.start for p in group) >= min_records:
+        held += part.until - part.start
+        if held >= min_records:
             out.append(group[0] if len(group) == 1 else KafkaRanges(group))
-            group = []
+            group, held = [], 0
     if group:
         out.append(group[0] if len(group) == 1 else KafkaRanges(group))
     return out

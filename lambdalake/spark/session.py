@@ -45,6 +45,9 @@ SPARK_DEFAULTS = {
     "spark.driver.memory": "1g",
 }
 
+#: Spark's bound on the idle Python workers an executor keeps (``settings.spark.idle_python_workers``).
+IDLE_WORKERS_CONF = "spark.python.factory.idleWorkerMaxPoolSize"
+
 #: A batch rebuild is one large query instead of many small ones: it wants shuffle partitions that
 #: fit in memory (AQE coalesces the small ones), the full JIT, and room to cache the master dataset.
 BATCH_DEFAULTS = {
@@ -111,7 +114,7 @@ def spark_session(
     builder = SparkSession.builder.appName(app_name).master(settings.spark.master)
     derived = {"spark.driver.extraJavaOptions": driver_java_options(settings, workload)}
     if settings.spark.idle_python_workers is not None:
-        derived["spark.python.factory.idleWorkerMaxPoolSize"] = str(settings.spark.idle_python_workers)
+        derived[IDLE_WORKERS_CONF] = str(settings.spark.idle_python_workers)
     workload_defaults = {"stream": {}, "batch": BATCH_DEFAULTS, "replay": REPLAY_DEFAULTS}[workload]
     defaults = {**SPARK_DEFAULTS, **workload_defaults}
     for key, value in {**defaults, **derived, **settings.spark.conf}.items():
