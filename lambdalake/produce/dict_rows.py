@@ -10,8 +10,10 @@ import numpy as np
 import pyarrow as pa
 
 from lambdalake.columnar.validate import FieldType, schema_fields
+from lambdalake.produce.nesting import deeper_than
 
 _INT64 = (-(1 << 63), 1 << 63)
+_NESTED = frozenset({list, dict, tuple})
 
 
 def _python_types(field: FieldType) -> frozenset[type]:
@@ -63,6 +65,8 @@ class DictRows:
             found.discard(type(None))
             if not found <= types:
                 values = self._set_apart(values, alone, lambda v, ok=types: type(v) in ok)
+            if found & _NESTED:  # pa.array recurses on the C stack: a deep value would kill us
+                values = self._set_apart(values, alone, lambda v: not deeper_than(v))
             try:
                 arrays.append(pa.array(values))
                 continue

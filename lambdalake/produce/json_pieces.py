@@ -11,6 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pajson
 
+from lambdalake.produce.nesting import deep_lines
+
 #: Lines read as one table at most.
 MAX_PIECE = 16384
 _CHANGED = re.compile(r"Column\(/([^)/]+)\) changed from (\w+) to (\w+) in row (\d+)")
@@ -38,7 +40,9 @@ class JsonPieces:
     rows before it are then read as a piece, that line goes alone (the per-record path names what is
     wrong with it), and reading goes on after it. A refusal costs a read, so when the line's kind is
     not the schema's (``"price_cents": "12.99"``) the key and the value's first byte as written are
-    learned, and later lines holding that pattern go alone without being read.
+    learned, and later lines holding that pattern go alone without being read. A line nested deeper
+    than :data:`lambdalake.produce.nesting.MAX_DEPTH` goes alone before any read (pyarrow's reader
+    would overflow its stack on it).
 
     Args:
         schema: The writer schema (for the JSON kind of each field).
@@ -54,6 +58,7 @@ class JsonPieces:
         n = len(lines)
         alone = np.zeros(n, dtype=bool)
         alone[list(_holding(lines, self.learned))] = True
+        alone[deep_lines(lines)] = True  # pyarrow's reader would recurse past its stack on them
         p, cap = 0, MAX_PIECE
         while p < n:
             end = min(n, p + cap)

@@ -28,6 +28,7 @@ from lambdalake.kafka.admin import ensure_pipeline_topics
 from lambdalake.pipeline import Pipeline
 from lambdalake.produce.dict_rows import DictRows
 from lambdalake.produce.json_pieces import JsonPieces
+from lambdalake.produce.nesting import MAX_RECORD_DEPTH, deeper_than
 from lambdalake.registry import register_pipeline
 from lambdalake.settings import Settings
 from lambdalake.validation import RecordValidator, Rejection, checked_rules
@@ -379,6 +380,8 @@ class EventProducer:
         return rejection
 
     def _send(self, record: dict[str, Any]) -> Rejection | None:
+        if deeper_than(record, MAX_RECORD_DEPTH):  # before any check or encoder could recurse on it
+            return Rejection("too_deep", f"the record nests more than {MAX_RECORD_DEPTH} levels deep")
         if isinstance(record, dict):
             if self._drop_unknown:
                 for name in [k for k in record if k not in self._fields]:
@@ -408,7 +411,7 @@ class EventProducer:
         """Send a refused record to the DLQ with the rule and reason in its headers; one the DLQ
         cannot take (too large) is written to the local rejects file instead."""
         if original is None:
-            original = json.dumps(record, default=str).encode("utf-8", "backslashreplace")
+            original = _as_json(record)
         key = record.get(self._key) if isinstance(record, dict) else None
         key_bytes = str(key).encode("utf-8", "backslashreplace")[:1024] if key is not None else None
         self.stats.rejected += 1
@@ -586,3 +589,16 @@ class EventProducer:
             self.stats.errors[f"{remaining} record(s) still queued after {timeout:g}s"] += 1
         self._rejects.close()
         return self.stats
+
+
+def _as_json(record: Any) -> bytes:
+    """The record as the DLQ keeps it: JSON, or (nested past Python's recursion limit, or holding
+    what JSON cannot) a JSON object saying so with the record's key fields' text where it has them."""
+    try:
+        return json.dumps(record, default=str).encode("utf-8", "backslashreplace")
+    except (RecursionError, ValueError, TypeError) as exc:
+        plain = (str, int, float, bool)
+        items = record.items() if isinstance(record, dict) else ()
+        shallow = {k: v for k, v in items if isinstance(k, str) and isinstance(v, plain)}
+        note = {"lambdalake.unserializable": f"{type(exc).__name__}: {exc}", **shallow}
+        return json.dumps(note, default=str).encode("utf-8", "backslashreplace")

@@ -1,0 +1,69 @@
+"""Nesting bounds for input, decided before a native parser or builder sees it.
+
+pyarrow's JSON reader and ``pa.array`` recurse on the C stack for every level of nesting: a line or
+a value nested some ten thousand levels deep kills the process (SIGSEGV), which no ``try`` catches.
+Lines and values nested deeper than :data:`MAX_DEPTH` therefore never reach them; they take the
+per-record path, whose Python parser and checks stop at Python's recursion limit with an error that
+sends the record to the dead-letter topic with its reason.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+#: Levels of ``[``/``{`` (or of lists and dicts) a record may nest for the columnar path; a
+#: record deeper than this goes per record, and one deeper than :data:`MAX_RECORD_DEPTH` is refused.
+MAX_DEPTH = 64
+#: Levels a record may nest at all: Avro allows recursive types, but a record this deep is refused
+#: (rule ``too_deep``) before Python's recursion limit or a native encoder's stack could be reached.
+MAX_RECORD_DEPTH = 500
+
+_OPENERS = np.zeros(256, dtype=bool)
+_OPENERS[[ord("["), ord("{")]] = True
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+def deep_lines(lines: Sequence[bytes], *, bound: int = MAX_DEPTH) -> list[int]:
+    """Indexes of the ``lines`` that may nest deeper than ``bound``.
+
+    Counting the opening brackets of every line bounds its depth from above at numpy's speed; only
+    a line holding more than ``bound`` of them is measured exactly (strings taken out first). A line
+    that is not valid JSON may be counted deeper than it is, never shallower."""
+    if not lines:
+        return []
+    data = np.frombuffer(b"".join(lines), dtype=np.uint8)
+    opens = np.flatnonzero(_OPENERS[data])
+    if len(opens) <= bound:
+        return []
+    starts = np.cumsum([0, *map(len, lines)])[:-1]
+    per_line = np.bincount(np.searchsorted(starts, opens, side="right") - 1, minlength=len(lines))
+    return [i for i in np.flatnonzero(per_line > bound).tolist() if json_depth(lines[i]) > bound]
+
+
+def json_depth(line: bytes) -> int:
+    """The deepest nesting of ``[``/``{`` in a JSON text, brackets inside strings not counted."""
+    bare = _STRING.sub(b'""', line)
+    data = np.frombuffer(bare, dtype=np.uint8)
+    steps = np.zeros(len(data), dtype=np.int32)
+    steps[_OPENERS[data]] = 1
+    steps[(data == ord("]")) | (data == ord("}"))] = -1
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def deeper_than(value: Any, bound: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` nests lists, tuples and dicts more than ``bound`` levels deep (walked
+    without recursion, and no further than the bound)."""
+    if not isinstance(value, list | tuple | dict):
+        return False
+    todo = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if depth > bound:
+            return True
+        inner = item.values() if isinstance(item, dict) else item
+        todo.extend((v, depth + 1) for v in inner if isinstance(v, list | tuple | dict))
+    return False
