@@ -4,10 +4,12 @@ of one key with prepared statements, and merges them exactly (``serving.merge``)
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
@@ -41,7 +43,14 @@ class BadQuery(LambdalakeError, ValueError):
     """A key or time the view cannot take (HTTP 422)."""
 
 
+class NotDeployed(ConfigurationError):
+    """A pipeline of the pipelines folder whose view tables are not in the keyspace (HTTP 503)."""
+
+
 Moment = datetime | int | str
+
+#: The largest finite 32-bit float.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 class ServingClient:
@@ -194,8 +203,10 @@ class ServingClient:
         if active is not None and batch_table(p, v, active.version) in str(exc):
             # The cached version was retired meanwhile: read the metadata row again, once.
             return self._active_for(p, v, refresh=True)
-        if speed_table(p, v) in str(exc):
-            raise ConfigurationError(
+        text = str(exc)
+        missing_keyspace = f"Keyspace {self.keyspace} does not exist" in text
+        if speed_table(p, v) in text or missing_keyspace:
+            raise NotDeployed(
                 f"the view tables of {p.name!r} do not exist in keyspace {self.keyspace!r}",
                 fix=f"run `lambdalake deploy --pipeline {p.name}`",
             ) from None
@@ -344,20 +355,40 @@ def event_types(p: Pipeline) -> dict[str, pa.DataType]:
 
 
 def _typed(column: str, t: pa.DataType, value: Any) -> Any:
+    """``value`` as the key column's type, inside what the column holds (an integer beyond the
+    column's bits, or a float beyond a ``float``'s range, is no key any row has: a 422, not a
+    driver error)."""
     try:
         if pa.types.is_integer(t):
-            return int(value)
+            number = int(str(value).strip()) if isinstance(value, str) else int(value)
+            half = 1 << (t.bit_width - 1)
+            if not -half <= number < half:
+                raise ValueError(f"beyond a {t.bit_width}-bit integer")
+            return number
         if pa.types.is_floating(t):
-            return float(value)
+            number = float(value)
+            if t.bit_width == 32 and math.isfinite(number) and abs(number) > FLOAT32_MAX:
+                raise ValueError("beyond a 32-bit float")
+            return number
+        if pa.types.is_decimal(t):
+            # As the column stores it, at its scale: Cassandra hashes 12.5 and 12.50 apart.
+            scaled = Decimal(str(value).strip()).scaleb(t.scale)
+            if not scaled.is_finite() or scaled != scaled.to_integral_value():
+                raise ValueError(f"not a decimal of at most {t.scale} places")
+            if abs(scaled) >= 10**t.precision:
+                raise ValueError(f"more than {t.precision} digits")
+            return Decimal(int(scaled)).scaleb(-t.scale)
+        if pa.types.is_binary(t):
+            return value if isinstance(value, bytes) else str(value).encode("utf-8")
         if pa.types.is_boolean(t):
             if str(value).lower() not in ("true", "false"):
                 raise ValueError(value)
             return str(value).lower() == "true"
         if pa.types.is_timestamp(t):
             return _ms(value, column)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, ArithmeticError):
         raise BadQuery(
-            f"key column {column!r} is {t}: {value!r} is not one", fix=f"give a {t} value"
+            f"key column {column!r} is {t}: {str(value)[:100]!r} is not one", fix=f"give a {t} value"
         ) from None
     return str(value)
 

@@ -88,7 +88,11 @@ def answers(*statuses: int, media_type: str | None = None) -> dict[int | str, di
         401: ("The bearer token is missing or wrong", ErrorBody),
         404: ("Unknown pipeline, view or key", NotFoundBody),
         422: ("A key or time the view cannot take", ErrorBody),
-        503: ("Cassandra is unavailable: retry after `Retry-After` seconds", ErrorBody),
+        503: (
+            "Cassandra is unavailable, or the pipeline's views are not deployed in its keyspace "
+            "(the body's `fix` says which): retry after `Retry-After` seconds",
+            ErrorBody,
+        ),
     }
     out: dict[int | str, dict[str, Any]] = {}
     for status in statuses:

@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lambdalake.errors import LambdalakeError, ServiceUnavailable
 from lambdalake.settings import Settings
-from serving.client import BadQuery, NotFound, ServingClient, _ms
+from serving.client import BadQuery, NotDeployed, NotFound, ServingClient, _ms
 from serving.contract import TIME_PARAMETER, AnswerBody, HealthBody, answers
 from serving.metrics import make_registry
 
@@ -135,6 +135,8 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
             return _error(404, exc)
         except BadQuery as exc:
             return _error(422, exc)
+        except NotDeployed as exc:
+            return _error(503, exc, headers={"Retry-After": str(RETRY_AFTER_S)})
         except UNAVAILABLE as exc:
             log.warning("query of %s/%s: Cassandra unavailable: %s", pipeline, view, exc)
             return JSONResponse(
@@ -211,5 +213,5 @@ class _Unauthorized(Exception):
     pass
 
 
-def _error(status: int, exc: LambdalakeError) -> JSONResponse:
-    return JSONResponse({"detail": exc.message, "fix": exc.fix}, status_code=status)
+def _error(status: int, exc: LambdalakeError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": exc.message, "fix": exc.fix}, status_code=status, headers=headers)

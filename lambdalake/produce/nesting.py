@@ -22,8 +22,6 @@ MAX_DEPTH = 64
 #: (rule ``too_deep``) before Python's recursion limit or a native encoder's stack could be reached.
 MAX_RECORD_DEPTH = 500
 
-_OPENERS = np.zeros(256, dtype=bool)
-_OPENERS[[ord("["), ord("{")]] = True
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
 
@@ -36,11 +34,11 @@ def deep_lines(lines: Sequence[bytes], *, bound: int = MAX_DEPTH) -> list[int]:
     if not lines:
         return []
     data = np.frombuffer(b"".join(lines), dtype=np.uint8)
-    opens = np.flatnonzero(_OPENERS[data])
+    opens = np.flatnonzero(np.bitwise_or(data, 0x20) == ord("{"))  # "[" | 0x20 is "{": both at once
     if len(opens) <= bound:
         return []
-    starts = np.cumsum([0, *map(len, lines)])[:-1]
-    per_line = np.bincount(np.searchsorted(starts, opens, side="right") - 1, minlength=len(lines))
+    ends = np.cumsum(np.fromiter(map(len, lines), dtype=np.int64, count=len(lines)))
+    per_line = np.diff(np.searchsorted(opens, ends), prepend=0)
     return [i for i in np.flatnonzero(per_line > bound).tolist() if json_depth(lines[i]) > bound]
 
 
@@ -49,7 +47,7 @@ def json_depth(line: bytes) -> int:
     bare = _STRING.sub(b'""', line)
     data = np.frombuffer(bare, dtype=np.uint8)
     steps = np.zeros(len(data), dtype=np.int32)
-    steps[_OPENERS[data]] = 1
+    steps[np.bitwise_or(data, 0x20) == ord("{")] = 1
     steps[(data == ord("]")) | (data == ord("}"))] = -1
     return int(np.cumsum(steps).max(initial=0))
 
