@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pajson
 
-from lambdalake.produce.nesting import deep_lines
+from lambdalake.produce.nesting import DepthScan
 
 #: Lines read as one table at most.
 MAX_PIECE = 16384
@@ -51,6 +51,7 @@ class JsonPieces:
     def __init__(self, schema: Mapping[str, Any]) -> None:
         self._kinds = {f["name"]: _json_kind(f["type"]) for f in schema["fields"]}
         self.learned: set[bytes] = set()
+        self._depth = DepthScan()
 
     def read(self, lines: Sequence[bytes]) -> Iterator[tuple[np.ndarray, pa.Table]]:
         """Pieces ``(positions, table)`` of ``lines``: row ``i`` of the table is line
@@ -58,7 +59,6 @@ class JsonPieces:
         n = len(lines)
         alone = np.zeros(n, dtype=bool)
         alone[list(_holding(lines, self.learned))] = True
-        alone[deep_lines(lines)] = True  # pyarrow's reader would recurse past its stack on them
         p, cap = 0, MAX_PIECE
         while p < n:
             end = min(n, p + cap)
@@ -66,10 +66,15 @@ class JsonPieces:
             if not len(positions):
                 p = end
                 continue
+            piece = [lines[i] for i in positions.tolist()]
+            data = b"".join(piece)
+            deep = self._depth.deep(piece, data)
+            if deep:  # pyarrow's reader would recurse past its stack on them: they go alone
+                alone[positions[deep]] = True
+                continue
             try:
                 table = pajson.read_json(
-                    pa.BufferReader(b"".join([lines[i] for i in positions.tolist()])),
-                    read_options=pajson.ReadOptions(block_size=1 << 28),
+                    pa.BufferReader(data), read_options=pajson.ReadOptions(block_size=1 << 28)
                 )
             except (pa.ArrowException, UnicodeDecodeError, ValueError) as exc:
                 rows = self._refused_rows(str(exc), lines, positions)

@@ -25,21 +25,48 @@ MAX_RECORD_DEPTH = 500
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
 
-def deep_lines(lines: Sequence[bytes], *, bound: int = MAX_DEPTH) -> list[int]:
-    """Indexes of the ``lines`` that may nest deeper than ``bound``.
+class DepthScan:
+    """Finds the lines that may nest deeper than ``bound``, reusing its scratch arrays (a chunk of
+    JSON lines is megabytes: fresh arrays per chunk cost more in page faults than the scan).
 
     Counting the opening brackets of every line bounds its depth from above at numpy's speed; only
     a line holding more than ``bound`` of them is measured exactly (strings taken out first). A line
-    that is not valid JSON may be counted deeper than it is, never shallower."""
-    if not lines:
-        return []
-    data = np.frombuffer(b"".join(lines), dtype=np.uint8)
-    opens = np.flatnonzero(np.bitwise_or(data, 0x20) == ord("{"))  # "[" | 0x20 is "{": both at once
-    if len(opens) <= bound:
-        return []
-    ends = np.cumsum(np.fromiter(map(len, lines), dtype=np.int64, count=len(lines)))
-    per_line = np.diff(np.searchsorted(opens, ends), prepend=0)
-    return [i for i in np.flatnonzero(per_line > bound).tolist() if json_depth(lines[i]) > bound]
+    that is not valid JSON may be counted deeper than it is, never shallower.
+
+    Args:
+        bound: Levels a line may nest (default :data:`MAX_DEPTH`).
+    """
+
+    def __init__(self, bound: int = MAX_DEPTH) -> None:
+        self.bound = bound
+        self._folded = np.empty(0, dtype=np.uint8)
+        self._opens = np.empty(0, dtype=bool)
+
+    def deep(self, lines: Sequence[bytes], joined: bytes | None = None) -> list[int]:
+        """Indexes of the ``lines`` deeper than the bound (``joined``: the lines joined, when the
+        caller has them)."""
+        if not lines:
+            return []
+        data = np.frombuffer(b"".join(lines) if joined is None else joined, dtype=np.uint8)
+        n = len(data)
+        if len(self._folded) < n:
+            self._folded = np.empty(max(n, 2 * len(self._folded)), dtype=np.uint8)
+            self._opens = np.empty(len(self._folded), dtype=bool)
+        folded, opens = self._folded[:n], self._opens[:n]
+        np.bitwise_or(data, 0x20, out=folded)  # "[" | 0x20 is "{": both in one comparison
+        np.equal(folded, ord("{"), out=opens)
+        at = np.flatnonzero(opens)
+        if len(at) <= self.bound:
+            return []
+        ends = np.cumsum(np.fromiter(map(len, lines), dtype=np.int64, count=len(lines)))
+        per_line = np.diff(np.searchsorted(at, ends), prepend=0)
+        bound = self.bound
+        return [i for i in np.flatnonzero(per_line > bound).tolist() if json_depth(lines[i]) > bound]
+
+
+def deep_lines(lines: Sequence[bytes], *, bound: int = MAX_DEPTH) -> list[int]:
+    """Indexes of the ``lines`` that may nest deeper than ``bound`` (see :class:`DepthScan`)."""
+    return DepthScan(bound).deep(lines)
 
 
 def json_depth(line: bytes) -> int:
