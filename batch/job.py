@@ -39,8 +39,9 @@ from lambdalake.master import EPOCH_MS, MasterDataset
 from lambdalake.master_files import table_path
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
+from lambdalake.spark.bronze import read_events
 from lambdalake.spark.session import spark_session
-from lambdalake.spark.views import INGEST_EPOCH, deduplicate, latest, latest_order, read_bronze, windowed
+from lambdalake.spark.views import INGEST_EPOCH, deduplicate, latest, latest_order, windowed
 from lambdalake.status import batch_status_file
 from lambdalake.storage import list_files, write_text
 from lambdalake.views import RANK
@@ -182,7 +183,7 @@ class BatchJob:
             raise ConfigurationError(
                 f"the master dataset of {self.pipeline.name!r} holds no files", fix="run the speed job first"
             )
-        events = read_bronze(self.spark, files, held_twice=held_twice)
+        events = read_events(self.spark, files, self.pipeline, held_twice=held_twice)
         firsts = deduplicate(events, self.pipeline, copies=COPIES).persist()
         counts = firsts.agg(
             F.sum(COPIES).alias("read"),

@@ -16,6 +16,7 @@ from typing import Literal, overload
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import Field as DeltaField
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction
 from pyarrow import fs as pafs
@@ -172,6 +173,8 @@ def commit_files(
             uri, schema=schema, partition_by=partition_by, mode="ignore", name=PurePosixPath(uri).name
         )
         table = DeltaTable(uri)
+    elif mode == "append" and found is not None:
+        added_columns(table, found)
     transactions = [Transaction(app_id=app, version=version) for app, version in app_transactions] or None
     table.create_write_transaction(
         actions,
@@ -184,3 +187,15 @@ def commit_files(
         return None, rows
     table.update_incremental()
     return table.version(), rows
+
+
+def added_columns(table: DeltaTable, schema: pa.Schema) -> list[str]:
+    """Add to ``table``'s schema the columns of ``schema`` it lacks (nullable: the files it holds
+    have none of them), in one commit of their own before the files that first hold them; returns
+    their names. delta-rs leaves the schema of an appending commit as it was, so without this a Delta
+    reader would never see a field that a newer reader schema added (the files hold it)."""
+    known = {f.name for f in table.schema().fields}
+    new = [f for f in schema if f.name not in known]
+    if new:
+        table.alter.add_columns([DeltaField.from_arrow(f.with_nullable(True)) for f in new])
+    return [f.name for f in new]

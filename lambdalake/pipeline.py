@@ -18,7 +18,7 @@ import fastavro
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lambdalake.errors import ConfigurationError
-from lambdalake.event_schema import arrow_type, general_union_fields
+from lambdalake.event_schema import MAX_DECIMAL_PRECISION, arrow_type, decimal_of, general_union_fields
 from lambdalake.settings import Settings
 
 _UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
@@ -367,11 +367,10 @@ class Pipeline(Strict):
                         continue
                     where = f"view {view.name!r} aggregate {a.name!r}"
                     uses.append((where, a.column))
-                    if a.column in types and a.fn != "count" and not _is_numeric(types[a.column]):
-                        raise ValueError(
-                            f"{where}: {a.fn} over {a.column!r}, which is not numeric in {reader} "
-                            "(aggregate a number, or use count)"
-                        )
+                    problem = _aggregate_problem(types[a.column], a.fn) if a.column in types else None
+                    if problem is not None:
+                        reason = problem.format(reader=reader)
+                        raise ValueError(f"{where}: {a.fn} over {a.column!r}, {reason}")
         missing = [f"{where}: {name!r}" for where, name in uses if name not in types]
         if missing:
             raise ValueError(
@@ -425,6 +424,32 @@ class Pipeline(Strict):
         raise ConfigurationError(
             f"pipeline {self.name!r} has no view {name!r}", fix=f"use one of {[v.name for v in self.views]}"
         )
+
+
+#: Digits Spark's ``sum`` adds to a decimal's precision (``decimal(p + 10, s)``, 38 at most).
+DECIMAL_SUM_DIGITS = 10
+
+
+def _aggregate_problem(avro_type: Any, fn: str) -> str | None:
+    """Why ``fn`` cannot aggregate a field of ``avro_type`` (a ``{reader}`` placeholder in it), or
+    None. Numbers and decimals can be summed, averaged and compared; a decimal's sum is
+    ``decimal(p + 10, s)``, so a decimal of more than 28 digits would leave its sum fewer than ten
+    digits to grow in (Spark keeps 38 at most) and is refused for ``sum`` and ``avg``."""
+    if fn == "count" or _is_numeric(avro_type):
+        return None
+    branches = [t for t in avro_type if t != "null"] if isinstance(avro_type, list) else [avro_type]
+    decimals = [decimal_of(t) for t in branches]
+    if not branches or any(d is None for d in decimals):
+        return "which is not numeric in {reader} (aggregate a number or a decimal, or use count)"
+    widest = max(d.precision for d in decimals)  # type: ignore[union-attr]
+    if fn in ("sum", "avg") and widest + DECIMAL_SUM_DIGITS > MAX_DECIMAL_PRECISION:
+        return (
+            f"a decimal of {widest} digits in {{reader}}: its {fn} is a decimal of at most "
+            f"{MAX_DECIMAL_PRECISION} digits, which would leave fewer than {DECIMAL_SUM_DIGITS} digits "
+            f"to grow in (declare a precision of {MAX_DECIMAL_PRECISION - DECIMAL_SUM_DIGITS} or less, "
+            "or aggregate it with min or max)"
+        )
+    return None
 
 
 def _is_numeric(avro_type: Any) -> bool:

@@ -7,9 +7,11 @@ used by serving. The Spark half (``lambdalake.spark.views``) computes the same c
 
 from __future__ import annotations
 
+import decimal
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Literal, TypeVar
 
 from lambdalake.pipeline import Aggregate, LatestView, Pipeline, WindowedView
@@ -51,8 +53,32 @@ def windowed_inputs(pipeline: Pipeline, view: WindowedView) -> list[str]:
     return list(dict.fromkeys([*view.key, view.time or pipeline.event.time, *sources]))
 
 
+#: Decimal arithmetic wide enough for any sum of decimals of 38 digits, and trapping any rounding:
+#: merged decimal sums are exact (the default context keeps 28 digits and rounds silently).
+EXACT = decimal.Context(prec=200, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN, traps=[decimal.Inexact])
+#: Places an average of a decimal adds to its field's scale (``decimal(p + 4, s + 4)``, as Spark's avg).
+AVG_EXTRA_SCALE = 4
+
+
+def _add(a: Any, b: Any) -> Any:
+    return EXACT.add(a, b) if type(a) is Decimal else a + b
+
+
 #: How two non-null values of a component combine.
-_COMBINE = {"add": operator.add, "min": min, "max": max}
+_COMBINE = {"add": _add, "min": min, "max": max}
+
+
+def average(total: Any, n: int) -> Any:
+    """``total / n``: a float for numbers; for a decimal sum of scale ``s``, the decimal of scale
+    ``s + 4`` nearest the exact quotient, halves away from zero (Spark's avg of a decimal), computed
+    in integers so that no intermediate rounding can move it."""
+    if type(total) is not Decimal:
+        return total / n
+    scale = -total.as_tuple().exponent  # type: ignore[operator]
+    unscaled = int(total.scaleb(scale, context=EXACT)) * 10**AVG_EXTRA_SCALE
+    q, r = divmod(abs(unscaled), n)
+    q += 2 * r >= n
+    return Decimal(q if unscaled >= 0 else -q).scaleb(-(scale + AVG_EXTRA_SCALE), context=EXACT)
 
 
 class Merger:
@@ -95,7 +121,7 @@ class Merger:
         out = dict(zip(self.columns, acc, strict=True))
         for name, total, count in self._averages:
             n = out[count]
-            out[name] = out[total] / n if n else None
+            out[name] = average(out[total], n) if n else None
         return out
 
 

@@ -46,6 +46,7 @@ from lambdalake.master import MasterDataset
 from lambdalake.master_files import offsets_present, table_path, write_event_files
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import Settings
+from lambdalake.spark.bronze import read_events
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decoder
 from lambdalake.spark.kafka_source import KafkaPartition, SourceOptions, read_partition
 from lambdalake.spark.kafka_source import plan as plan_pieces
@@ -56,7 +57,6 @@ from lambdalake.spark.views import (
     cell_columns,
     latest,
     latest_order,
-    read_bronze,
     split_deliveries,
     window_cells,
     windowed,
@@ -366,7 +366,7 @@ class Replayer:
         uris = self.bronze.file_uris()
         # Checked on a snapshot at least as new as the files': bronze only grows, so no overlap
         # there means none among them.
-        bronze = read_bronze(self.spark, uris, held_twice=self.bronze.may_hold_twice())
+        bronze = read_events(self.spark, uris, self.pipeline, held_twice=self.bronze.may_hold_twice())
         # Copies of these events anywhere in history decide which delivery counts (as in the batch).
         candidates = bronze
         total = self.bronze.num_records()

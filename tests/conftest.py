@@ -19,7 +19,12 @@ from infra.services import running
 from lambdalake.pipeline import LayersSpec, Pipeline, configured_pipeline
 from lambdalake.settings import PROJECT_ROOT, Settings
 
-TEST_PORTS = {"broker": 19092, "registry": 18081, "cassandra": 19042, "storage": 17000}
+#: ``LAMBDALAKE_TEST_PORT_OFFSET`` moves them all (a second suite beside a running one).
+_OFFSET = int(os.environ.get("LAMBDALAKE_TEST_PORT_OFFSET", "0"))
+TEST_PORTS = {
+    name: port + _OFFSET
+    for name, port in {"broker": 19092, "registry": 18081, "cassandra": 19042, "storage": 17000}.items()
+}
 
 
 def settings_for(state_dir: Path, ports: dict[str, int] = TEST_PORTS) -> Settings:

@@ -108,7 +108,8 @@ def speed_table_def(pipeline: Pipeline, view: LatestView | WindowedView) -> Tabl
             cols.append((c.column, "bigint"))
         elif c.fn == "sum":
             src = types[c.source]  # type: ignore[index]
-            cols.append((c.column, "double" if pa.types.is_floating(src) else "bigint"))
+            summed = "decimal" if pa.types.is_decimal(src) else "bigint"
+            cols.append((c.column, "double" if pa.types.is_floating(src) else summed))
         else:
             cols.append((c.column, cql_type(types[c.source])))  # type: ignore[index]
     # Speed rows of an epoch are covered by a batch within two batch periods: they expire after that.

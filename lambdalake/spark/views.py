@@ -12,7 +12,7 @@ from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import TimestampType
+from pyspark.sql.types import StructType, TimestampType
 
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.views import (
@@ -185,7 +185,9 @@ def split_deliveries(
     return out.drop(*apart), losers
 
 
-def read_bronze(spark: SparkSession, uris: list[str], *, held_twice: bool = True) -> DataFrame:
+def read_bronze(
+    spark: SparkSession, uris: list[str], *, held_twice: bool = True, schema: StructType | None = None
+) -> DataFrame:
     """The master dataset's live files as events.
 
     Args:
@@ -196,6 +198,10 @@ def read_bronze(spark: SparkSession, uris: list[str], *, held_twice: bool = True
             lies in (``FILE``), for :func:`deduplicate` to keep exactly one copy. Reading it costs a
             string a row (a quarter of deduplication's time on 1M events), so it is left out when no
             two files overlap.
+        schema: The columns to read (each file's missing ones as null, narrower types widened);
+            default: as the files say (:func:`lambdalake.spark.bronze.read_events` passes the
+            pipeline's current reader schema).
     """
-    events = spark.read.parquet(*uris)
+    reader = spark.read if schema is None else spark.read.schema(schema)
+    events = reader.parquet(*uris)
     return events.withColumn(FILE, F.col("_metadata.file_path")) if held_twice else events

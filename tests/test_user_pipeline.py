@@ -1,0 +1,197 @@
+"""A user's own pipeline (tests/user_pipeline.py: card payments) end to end, against the real
+services: decimal sums, minima, maxima and averages exact through the speed layer, the batch layer
+and serving's merge, compared with a plain-Python reference of the records read back by another
+client."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batch.job import BatchJob
+from lambdalake.errors import ConfigurationError
+from lambdalake.pipeline import Pipeline, configured_pipeline
+from lambdalake.produce.producer import EventProducer
+from lambdalake.settings import Settings
+from serving import ServingClient
+from tests.conftest import isolated
+from tests.helpers import run_speed_once
+from tests.user_pipeline import SCHEMA_V1, payments, read_back, reference, write_pipeline
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+def send(producer: EventProducer, records: list[dict[str, Any]]) -> None:
+    outcome = producer.send_batch(records)
+    assert not outcome.refused, outcome.refused[:3]
+    assert producer.flush().unacknowledged == 0
+
+
+def merged_problems(settings: Settings, pipeline: Pipeline) -> list[str]:
+    """How serving's merged answers differ from the reference, value for value and type for type."""
+    windowed, latest = reference(read_back(settings, pipeline.topic.name))
+    client = ServingClient(settings=settings, meta_ttl_s=0)
+    problems = []
+    keys = sorted({(a, r) for a, r, _ in windowed})
+    assert len(keys) >= 150, len(keys)  # nearly every one of the 160 composite keys
+    for account, region in keys:
+        answer = client.query("payments", "account_region_5m", [account, region])
+        got = {round(w.window_start.timestamp() * 1000): w.values for w in answer.windows}
+        want = {start: row for (a, r, start), row in windowed.items() if (a, r) == (account, region)}
+        if set(got) != set(want):
+            problems.append(f"{account},{region}: windows {sorted(got)} != {sorted(want)}")
+            continue
+        for start, row in want.items():
+            for name, value in row.items():
+                value_got = got[start][name]
+                if value_got != value or type(value_got) is not type(value):
+                    problems.append(f"{account},{region} {start} {name}: want {value!r}, got {value_got!r}")
+    for payment_id in random.Random(3).sample(sorted(latest), 200):
+        answer = client.query("payments", "payment_latest", payment_id)
+        want_row = latest[payment_id]
+        got_row = answer.latest.values if answer.latest else {}
+        for name in ("amount", "status", "note", "attempt", "account_id", "region"):
+            if got_row.get(name) != want_row[name]:
+                problems.append(f"{payment_id} {name}: want {want_row[name]!r}, got {got_row.get(name)!r}")
+    return problems
+
+
+def test_decimal_aggregates_are_exact_through_both_layers_and_the_merge(
+    services: Settings, spark, tmp_path: Path
+) -> None:
+    unique = os.urandom(4).hex()
+    settings = write_pipeline(
+        isolated(services, tmp_path, unique), tmp_path, f"payments-{unique}", [SCHEMA_V1]
+    )
+    pipeline = configured_pipeline("payments", settings)
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    first = payments(1500, seed=1)
+    copies = random.Random(2).sample(first, 60)  # sent again at once: one delivery counts
+    send(producer, first + copies)
+    run_speed_once(settings, pipeline, spark)
+    assert merged_problems(settings, pipeline) == []  # the speed layer alone
+
+    # The batch covers the closed epochs; the next wave is merged from the speed layer on top of it.
+    time.sleep(pipeline.layers.epoch_seconds + 2)
+    run = BatchJob(settings=settings, pipeline=pipeline, spark=spark).run()
+    assert run.outcome == "published", run
+    send(producer, payments(900, seed=4, start=10_000))
+    run_speed_once(settings, pipeline, spark)
+    problems = merged_problems(settings, pipeline)
+    assert problems == [], problems[:10]
+    answer = ServingClient(settings=settings).query("payments", "account_region_5m", ["acct-00", "eu"])
+    assert answer.provenance.batch_version is not None and answer.windows
+    assert all(isinstance(w.values["total"], Decimal) for w in answer.windows)
+
+
+def wide_amount(precision: int) -> dict[str, Any]:
+    fields = [
+        {**f, "type": {**f["type"], "precision": precision}} if f["name"] == "amount" else f
+        for f in SCHEMA_V1["fields"]
+    ]
+    return {**SCHEMA_V1, "fields": fields}
+
+
+def test_a_decimal_too_wide_to_sum_is_refused_when_the_pipeline_loads(tmp_path: Path) -> None:
+    settings = write_pipeline(Settings(), tmp_path, "payments-x", [wide_amount(29)])
+    with pytest.raises(ConfigurationError) as refused:
+        configured_pipeline("payments", settings)
+    text = str(refused.value)
+    assert "'total'" in text and "29 digits" in text and "precision of 28 or less" in text, text
+    settings = write_pipeline(Settings(), tmp_path / "ok", "payments-x", [wide_amount(28)])
+    assert configured_pipeline("payments", settings).views[1].aggregates[1].fn == "sum"
+
+
+def test_a_decimal_sum_beyond_its_type_fails_the_query_never_a_null(spark, tmp_path: Path) -> None:
+    """A window whose sum outgrows ``decimal(p + 10, s)`` (10^10 events of the largest amount) is
+    made here with amounts as wide as the sum: the view's query fails naming the overflow, where
+    Spark's legacy arithmetic would have stored a null."""
+    from pyspark.sql import functions as F
+
+    from lambdalake.spark.views import windowed
+
+    pipeline = configured_pipeline("payments", write_pipeline(Settings(), tmp_path, "p-x", [SCHEMA_V1]))
+    view = pipeline.views[1]
+    big = Decimal("9" * 36 + ".00")
+    rows = [("acct-00", "eu", big, 1_700_000_000_000), ("acct-00", "eu", big, 1_700_000_000_001)]
+    df = spark.createDataFrame(rows, "account_id string, region string, amount decimal(38,2), t long")
+    df = df.withColumn("paid_at", F.timestamp_millis("t"))
+    with pytest.raises(Exception) as failed:
+        windowed(df, pipeline, view).collect()
+    assert "OVERFLOW" in str(failed.value).upper(), str(failed.value)[:500]
+    one = windowed(df.limit(1), pipeline, view).collect()[0]
+    assert one["total"] == big and one["largest"] == big
+
+
+def v2_schema() -> dict[str, Any]:
+    """v1 plus an optional ``channel`` (null by default) and a ``source`` defaulting to "card"."""
+    added = [
+        {"name": "channel", "type": ["null", "string"], "default": None},
+        {"name": "source", "type": "string", "default": "card"},
+    ]
+    return {**SCHEMA_V1, "fields": [*SCHEMA_V1["fields"], *added]}
+
+
+def test_a_field_added_on_a_live_pipeline_reaches_bronze_the_batch_and_serving(
+    services: Settings, spark, tmp_path: Path
+) -> None:
+    """v1 events archived, then v2 (an optional ``channel``, a ``source`` with a default) registered
+    while v1 producers keep sending: bronze's Delta schema gains both columns (seen by delta-rs),
+    the batch reads bronze of both shapes, and every answer gives old events the defaults."""
+    from deltalake import DeltaTable
+
+    from lambdalake.master_files import table_path
+
+    unique = os.urandom(4).hex()
+    base = isolated(services, tmp_path, unique)
+    topic = f"payments-{unique}"
+    old = write_pipeline(base, tmp_path / "v1", topic, [SCHEMA_V1])
+    v1 = configured_pipeline("payments", old)
+    old_producer = EventProducer(settings=old, pipeline=v1)
+    wave_a = payments(600, seed=11)
+    send(old_producer, wave_a)
+    run_speed_once(old, v1, spark)
+
+    new = write_pipeline(base, tmp_path / "v2", topic, [SCHEMA_V1, v2_schema()])
+    v2 = configured_pipeline("payments", new)
+    new_producer = EventProducer(settings=new, pipeline=v2)
+    wave_b = [
+        {**p, "channel": random.Random(i).choice([None, "web", "pos"]), "source": "wallet"}
+        for i, p in enumerate(payments(600, seed=12, start=20_000))
+    ]
+    send(new_producer, wave_b)
+    wave_c = payments(300, seed=13, start=40_000)  # a producer still on v1
+    send(old_producer, wave_c)
+    run_speed_once(new, v2, spark)
+
+    bronze = DeltaTable(table_path(new.storage_root, "payments"))
+    assert {"channel", "source"} <= {f.name for f in bronze.schema().fields}
+    stored = bronze.to_pyarrow_table(columns=["payment_id", "channel", "source"]).to_pylist()
+    by_id = {r["payment_id"]: r for r in stored}
+    assert by_id[wave_b[0]["payment_id"]]["source"] == "wallet"
+    assert by_id[wave_c[0]["payment_id"]]["source"] == "card"  # decoded with v2: the default
+    assert by_id[wave_a[0]["payment_id"]]["source"] is None  # a v1 file: Delta has no read defaults
+
+    time.sleep(v2.layers.epoch_seconds + 2)
+    run = BatchJob(settings=new, pipeline=v2, spark=spark).run()
+    assert run.outcome == "published", run
+    client = ServingClient(settings=new, meta_ttl_s=0)
+    for waves, channel, source in ((wave_a, None, "card"), (wave_c, None, "card")):
+        for record in waves[:50]:
+            if record["attempt"] != 1:
+                continue
+            got = client.query("payments", "payment_latest", record["payment_id"]).latest
+            assert got is not None and (got.values["channel"], got.values["source"]) == (channel, source)
+            assert got.values["amount"] == record["amount"]
+    for record in wave_b[:50]:
+        got = client.query("payments", "payment_latest", record["payment_id"]).latest
+        assert got is not None and got.values["channel"] == record["channel"]
+        assert got.values["source"] == "wallet"
+    problems = merged_problems(new, v2)
+    assert problems == [], problems[:10]
