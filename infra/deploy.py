@@ -114,6 +114,7 @@ class Deployer:
         from confluent_kafka.schema_registry import Schema
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+        from lambdalake.evolution import require_appliable
         from lambdalake.kafka.admin import require_log_append_time
         from lambdalake.master import MasterDataset
         from lambdalake.master_files import table_path
@@ -126,6 +127,13 @@ class Deployer:
             if not self.apply_topic_configs:  # else the topic step sets it
                 require_log_append_time(self.settings, p)
             subject = p.schema_.subject
+            try:
+                deployed = call(self.settings, sr.get_latest_version, subject).schema.schema_str
+            except SchemaRegistryError as exc:
+                if exc.http_status_code != 404:
+                    raise
+            else:  # a live pipeline: what its layers hold must survive the new reader schema
+                require_appliable(p, json.loads(deployed))
             for i, file in enumerate(p.schema_.versions, start=1):
                 schema = Schema(p.schema_text(i), "AVRO")
                 try:

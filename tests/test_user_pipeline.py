@@ -22,7 +22,7 @@ from lambdalake.settings import Settings
 from serving import ServingClient
 from tests.conftest import isolated
 from tests.helpers import run_speed_once
-from tests.user_pipeline import SCHEMA_V1, payments, read_back, reference, write_pipeline
+from tests.user_pipeline import AMOUNT, SCHEMA_V1, payments, read_back, reference, write_pipeline
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -195,3 +195,57 @@ def test_a_field_added_on_a_live_pipeline_reaches_bronze_the_batch_and_serving(
         assert got.values["source"] == "wallet"
     problems = merged_problems(new, v2)
     assert problems == [], problems[:10]
+
+
+def changed(schema: dict[str, Any], name: str, avro_type: Any) -> dict[str, Any]:
+    fields = [{**f, "type": avro_type} if f["name"] == name else f for f in schema["fields"]]
+    return {**schema, "fields": fields}
+
+
+def test_changes_the_layers_cannot_apply_are_named(tmp_path: Path) -> None:
+    from lambdalake.evolution import unappliable_changes
+
+    def problems(new: dict[str, Any]) -> list[str]:
+        root = tmp_path / os.urandom(3).hex()
+        return unappliable_changes(
+            configured_pipeline("payments", write_pipeline(Settings(), root, "p", [new])), SCHEMA_V1
+        )
+
+    assert problems(v2_schema()) == []  # fields added with defaults
+    more_symbols = {
+        "type": "enum",
+        "name": "Status",
+        "symbols": ["AUTHORIZED", "DECLINED", "SETTLED", "VOID"],
+    }
+    assert problems(changed(SCHEMA_V1, "status", more_symbols)) == []  # an enum symbol added
+    attempt = problems(changed(SCHEMA_V1, "attempt", "long"))  # identity, version, stored int
+    assert any("identity field 'attempt'" in p for p in attempt), attempt
+    assert any("stores 'attempt' as Cassandra int" in p and "bigint" in p for p in attempt), attempt
+    region = problems(changed(SCHEMA_V1, "region", "bytes"))  # a key column of the windowed view
+    assert any("'account_region_5m' stores 'region' as Cassandra text" in p for p in region), region
+    wider = {**AMOUNT, "precision": 14}  # the stored decimal column stays `decimal`
+    assert problems(changed(SCHEMA_V1, "amount", wider)) == []
+
+
+def test_deploy_refuses_a_change_the_layers_cannot_apply_before_anything_changes(
+    services: Settings, tmp_path: Path
+) -> None:
+    from tests.conftest import run_cli
+
+    unique = os.urandom(4).hex()
+    base = isolated(services, tmp_path, unique).model_copy(update={"state_dir": tmp_path / "state"})
+    topic = f"payments-{unique}"
+    first = write_pipeline(base, tmp_path / "v1", topic, [SCHEMA_V1])
+    done = run_cli(first, "deploy", "payments", "--no-jobs")
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+    bad = changed(SCHEMA_V1, "attempt", "long")  # the registry takes int -> long
+    second = write_pipeline(base, tmp_path / "v2", topic, [SCHEMA_V1, bad])
+    refused = run_cli(second, "deploy", "payments", "--no-jobs")
+    text = " ".join((refused.stdout + refused.stderr).decode().split())
+    assert refused.returncode == 2, text
+    assert "identity field 'attempt'" in text and "Nothing was deployed" in text and "fix:" in text, text
+    assert "Traceback" not in text
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    registry = SchemaRegistryClient(base.registry.client_config())
+    assert registry.get_versions(f"{topic}-value") == [1]  # v2 was not registered

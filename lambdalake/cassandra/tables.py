@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -87,8 +88,12 @@ def _field_types(pipeline: Pipeline) -> dict[str, pa.DataType]:
     return {f.name: f.type for f in event_schema(pipeline.reader_schema)}
 
 
-def speed_table_def(pipeline: Pipeline, view: LatestView | WindowedView) -> TableDef:
-    types = _field_types(pipeline)
+def speed_table_def(
+    pipeline: Pipeline, view: LatestView | WindowedView, *, types: Mapping[str, pa.DataType] | None = None
+) -> TableDef:
+    """The speed table of ``view`` (``types``: the event columns' types, by default the reader
+    schema's; ``deploy`` passes the deployed schema's to compare the two)."""
+    types = _field_types(pipeline) if types is None else types
     if isinstance(view, LatestView):
         cols = []
         for c in latest_columns(pipeline, view):

@@ -1,0 +1,79 @@
+"""Which changes of a live pipeline's reader schema the layers cannot apply in place.
+
+The registry judges a new version by Avro's resolution rules alone; the layers hold more than Avro
+does. The event's key, time and identity partition the topic, window the views and deduplicate
+every layer: a value of another type would not be the same key, window or identity as before. A
+column a view stores keeps its Cassandra type for the table's life (Cassandra changes no column
+type in place), so a change that gives it another one (``int`` to ``long``, ``float`` to
+``double``, ``string`` to ``bytes``) cannot reach the stored view either. Everything else the
+registry accepts (a field added or removed with a default, an enum symbol or union branch added, a
+promotion of a field no view stores) the layers take as it comes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from lambdalake.cassandra.tables import speed_table_def
+from lambdalake.errors import ConfigurationError
+from lambdalake.event_schema import event_schema
+from lambdalake.pipeline import Pipeline
+
+
+def unappliable_changes(pipeline: Pipeline, deployed: dict[str, Any]) -> list[str]:
+    """Why the layers cannot move from ``deployed`` (the reader schema the platform runs) to the
+    pipeline's reader schema; empty when they can."""
+    before = {f["name"]: f["type"] for f in deployed["fields"]}
+    after = {f["name"]: f["type"] for f in pipeline.reader_schema["fields"]}
+    problems = []
+    event = pipeline.event
+    roles = [("key", event.key), ("time", event.time), *[("identity", f) for f in event.identity]]
+    for role, name in dict.fromkeys(roles):
+        if name in before and name in after and _canonical(before[name]) != _canonical(after[name]):
+            problems.append(
+                f"the event's {role} field {name!r} changes type from {_text(before[name])} to "
+                f"{_text(after[name])}: every layer partitions, windows and deduplicates by it as it was"
+            )
+    old_types = {f.name: f.type for f in event_schema(deployed)}
+    new_types = {f.name: f.type for f in event_schema(pipeline.reader_schema)}
+    for view in pipeline.views:
+        stored = dict(speed_table_def(pipeline, view, types={**new_types, **old_types}).columns)
+        for column, cql in speed_table_def(pipeline, view).columns:
+            if column in stored and stored[column] != cql:
+                problems.append(
+                    f"view {view.name!r} stores {column!r} as Cassandra {stored[column]}, and the new "
+                    f"schema makes it {cql}: Cassandra changes no column's type in place"
+                )
+    return problems
+
+
+def require_appliable(pipeline: Pipeline, deployed: dict[str, Any]) -> None:
+    """Raise naming every change the layers cannot apply, and the ways forward."""
+    problems = unappliable_changes(pipeline, deployed)
+    if problems:
+        raise ConfigurationError(
+            f"pipeline {pipeline.name!r}: schema {pipeline.schema_.versions[-1]} changes what the layers "
+            f"hold: {'; '.join(problems)}. Nothing was deployed.",
+            fix="keep those types; for another key, time or identity write a new pipeline (its own name "
+            "and topic) and backfill it with `lambdalake replay`; for a stored column of another type, "
+            "give the view a new name (its tables are made anew; `lambdalake batch run` fills them "
+            "from bronze) or keep that field out of it",
+        )
+
+
+def _canonical(avro_type: Any) -> str:
+    """A type as comparable text (named types by their definition; docs and defaults left out)."""
+
+    def strip(t: Any) -> Any:
+        if isinstance(t, dict):
+            return {k: strip(v) for k, v in t.items() if k not in ("doc", "default", "aliases")}
+        if isinstance(t, list):
+            return [strip(v) for v in t]
+        return t
+
+    return json.dumps(strip(avro_type), sort_keys=True)
+
+
+def _text(avro_type: Any) -> str:
+    return json.dumps(avro_type)[:80]
