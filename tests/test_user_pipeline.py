@@ -22,7 +22,7 @@ from lambdalake.settings import Settings
 from serving import ServingClient
 from tests.conftest import isolated
 from tests.helpers import run_speed_once
-from tests.user_pipeline import AMOUNT, SCHEMA_V1, payments, read_back, reference, write_pipeline
+from tests.user_pipeline import AMOUNT, SCHEMA_V1, STATUSES, payments, read_back, reference, write_pipeline
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -249,3 +249,31 @@ def test_deploy_refuses_a_change_the_layers_cannot_apply_before_anything_changes
 
     registry = SchemaRegistryClient(base.registry.client_config())
     assert registry.get_versions(f"{topic}-value") == [1]  # v2 was not registered
+
+
+def test_produce_generate_works_for_a_pipeline_of_ones_own(services: Settings, tmp_path: Path) -> None:
+    """`produce --generate` for a pipeline without a [generator]: records drawn from its schema and
+    rules, the invalid share dead-lettered, the rest on the topic (counted by kcat)."""
+    import re
+
+    from tests.conftest import run_cli
+    from tests.helpers import kcat_count
+
+    unique = os.urandom(4).hex()
+    base = isolated(services, tmp_path, unique).model_copy(update={"state_dir": tmp_path / "state"})
+    topic = f"payments-{unique}"
+    settings = write_pipeline(base, tmp_path, topic, [SCHEMA_V1, v2_schema()])
+    done = run_cli(settings, "produce", "payments", "--generate", "2000", "--invalid", "0.05", "--seed", "7")
+    text = " ".join((done.stdout + done.stderr).decode().split())
+    assert done.returncode == 0, text
+    acked = int(re.search(r"acknowledged ([\d,]+)", text).group(1).replace(",", ""))  # type: ignore[union-attr]
+    rejected = int(re.search(r"rejected \(DLQ\) ([\d,]+)", text).group(1).replace(",", ""))  # type: ignore[union-attr]
+    assert acked + rejected == 2000 and 40 <= rejected <= 200, text
+    assert kcat_count(settings, topic) == acked
+    assert kcat_count(settings, f"{topic}.dlq") == rejected
+    records = read_back(settings, topic)
+    assert all(r["account_id"] and isinstance(r["amount"], Decimal) for r in records)
+    assert len({r["payment_id"] for r in records}) > 100  # many keys, some updated more than once
+    now_ms = time.time() * 1000
+    assert all(r["status"] in STATUSES and r["paid_at"] <= now_ms + 300_000 for r in records)
+    assert all(isinstance(r["source"], str) and r["source"] for r in records)  # v2's field, generated

@@ -108,13 +108,13 @@ def produce(
         producer = EventProducer(settings=settings, pipeline=p, schema_version=schema_version)
 
     if generate is not None:
-        if p.generator is None:
-            raise LambdalakeError(
-                f"pipeline {p.name!r} has no [generator] section",
-                fix="add one to its pipeline file, or use --file",
-            )
         mix = Mix(duplicates=duplicates, invalid=invalid, late=late)
-        records = generate_records(p.generator.kind, generate, seed=seed, mix=mix)
+        if p.generator is not None:
+            records = generate_records(p.generator.kind, generate, seed=seed, mix=mix)
+        else:  # a pipeline of the user's own: records drawn from its schema and rules
+            from lambdalake.produce.schema_stream import SchemaStream
+
+            records = iter(SchemaStream(generate, seed=seed, mix=mix, clock=time.time, pipeline=p))
         kind = "json"
         total: int | None = generate
     else:
