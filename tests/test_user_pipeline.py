@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -195,6 +196,22 @@ def test_a_field_added_on_a_live_pipeline_reaches_bronze_the_batch_and_serving(
         assert got.values["source"] == "wallet"
     problems = merged_problems(new, v2)
     assert problems == [], problems[:10]
+
+    # A replay of the whole range and a speed reset both recompute from bronze of both shapes.
+    from tests.conftest import run_cli
+
+    start = min(r["_ts"] for r in read_back(new, topic))
+    replay = run_cli(new, "replay", "payments", "--from-timestamp", str(start), "--to-timestamp",
+                     str(int(time.time() * 1000)), "--run-batch")  # fmt: skip
+    output = replay.stdout.decode() + replay.stderr.decode()
+    assert replay.returncode == 0 and "batch: published" in output, output[-3000:]
+    assert merged_problems(new, v2) == []
+    shutil.rmtree(Path(new.storage_root) / "checkpoints" / "payments")
+    reset = run_cli(new, "speed", "reset", "payments", "--yes")
+    assert reset.returncode == 0, (reset.stdout + reset.stderr).decode()[-3000:]
+    assert merged_problems(new, v2) == []
+    got = client.query("payments", "payment_latest", wave_a[0]["payment_id"]).latest
+    assert got is not None and got.values["source"] == "card"
 
 
 def changed(schema: dict[str, Any], name: str, avro_type: Any) -> dict[str, Any]:
