@@ -6,6 +6,7 @@ so a test compares the platform against something it did not compute itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -13,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -238,3 +239,55 @@ def offers_with_field(
     for extra in (PROJECT_ROOT / "pipelines").glob("offers.*.json"):
         (pipelines / extra.name.replace("offers.", f"{name}.")).write_text(extra.read_text())
     return settings.model_copy(update={"pipelines_dir": pipelines, "schemas_dir": tmp_path / "schemas"})
+
+
+@contextlib.contextmanager
+def serving_app(settings: Settings, *, token: str, meta_ttl_s: float | None = None) -> Iterator[str]:
+    """The HTTP API of ``settings`` (with a bearer ``token``) served on a free port; yields its URL."""
+    import threading
+
+    import uvicorn
+    from pydantic import SecretStr
+
+    from serving.http import make_app
+
+    serving = {"token": SecretStr(token), **({"meta_ttl_s": meta_ttl_s} if meta_ttl_s is not None else {})}
+    secured = settings.model_copy(update={"serving": settings.serving.model_copy(update=serving)})
+    server = uvicorn.Server(uvicorn.Config(make_app(secured), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def schemathesis_seed() -> int:
+    """``LAMBDALAKE_SCHEMATHESIS_SEED`` to replay a run, else a new seed each run (printed)."""
+    import random
+
+    seed = int(os.environ.get("LAMBDALAKE_SCHEMATHESIS_SEED") or random.randrange(2**32))
+    print(f"schemathesis seed: {seed} (LAMBDALAKE_SCHEMATHESIS_SEED={seed} replays it)")
+    return seed
+
+
+def assert_schemathesis_passes(
+    url: str, *, token: str, seed: int, config: Path | None = None, examples: int = 40
+) -> None:
+    """schemathesis (an OpenAPI fuzzer, a real client of the document) with every check against the
+    API at ``url``: it must find nothing; a failure names the seed that replays it."""
+    config = config or PROJECT_ROOT / "tests" / "schemathesis.toml"
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "schemathesis"), "--config-file", str(config), "run",
+         f"{url}/openapi.json", "--checks", "all", "--header", f"Authorization: Bearer {token}",
+         "--max-examples", str(examples), "--seed", str(seed)],
+        capture_output=True, timeout=600, cwd=PROJECT_ROOT,
+    )  # fmt: skip
+    output = result.stdout.decode() + result.stderr.decode()
+    assert result.returncode == 0, f"seed {seed}:\n{output[-6000:]}"
+    assert "failed" not in output.split("SUMMARY")[-1], f"seed {seed}:\n{output[-3000:]}"

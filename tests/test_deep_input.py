@@ -12,7 +12,6 @@ import io
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +20,12 @@ import pytest
 from lambdalake.settings import PROJECT_ROOT, Settings
 from tests.conftest import env_for, pipeline_named
 from tests.helpers import consume_all, kcat_count
+from tests.test_bad_input import offer
 
 pytestmark = pytest.mark.services
 
 DEPTHS = [10**3, 10**4, 10**5, 10**6]
 VALID = 3000
-
-
-def offer(i: int, **changes: Any) -> dict:
-    record = {
-        "offer_id": f"o-{i}", "merchant_id": f"m-{i % 7}", "title": "Lamp", "price_cents": 1000 + i,
-        "currency": "EUR", "stock": 3, "status": "active", "version": 1,
-        "updated_at": int(time.time() * 1000) - 60_000, "promo_code": None,
-    }  # fmt: skip
-    record.update(changes)
-    return record
 
 
 def nested_text(depth: int) -> bytes:

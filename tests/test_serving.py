@@ -8,16 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import SecretStr
 
 from batch.job import BatchJob
 from lambdalake.cassandra.active import active_batch
@@ -29,7 +26,14 @@ from lambdalake.settings import PROJECT_ROOT, Settings
 from serving import ServingClient
 from speed.job import SpeedJob
 from tests.conftest import env_for, isolated, pipeline_named, run_cli
-from tests.helpers import kill_publish_half_way, pipelines_folder, run_speed_once
+from tests.helpers import (
+    assert_schemathesis_passes,
+    kill_publish_half_way,
+    pipelines_folder,
+    run_speed_once,
+    schemathesis_seed,
+    serving_app,
+)
 from tests.reference import (
     EVERYTHING,
     batch_views,
@@ -39,7 +43,6 @@ from tests.reference import (
     stored_keys,
     topic_events,
 )
-from tests.test_serving_extremes import schemathesis_seed
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -230,25 +233,9 @@ def test_answers_stay_exact_while_a_publish_is_killed_half_way(served: Any) -> N
 @pytest.fixture(scope="module")
 def server(served: Any) -> Any:
     """``lambdalake serve``'s app on a free port, with a bearer token configured."""
-    from serving.http import make_app
-
-    settings = served["settings"]
-    token = "s3cret-token"
-    secured = settings.model_copy(
-        update={"serving": settings.serving.model_copy(update={"token": SecretStr(token), "meta_ttl_s": 0})}
-    )
-    config = uvicorn.Config(make_app(secured), host="127.0.0.1", port=0, log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield {"url": f"http://127.0.0.1:{port}", "token": token, "settings": settings}
-    srv.should_exit = True
-    thread.join(10)
+    settings, token = served["settings"], "s3cret-token"
+    with serving_app(settings, token=token, meta_ttl_s=0) as url:
+        yield {"url": url, "token": token, "settings": settings}
 
 
 def test_http_api_answers_like_the_python_api(served: Any, server: Any) -> None:
@@ -395,18 +382,8 @@ def test_the_openapi_document_is_true_to_the_api(served: Any, server: Any, tmp_p
     with_data = tmp_path / "schemathesis.toml"
     with_data.write_text(f'[parameters]\n"path.key" = "{merchant}"\n\n{base}')
     seed = schemathesis_seed()
-    print(f"schemathesis seed: {seed} (LAMBDALAKE_SCHEMATHESIS_SEED={seed} replays it)")
     for config in (PROJECT_ROOT / "tests" / "schemathesis.toml", with_data):
-        result = subprocess.run(
-            [str(Path(sys.executable).parent / "schemathesis"), "--config-file", str(config), "run",
-             f"{server['url']}/openapi.json", "--checks", "all",
-             "--header", f"Authorization: Bearer {server['token']}", "--max-examples", "40",
-             "--seed", str(seed)],
-            capture_output=True, timeout=600, cwd=PROJECT_ROOT,
-        )  # fmt: skip
-        output = result.stdout.decode() + result.stderr.decode()
-        assert result.returncode == 0, f"seed {seed}:\n{output[-6000:]}"
-        assert "failed" not in output.split("SUMMARY")[-1], f"seed {seed}:\n{output[-3000:]}"
+        assert_schemathesis_passes(server["url"], token=server["token"], seed=seed, config=config)
 
 
 def test_curl_of_each_documented_error_gives_the_documented_body(served: Any, server: Any) -> None:

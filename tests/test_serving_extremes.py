@@ -6,26 +6,19 @@ a documented one (200, 400, 404, 422, 503), never a server error."""
 from __future__ import annotations
 
 import json
-import os
-import random
-import subprocess
-import sys
-import threading
 import time
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from pydantic import SecretStr
 
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import create_keyspace, ensure_table, speed_table_def
 from lambdalake.pipeline import configured_pipeline
-from lambdalake.settings import PROJECT_ROOT, Settings
+from lambdalake.settings import Settings
 from tests.conftest import isolated
+from tests.helpers import assert_schemathesis_passes, schemathesis_seed, serving_app
 
 pytestmark = pytest.mark.services
 
@@ -117,26 +110,13 @@ def api(services: Settings, tmp_path_factory: pytest.TempPathFactory) -> Any:
         "VALUES (?, ?, ?, ?, ?)"
     )  # prepared, as the layers write (a literal would be stored as 12.5, another partition)
     session.execute(insert, [Decimal("12.50"), -32673905220000, 1, 1, 2.5])  # a window in the year 934
-    from serving.http import make_app
-
-    secured = settings.model_copy(
-        update={"serving": settings.serving.model_copy(update={"token": SecretStr(TOKEN)})}
-    )
-    app = make_app(secured)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}/v1/pipelines", headers=auth, timeout=30) as http:
-        http.root = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    with (
+        serving_app(settings, token=TOKEN) as root,
+        httpx.Client(base_url=f"{root}/v1/pipelines", headers=auth, timeout=30) as http,
+    ):
+        http.root = root  # type: ignore[attr-defined]
         yield http
-    server.should_exit = True
-    thread.join(10)
 
 
 def test_every_key_column_at_and_beyond_its_extremes_gets_a_documented_answer(api: httpx.Client) -> None:
@@ -183,23 +163,7 @@ def test_a_pipeline_whose_views_are_not_deployed_answers_503_naming_the_fix(api:
     assert answer.headers["Retry-After"]
 
 
-def schemathesis_seed() -> int:
-    """``LAMBDALAKE_SCHEMATHESIS_SEED`` to replay a run, else a new seed each run (printed)."""
-    return int(os.environ.get("LAMBDALAKE_SCHEMATHESIS_SEED") or random.randrange(2**32))
-
-
 def test_schemathesis_finds_no_server_error_for_every_key_type(api: httpx.Client) -> None:
     """schemathesis generates keys and times from the document for a pipeline keyed by every column
     type (and one not deployed); each answer must be a documented one. The seed is printed."""
-    seed = schemathesis_seed()
-    print(f"schemathesis seed: {seed} (LAMBDALAKE_SCHEMATHESIS_SEED={seed} replays it)")
-    result = subprocess.run(
-        [str(Path(sys.executable).parent / "schemathesis"), "--config-file",
-         str(PROJECT_ROOT / "tests" / "schemathesis.toml"), "run", f"{api.root}/openapi.json",  # type: ignore[attr-defined]
-         "--checks", "all", "--header", f"Authorization: Bearer {TOKEN}", "--max-examples", "60",
-         "--seed", str(seed)],
-        capture_output=True, timeout=600, cwd=PROJECT_ROOT,
-    )  # fmt: skip
-    output = result.stdout.decode() + result.stderr.decode()
-    assert result.returncode == 0, f"seed {seed}:\n{output[-6000:]}"
-    assert "failed" not in output.split("SUMMARY")[-1], f"seed {seed}:\n{output[-3000:]}"
+    assert_schemathesis_passes(api.root, token=TOKEN, seed=schemathesis_seed(), examples=60)  # type: ignore[attr-defined]
