@@ -33,3 +33,18 @@ def test_deeper_than_stops_at_the_bound() -> None:
     assert not deeper_than({"a": [1, {"b": (2, 3)}]}, 4)
     assert deeper_than({"a": [1, {"b": (2, [3])}]}, 4)
     assert not deeper_than("[[[[[[", 1)
+
+
+def test_has_nested_types() -> None:
+    from lambdalake.produce.nesting import has_nested_types
+
+    def record(*types: object) -> dict:
+        fields = [{"name": f"f{i}", "type": t} for i, t in enumerate(types)]
+        return {"type": "record", "name": "R", "namespace": "n", "fields": fields}
+
+    assert not has_nested_types(
+        record("string", ["null", "long"], {"type": "enum", "name": "E", "symbols": ["a"]}, "E")
+    )
+    assert has_nested_types(record("string", {"type": "array", "items": "long"}))
+    assert has_nested_types(record(["null", {"type": "map", "values": "string"}]))
+    assert has_nested_types(record(["null", "n.R"]))  # recursive

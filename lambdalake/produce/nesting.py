@@ -92,3 +92,19 @@ def deeper_than(value: Any, bound: int = MAX_DEPTH) -> bool:
         inner = item.values() if isinstance(item, dict) else item
         todo.extend((v, depth + 1) for v in inner if isinstance(v, list | tuple | dict))
     return False
+
+
+def has_nested_types(schema: dict[str, Any]) -> bool:
+    """Whether a record schema has a field of an array, map or record type (in a union too), or one
+    that refers to the record itself (a recursive type). A name defined in an earlier field needs no
+    look: a record defined there makes that field nested already."""
+    own = {schema.get("name"), f"{schema.get('namespace')}.{schema.get('name')}"}
+
+    def nested(t: Any) -> bool:
+        if isinstance(t, list):
+            return any(nested(b) for b in t)
+        if isinstance(t, dict):
+            return t.get("type") in ("array", "map", "record") or nested(t.get("type"))
+        return t in own
+
+    return any(nested(f["type"]) for f in schema["fields"])

@@ -28,7 +28,7 @@ from lambdalake.kafka.admin import ensure_pipeline_topics
 from lambdalake.pipeline import Pipeline
 from lambdalake.produce.dict_rows import DictRows
 from lambdalake.produce.json_pieces import JsonPieces
-from lambdalake.produce.nesting import MAX_RECORD_DEPTH, deeper_than
+from lambdalake.produce.nesting import MAX_RECORD_DEPTH, deeper_than, has_nested_types
 from lambdalake.registry import register_pipeline
 from lambdalake.settings import Settings
 from lambdalake.validation import RecordValidator, Rejection, checked_rules
@@ -252,6 +252,7 @@ class EventProducer:
         self._ts_fields = _timestamp_fields(schema)
         self._decimal_fields = _decimal_fields(schema)
         self._fields = frozenset(f["name"] for f in schema["fields"])
+        self._nested = has_nested_types(schema)
         self._drop_unknown = pipeline.event.unknown_fields == "drop"
         self._topic = pipeline.topic.name
         self._dlq = pipeline.topic.dlq
@@ -371,6 +372,8 @@ class EventProducer:
             rejection = self._send(record)
         except ProducerFailed:
             raise
+        except RecursionError:  # a value nested past Python's recursion limit (a message's repr of it)
+            rejection = Rejection("too_deep", "the record nests deeper than Python's recursion limit")
         except KafkaException as exc:
             rejection = Rejection("kafka", f"the broker client refused the record: {exc.args[0].str()}")
         except Exception as exc:  # a record nobody foresaw must not end the command or lose the rest
@@ -380,7 +383,9 @@ class EventProducer:
         return rejection
 
     def _send(self, record: dict[str, Any]) -> Rejection | None:
-        if deeper_than(record, MAX_RECORD_DEPTH):  # before any check or encoder could recurse on it
+        # Only a schema of nested types has checks and an encoder that descend into values (fastavro's
+        # compiled ones among them, which Python's recursion limit does not stop): bound them first.
+        if self._nested and deeper_than(record, MAX_RECORD_DEPTH):
             return Rejection("too_deep", f"the record nests more than {MAX_RECORD_DEPTH} levels deep")
         if isinstance(record, dict):
             if self._drop_unknown:
