@@ -75,7 +75,7 @@ speed_ttl = "1 day"
 name = "payment_latest"
 kind = "latest"
 key = ["payment_id"]
-version = "attempt"
+version = "attempt"{columns}
 
 [[views]]
 name = "account_region_5m"
@@ -87,21 +87,32 @@ aggregates = [
   {{ name = "total", fn = "sum", column = "amount" }},
   {{ name = "smallest", fn = "min", column = "amount" }},
   {{ name = "largest", fn = "max", column = "amount" }},
-  {{ name = "mean", fn = "avg", column = "amount" }},
+  {{ name = "mean", fn = "avg", column = "amount" }},{extra}
 ]
 """
 
 
-def write_pipeline(settings: Settings, root: Path, topic: str, schemas: list[dict[str, Any]]) -> Settings:
+def write_pipeline(
+    settings: Settings,
+    root: Path,
+    topic: str,
+    schemas: list[dict[str, Any]],
+    *,
+    sums: tuple[str, ...] = (),
+    latest_columns: list[str] | None = None,
+) -> Settings:
     """Settings whose pipelines and schemas folders (under ``root``) hold the payments pipeline with
-    ``schemas`` as its versions, oldest first."""
+    ``schemas`` as its versions, oldest first; the windowed view also sums ``sums`` (each as
+    ``<field>_total``), and the latest view keeps ``latest_columns`` (default: every field)."""
     (root / "pipelines").mkdir(parents=True, exist_ok=True)
     (root / "schemas" / "payments").mkdir(parents=True, exist_ok=True)
     versions = []
     for i, schema in enumerate(schemas, start=1):
         (root / "schemas" / "payments" / f"v{i}.avsc").write_text(json.dumps(schema, indent=2))
         versions.append(f"payments/v{i}.avsc")
-    text = PIPELINE.format(topic=topic, versions=json.dumps(versions))
+    extra = "".join(f'\n  {{ name = "{f}_total", fn = "sum", column = "{f}" }},' for f in sums)
+    columns = f"\ncolumns = {json.dumps(latest_columns)}" if latest_columns is not None else ""
+    text = PIPELINE.format(topic=topic, versions=json.dumps(versions), extra=extra, columns=columns)
     (root / "pipelines" / "payments.toml").write_text(text)
     return settings.model_copy(update={"pipelines_dir": root / "pipelines", "schemas_dir": root / "schemas"})
 
@@ -147,29 +158,32 @@ def _latest_order(r: dict[str, Any]) -> tuple:
     return (r["attempt"], -r["_ts"], -r["_partition"], -r["_offset"])
 
 
-def reference(records: list[dict[str, Any]]) -> tuple[dict[tuple, dict], dict[str, dict]]:
+def reference(
+    records: list[dict[str, Any]], *, sums: tuple[str, ...] = ()
+) -> tuple[dict[tuple, dict], dict[str, dict]]:
     """(windowed rows by (account, region, window start ms), latest rows by payment id) over the
-    first copy of each identity by (ingest time, partition, offset)."""
+    first copy of each identity by (ingest time, partition, offset). ``sums``: fields the windowed
+    view also sums (as ``<field>_total``; a record without the field counts as null)."""
     firsts: dict[tuple, dict] = {}
     for r in sorted(records, key=lambda r: (r["_ts"], r["_partition"], r["_offset"])):
         firsts.setdefault((r["payment_id"], r["attempt"]), r)
-    cells: dict[tuple, list[Decimal]] = defaultdict(list)
+    cells: dict[tuple, list[dict]] = defaultdict(list)
     latest: dict[str, dict] = {}
     for r in firsts.values():
-        cells[(r["account_id"], r["region"], r["paid_at"] // WINDOW_MS * WINDOW_MS)].append(r["amount"])
+        cells[(r["account_id"], r["region"], r["paid_at"] // WINDOW_MS * WINDOW_MS)].append(r)
         best = latest.get(r["payment_id"])
-        if best is None or (r["attempt"], -r["_ts"], -r["_offset"]) > (
-            best["attempt"],
-            -best["_ts"],
-            -best["_offset"],
-        ):
+        if best is None or _latest_order(r) > _latest_order(best):
             latest[r["payment_id"]] = r
     windowed = {}
-    for cell, amounts in cells.items():
+    for cell, rows in cells.items():
+        amounts = [r["amount"] for r in rows]
         total = sum(amounts, Decimal(0))
         mean = _WIDE.divide(total, len(amounts)).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
         windowed[cell] = {
             "payments": len(amounts), "total": total, "smallest": min(amounts), "largest": max(amounts),
             "mean": mean,
         }  # fmt: skip
+        for name in sums:
+            values = [r[name] for r in rows if r.get(name) is not None]
+            windowed[cell][f"{name}_total"] = sum(values) if values else None
     return windowed, latest
