@@ -44,7 +44,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import RemoveAction
 from pyarrow import fs as pafs
 
-from lambdalake.delta import add_actions, open_table
+from lambdalake.delta import add_actions, lost_to_another_commit, open_table
 from lambdalake.master import COORDINATES
 from lambdalake.master_files import NULL_PARTITION, PARTITION
 from lambdalake.procs import release_freed_memory
@@ -304,7 +304,7 @@ class Compaction:
             try:
                 self._commit(table, groups)
             except CommitFailedError as exc:
-                if "Concurrent" not in str(exc) or attempt == COMMIT_ATTEMPTS - 1:
+                if not lost_to_another_commit(exc) or attempt == COMMIT_ATTEMPTS - 1:
                     raise
                 log.info("bronze compaction met a concurrent commit; checking its files again")
                 continue

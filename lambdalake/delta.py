@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake import Field as DeltaField
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction
 from pyarrow import fs as pafs
 
@@ -109,6 +109,7 @@ def commit_files(
     metadata: Mapping[str, str],
     partition: tuple[str, pa.DataType] | None = ...,
     app_transactions: Sequence[tuple[str, int]] = ...,
+    schema_guard: Sequence[tuple[str, int]] = ...,
     schema: pa.Schema | None = ...,
     stats_columns: Sequence[str] = ...,
     table: DeltaTable | None = ...,
@@ -123,6 +124,7 @@ def commit_files(
     metadata: Mapping[str, str],
     partition: tuple[str, pa.DataType] | None = ...,
     app_transactions: Sequence[tuple[str, int]] = ...,
+    schema_guard: Sequence[tuple[str, int]] = ...,
     schema: pa.Schema | None = ...,
     stats_columns: Sequence[str] = ...,
     table: DeltaTable | None = ...,
@@ -136,6 +138,7 @@ def commit_files(
     metadata: Mapping[str, str],
     partition: tuple[str, pa.DataType] | None = None,
     app_transactions: Sequence[tuple[str, int]] = (),
+    schema_guard: Sequence[tuple[str, int]] = (),
     schema: pa.Schema | None = None,
     stats_columns: Sequence[str] = (),
     table: DeltaTable | None = None,
@@ -151,6 +154,9 @@ def commit_files(
         partition: The partition column of the paths and its type, if any.
         app_transactions: ``(app_id, version)`` pairs recorded with the commit (exactly-once
             appends; two commits made on one snapshot with the same app id conflict).
+        schema_guard: App transactions the commit adding new columns to the schema carries (see
+            :func:`added_columns`): those a concurrent writer shares, so that its commit landing
+            after ``table``'s snapshot fails this one instead of being rebased over.
         schema: The table schema when ``files`` is empty and there is no table yet.
         stats_columns: Integer columns whose min and max each file's stats record.
         table: The snapshot the caller decided on: the commit fails with a conflict if a commit
@@ -174,7 +180,7 @@ def commit_files(
         )
         table = DeltaTable(uri)
     elif mode == "append" and found is not None:
-        added_columns(table, found)
+        added_columns(table, found, guard=schema_guard)
     transactions = [Transaction(app_id=app, version=version) for app, version in app_transactions] or None
     table.create_write_transaction(
         actions,
@@ -189,13 +195,31 @@ def commit_files(
     return table.version(), rows
 
 
-def added_columns(table: DeltaTable, schema: pa.Schema) -> list[str]:
+def added_columns(table: DeltaTable, schema: pa.Schema, *, guard: Sequence[tuple[str, int]] = ()) -> None:
     """Add to ``table``'s schema the columns of ``schema`` it lacks (nullable: the files it holds
-    have none of them), in one commit of their own before the files that first hold them; returns
-    their names. delta-rs leaves the schema of an appending commit as it was, so without this a Delta
-    reader would never see a field that a newer reader schema added (the files hold it)."""
+    have none of them), in one commit of their own before the files that first hold them. delta-rs
+    leaves the schema of an appending commit as it was, so without this a Delta reader would never
+    see a field that a newer reader schema added (the files hold it).
+
+    The commit moves ``table`` to its own version: without ``guard`` a concurrent commit landing in
+    between would be rebased over silently, and the caller's next commit would land on a decision
+    made without it. With the app transactions that writer shares, that commit fails here instead.
+    """
     known = {f.name for f in table.schema().fields}
     new = [f for f in schema if f.name not in known]
     if new:
-        table.alter.add_columns([DeltaField.from_arrow(f.with_nullable(True)) for f in new])
-    return [f.name for f in new]
+        transactions = [Transaction(app_id=app, version=version) for app, version in guard] or None
+        table.alter.add_columns(
+            [DeltaField.from_arrow(f.with_nullable(True)) for f in new],
+            commit_properties=CommitProperties(app_transactions=transactions),
+        )
+
+
+#: What delta-rs says when a commit lost to one that landed after its snapshot: another writer's
+#: data, or its change of the table's metadata (a column added).
+_CONFLICTS = ("Concurrent", "Metadata changed since last commit")
+
+
+def lost_to_another_commit(exc: CommitFailedError) -> bool:
+    """Whether ``exc`` is a conflict with a commit since the snapshot (decide again and retry)."""
+    return any(marker in str(exc) for marker in _CONFLICTS)

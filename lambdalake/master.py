@@ -36,7 +36,7 @@ from lambdalake.coverage import (
     runs,
     to_json,
 )
-from lambdalake.delta import commit_files, open_table
+from lambdalake.delta import commit_files, lost_to_another_commit, open_table
 from lambdalake.errors import ConfigurationError
 from lambdalake.master_files import PARTITION, offsets_present, write_event_files
 from lambdalake.pipeline import LayersSpec
@@ -181,6 +181,7 @@ class MasterDataset:
                     self.path, keep, mode="append", partition=(PARTITION, pa.date32()), table=table,
                     refresh=False,
                     app_transactions=[(app_id, batch_id), (WRITER_APP, version + 1)],
+                    schema_guard=[(WRITER_APP, version + 1)],
                     stats_columns=COORDINATES,
                     metadata={
                         "lambdalake.batch_id": str(batch_id),
@@ -193,7 +194,7 @@ class MasterDataset:
                     },
                 )  # fmt: skip
             except CommitFailedError as exc:
-                if "Concurrent" not in str(exc) or attempt == COMMIT_ATTEMPTS - 1:
+                if not lost_to_another_commit(exc) or attempt == COMMIT_ATTEMPTS - 1:
                     raise
                 log.info("bronze commit of %s met a concurrent commit; deciding again", app_id)
                 continue

@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from deltalake import DeltaTable
 
 from lambdalake.coverage import covered_until, intersection, merged, normalized
 from lambdalake.master import MasterDataset
@@ -248,3 +249,78 @@ def test_a_snapshot_that_fails_to_refresh_after_a_commit_is_opened_again(tmp_pat
     assert commit(3) == 0  # the replay's commit holds batch 3's offsets: seen on the reopened table
     assert len(calls) == 2 and speed._committing is not kept
     assert coordinates(speed) == [(0, o) for o in range(400)]
+
+
+def test_concurrent_writers_bringing_a_new_column_never_hold_a_coordinate_twice(tmp_path: Path) -> None:
+    """Each writer's files carry a column bronze's schema lacks (a reader schema that gained a field):
+    the commit adding it to the schema shares the writers' app transaction, so one landing after the
+    writer's snapshot fails it and the writer decides again, never a data commit rebased over it."""
+    path = str(tmp_path / "bronze")
+    bronze = MasterDataset(path, event_time="event_time")
+    seed = write_event_files(events(0, range(0, 1)), path=path, event_time="event_time", name="seed")
+    bronze.commit(seed, app_id="seed", batch_id=0, layers=LAYERS, ranges={"t/0": [(0, 1)]})
+    writers = 6
+    files = {}
+    for i in range(writers):
+        table = events(0, range(1 + 10 * i, 60 + 10 * i))
+        table = table.append_column("channel", pa.array([f"w{i}"] * table.num_rows))
+        files[i] = write_event_files(table, path=path, event_time="event_time", name=f"w{i}")
+    barrier = threading.Barrier(writers)
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        try:
+            writer = MasterDataset(path, event_time="event_time")
+            barrier.wait()
+            ranges = {"t/0": [(1 + 10 * i, 60 + 10 * i)]}
+            writer.commit(files[i], app_id=f"w{i}", batch_id=0, layers=LAYERS, ranges=ranges)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    end = 60 + 10 * (writers - 1)
+    assert coordinates(bronze) == [(0, o) for o in range(end)]
+    assert "channel" in {f.name for f in DeltaTable(path).schema().fields}
+
+
+def test_a_new_column_decided_on_a_stale_snapshot_is_decided_again(tmp_path: Path) -> None:
+    """Writer A decides on its snapshot; writer B's commit of an overlapping range lands; A's files
+    bring a new column. The commit adding it shares the writers' app transaction, so it fails against
+    B's instead of being rebased over it (A's data commit would then land on a decision that never
+    saw B's offsets): A decides again and leaves B's coordinates out."""
+    path = str(tmp_path / "bronze")
+    seed = write_event_files(events(0, range(0, 1)), path=path, event_time="event_time", name="seed")
+    MasterDataset(path, event_time="event_time").commit(
+        seed, app_id="seed", batch_id=0, layers=LAYERS, ranges={"t/0": [(0, 1)]}
+    )
+    other = write_event_files(events(0, range(1, 60)), path=path, event_time="event_time", name="b")
+    wider = events(0, range(1, 80))
+    mine = write_event_files(
+        wider.append_column("channel", pa.array(["web"] * wider.num_rows)), path=path,
+        event_time="event_time", name="a",
+    )  # fmt: skip
+
+    class Stale(MasterDataset):
+        """Hands out, once, a snapshot taken before B's commit landed."""
+
+        stale = True
+
+        def _newest_for_commit(self):  # type: ignore[no-untyped-def]
+            table = super()._newest_for_commit()
+            if self.stale:
+                self.stale = False
+                MasterDataset(path, event_time="event_time").commit(
+                    other, app_id="b", batch_id=0, layers=LAYERS, ranges={"t/0": [(1, 60)]}
+                )
+            return table
+
+    writer = Stale(path, event_time="event_time")
+    added = writer.commit(mine, app_id="a", batch_id=0, layers=LAYERS, ranges={"t/0": [(1, 80)]})
+    assert added == 20
+    assert coordinates(writer) == [(0, o) for o in range(80)]
+    assert "channel" in {f.name for f in DeltaTable(path).schema().fields}
