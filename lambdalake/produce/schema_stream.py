@@ -9,6 +9,7 @@ or one type.
 
 from __future__ import annotations
 
+import math
 import random
 import string
 import uuid
@@ -17,7 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from lambdalake.pipeline import AllowedRule, LatestView, NotFutureRule, Pipeline, RangeRule, RequiredRule
-from lambdalake.produce.generator import DAY_MS, Mix, Zipf, _future, _Stream
+from lambdalake.produce.generator import DAY_MS, Mix, Zipf, _future, _set, _Stream
 
 #: Keys a stream draws from (Zipf-skewed: a few are hot).
 KEYS = 1000
@@ -115,7 +116,7 @@ class SchemaStream(_Stream):
         hi = bound.max if bound is not None and bound.max is not None else max(lo, 0) + 10_000
         if avro in ("int", "long"):
             top = int(hi) - (0 if bound is None or bound.max_inclusive or hi != int(hi) else 1)
-            return rng.randint(int(-(-lo // 1)), max(int(-(-lo // 1)), top))
+            return rng.randint(math.ceil(lo), max(math.ceil(lo), top))
         if avro in ("float", "double"):
             value = round(rng.uniform(lo, hi), 3)
             return lo if value >= hi and bound is not None and not bound.max_inclusive else value
@@ -132,24 +133,17 @@ class SchemaStream(_Stream):
         for rule in self.pipeline.rules:
             field = rule.field
             if isinstance(rule, RequiredRule):
-                out.append((f"{field} missing", _setter(field, "")))
+                out.append((f"{field} missing", _set(field, "")))
             elif isinstance(rule, RangeRule):
                 value = (rule.min - 1) if rule.min is not None else (rule.max or 0) + 1
-                out.append((f"{field} out of range", _setter(field, value)))
+                out.append((f"{field} out of range", _set(field, value)))
             elif isinstance(rule, AllowedRule):
-                out.append((f"{field} not allowed", _setter(field, "not-a-listed-value")))
+                out.append((f"{field} not allowed", _set(field, "not-a-listed-value")))
             elif isinstance(rule, NotFutureRule):
                 out.append((f"{field} in the future", _future(field)))
         plain = ("int", "long", "float", "double")
         numbers = [f["name"] for f in self.schema["fields"] if f["type"] in plain]
         if numbers:
-            out.append(("wrong type", _setter(numbers[0], "12.5 as text")))
-        out.append(("unknown field", _setter("not_in_the_schema", 1)))
+            out.append(("wrong type", _set(numbers[0], "12.5 as text")))
+        out.append(("unknown field", _set("not_in_the_schema", 1)))
         return out
-
-
-def _setter(field: str, value: Any) -> Callable[[dict[str, Any], random.Random, int], None]:
-    def corrupt(r: dict[str, Any], _rng: random.Random, _now: int) -> None:
-        r[field] = value
-
-    return corrupt
