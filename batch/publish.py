@@ -23,7 +23,7 @@ from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
 from pyspark.sql import SparkSession
 
-from lambdalake.cassandra.active import ActiveBatch, active_batch
+from lambdalake.cassandra.active import ActiveBatch, active_batch, lwt, read_meta
 from lambdalake.cassandra.session import connect, refresh_metadata
 from lambdalake.cassandra.tables import (
     BATCH_CLAIMS,
@@ -178,27 +178,34 @@ class Publisher:
             "published_at": int(time.time() * 1000),
         }  # fmt: skip
         table = f'"{self.keyspace}"."{BATCH_META.name}"'
-        lwt = {
-            "consistency_level": ConsistencyLevel.QUORUM,
-            "serial_consistency_level": ConsistencyLevel.SERIAL,
-        }
         sets = ", ".join(f'"{c}" = %s' for c in values)
-        update = SimpleStatement(f'UPDATE {table} SET {sets} WHERE pipeline = %s IF "version" = %s', **lwt)
+        where = 'WHERE pipeline = %s IF "version" = %s AND view_versions = %s'
+        update = lwt(f"UPDATE {table} SET {sets} {where}")
         cols = ", ".join(f'"{c}"' for c in ["pipeline", *values])
         marks = ", ".join("%s" for _ in range(len(values) + 1))
-        insert = SimpleStatement(f"INSERT INTO {table} ({cols}) VALUES ({marks}) IF NOT EXISTS", **lwt)
+        insert = lwt(f"INSERT INTO {table} ({cols}) VALUES ({marks}) IF NOT EXISTS")
         while True:
-            active = active_batch(session, self.keyspace, self.pipeline.name)
+            meta = read_meta(session, self.keyspace, self.pipeline.name)
+            active = meta.batch
             self._refuse_below(active, run, rebuilt_through)
-            if active is None:
+            # Serving reads each view's active version from this row's batch: one this run did not
+            # build (a version switched while it ran) would have no rows in it.
+            missing = sorted(meta.registry.active_names() - set(run.delta_versions))
+            if missing:
+                raise ConfigurationError(
+                    f"the active versions of views of {self.pipeline.name!r} changed while this run ran: "
+                    f"it did not build {', '.join(missing)}; nothing was activated",
+                    fix=f"run `lambdalake batch run {self.pipeline.name}` again",
+                )
+            if meta.row_version is None:
                 applied = session.execute(insert, [self.pipeline.name, *values.values()]).was_applied
             else:
                 applied = session.execute(
-                    update, [*values.values(), self.pipeline.name, active.version]
+                    update, [*values.values(), self.pipeline.name, meta.row_version, meta.views_text]
                 ).was_applied
             if applied:
                 return None if active is None else active.version
-            log.info("the active batch version of %s moved meanwhile; deciding again", self.pipeline.name)
+            log.info("the metadata row of %s moved meanwhile; deciding again", self.pipeline.name)
 
     def _retire(self, session: Session, active: int, replaced: int | None) -> None:
         """Drop the tables of versions older than the one this publish replaced (kept one more run:

@@ -27,6 +27,7 @@ from lambdalake.errors import LambdalakeError
 from lambdalake.pipeline import AllowedRule, LatestView, Pipeline, RangeRule, RequiredRule, WindowedView
 from lambdalake.spark.views import INGEST_TS
 from lambdalake.storage import write_text
+from lambdalake.view_versions import public_name
 from lambdalake.views import WINDOW_START, view_components
 
 log = logging.getLogger("lambdalake.batch")
@@ -163,7 +164,7 @@ class QualityGate:
         extra = (
             self.extra.get("bronze", [])
             if dataset == "bronze"
-            else self.extra.get("views", {}).get(dataset, [])
+            else self.extra.get("views", {}).get(public_name(dataset), [])
         )
         configs = [
             ExpectationConfiguration(type=spec["type"], kwargs=spec["kwargs"]) for spec in [*specs, *extra]

@@ -24,7 +24,7 @@ from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import PROJECT_ROOT, Settings
 
-Action = Literal["created", "updated", "started", "restarted", "stopped", "unchanged"]
+Action = Literal["created", "updated", "started", "restarted", "stopped", "removed", "unchanged"]
 
 #: The process that runs every deployed pipeline's batch on its schedule.
 SCHEDULER = "batch-schedule"
@@ -80,6 +80,8 @@ def fingerprint(settings: Settings, pipeline: Pipeline) -> str:
     files += [settings.schemas_dir / v for v in pipeline.schema_.versions]
     for path in sorted(files):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    # The view versions it computes (a build adds one, a switch retires one): by internal name.
+    digest.update(json.dumps([v.name for v in pipeline.views]).encode())
     digest.update(json.dumps(settings.to_env(), sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
@@ -122,6 +124,7 @@ class Deployer:
 
         sr = client(self.settings)
         for p in pipelines:
+            self._plan_views(p)  # a view version refused (a name too long) is refused here
             bronze = MasterDataset(table_path(self.settings.storage_root, p.name), event_time=p.event.time)
             bronze.check_layers(p.layers, pipeline=p.name)
             if not self.apply_topic_configs:  # else the topic step sets it
@@ -167,9 +170,11 @@ class Deployer:
         for p in pipelines:
             changes += self._topics(p)
             changes += self._schemas(p)
-            changes += self._tables(p)
+            deployed, view_changes = self._views(p)
+            changes += view_changes
+            changes += self._tables(deployed)
             if self.start_jobs:
-                changes.append(self._speed_job(p))
+                changes.append(self._speed_job(deployed))
         if self.start_jobs:
             changes.append(self._scheduler())
             changes.append(self._serving())
@@ -198,6 +203,45 @@ class Deployer:
                 Change(f"schema {p.schema_.subject} v{r.version}", action, f"id {r.schema_id} ({r.file})")
             )
         return out
+
+    def _plan_views(self, p: Pipeline):
+        """The view registry as deployed, and as this deploy leaves it (``lambdalake.view_versions``)."""
+        from lambdalake.cassandra.active import read_meta
+        from lambdalake.cassandra.session import connect
+        from lambdalake.delta import open_table
+        from lambdalake.master_files import table_path
+        from lambdalake.view_versions import plan
+
+        meta = read_meta(connect(self.settings.cassandra), self.settings.cassandra.keyspace, p.name)
+        live = open_table(table_path(self.settings.storage_root, p.name)) is not None
+        return meta, *plan(p, meta.registry, live=live)
+
+    def _views(self, p: Pipeline) -> tuple[Pipeline, list[Change]]:
+        """Record the views' versions: a view changed, or added to a live pipeline, gets a version
+        to build (the jobs compute it beside the active one; ``lambdalake.cli.views`` builds and
+        switches it); a removed one leaves serving at once. Returns the pipeline with the views
+        its jobs compute, and the changes."""
+        from lambdalake.cassandra.active import swap_registry
+        from lambdalake.cassandra.session import connect
+        from lambdalake.view_versions import deployed_pipeline
+
+        session = connect(self.settings.cassandra)
+        while True:
+            meta, registry, planned = self._plan_views(p)
+            if registry.to_text() == meta.registry.to_text():
+                break
+            if swap_registry(session, self.settings.cassandra, p.name, meta, registry):
+                break
+        actions: dict[str, Action] = {"registered": "created", "added": "created", "changed": "updated",
+                                      "removed": "removed", "reverted": "updated"}  # fmt: skip
+        out = []
+        for c in planned:
+            detail = f"v{c.version} {c.detail}" if c.version is not None else c.detail
+            out.append(Change(f"view {p.name}.{c.view}", actions[c.kind], detail))
+        for state_name, state in sorted(registry.views.items()):
+            if state.active is not None and not any(c.view == state_name for c in planned):
+                out.append(Change(f"view {p.name}.{state_name}", "unchanged", f"v{state.active.version}"))
+        return deployed_pipeline(p, registry), out
 
     def _tables(self, p: Pipeline) -> list[Change]:
         from lambdalake.cassandra.session import connect

@@ -48,7 +48,7 @@ from lambdalake.settings import CassandraSettings
 
 log = logging.getLogger("lambdalake.lease")
 
-Role = Literal["speed job", "speed reset", "batch run", "batch restore", "replay"]
+Role = Literal["speed job", "speed reset", "batch run", "batch restore", "replay", "view build"]
 #: The lease each role takes: roles that share one exclude each other.
 LEASE_OF: dict[str, str] = {
     "speed job": "speed",
@@ -56,6 +56,7 @@ LEASE_OF: dict[str, str] = {
     "batch run": "batch",
     "batch restore": "batch",
     "replay": "replay",
+    "view build": "view build",
 }
 
 LEASES = TableDef(

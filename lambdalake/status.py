@@ -58,6 +58,8 @@ class PipelineStatus:
     horizon: int | None = None
     published_at_ms: int | None = None
     last_batch: dict[str, Any] | None = None
+    #: Per view: its active version, and the one being built (None: none).
+    view_versions: dict[str, dict[str, int | None]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -72,8 +74,8 @@ def pipeline_status(settings: Settings, pipeline: Pipeline, *, session: Any = No
     """Everything ``status`` shows for one pipeline (``session``: a Cassandra session to reuse)."""
     status = PipelineStatus(pipeline.name, pipeline.topic.name)
     _stream(settings, pipeline, status)
-    _speed_views(settings, pipeline, status)
-    _batch(settings, pipeline, status, session)
+    names = _batch(settings, pipeline, status, session)
+    _speed_views(settings, pipeline, status, names)
     return status
 
 
@@ -113,12 +115,14 @@ def _stream(settings: Settings, pipeline: Pipeline, status: PipelineStatus) -> N
         status.partitions.append(PartitionLag(p, end, archived, max(0, end - archived)))
 
 
-def _speed_views(settings: Settings, pipeline: Pipeline, status: PipelineStatus) -> None:
+def _speed_views(
+    settings: Settings, pipeline: Pipeline, status: PipelineStatus, names: dict[str, str]
+) -> None:
     queries = json.loads(read_text(speed_status_file(settings.storage_root, pipeline.name)) or "{}")
     now = time.time()
     for view in pipeline.views:
         # The main query writes the latest views and the first windowed one; others have their own.
-        name = f"{pipeline.name}-{view.name}"
+        name = f"{pipeline.name}-{names.get(view.name, view.name)}"
         if name not in queries or isinstance(view, LatestView):
             name = f"{pipeline.name}-main"
         last = queries.get(name, {}).get("last_batch", {})
@@ -129,20 +133,31 @@ def _speed_views(settings: Settings, pipeline: Pipeline, status: PipelineStatus)
         status.views.append(ViewFreshness(view.name, name, at, since, last.get("lag")))
 
 
-def _batch(settings: Settings, pipeline: Pipeline, status: PipelineStatus, session: Any) -> None:
-    from lambdalake.cassandra.active import active_batch
+def _batch(settings: Settings, pipeline: Pipeline, status: PipelineStatus, session: Any) -> dict[str, str]:
+    """The batch and view versions; returns each view's active internal name."""
+    from lambdalake.cassandra.active import read_meta
     from lambdalake.cassandra.session import connect
 
     status.last_batch = json.loads(
         read_text(batch_status_file(settings.storage_root, pipeline.name)) or "null"
     )
     try:
-        active = active_batch(
-            session or connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name
-        )
+        meta = read_meta(session or connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name)
     except Exception as exc:  # Cassandra down: report it
         status.problems.append(f"Cassandra unreachable: {str(exc).splitlines()[0]}")
-        return
+        return {}
+    names = {}
+    for view, state in sorted(meta.registry.views.items()):
+        if state.active is None and state.building is None:
+            continue  # removed
+        status.view_versions[view] = {
+            "active": state.active.version if state.active else None,
+            "building": state.building.version if state.building else None,
+        }
+        if state.active is not None:
+            names[view] = state.active.name
+    active = meta.batch
     if active is not None:
         status.batch_version, status.horizon = active.version, active.horizon
         status.published_at_ms = active.published_at_ms
+    return names

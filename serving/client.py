@@ -17,7 +17,7 @@ from cassandra import InvalidRequest
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, ExecutionProfile, ResponseFuture, Session
 from cassandra.query import PreparedStatement, tuple_factory
 
-from lambdalake.cassandra.active import ActiveBatch, active_batch
+from lambdalake.cassandra.active import ActiveBatch, PipelineMeta, read_meta
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import speed_table_def
 from lambdalake.errors import ConfigurationError, LambdalakeError
@@ -74,7 +74,7 @@ class ServingClient:
         self._session = session
         self._pipelines: dict[str, Pipeline] = {}
         self._types: dict[str, dict[str, pa.DataType]] = {}
-        self._active: dict[str, tuple[float, ActiveBatch | None]] = {}
+        self._meta: dict[str, tuple[float, PipelineMeta]] = {}
         self._prepared: dict[str, PreparedStatement] = {}
         self._lock = threading.Lock()
         self._profile: ExecutionProfile | None = None
@@ -119,14 +119,43 @@ class ServingClient:
             )
         return p, found
 
+    def meta(self, pipeline: str, *, refresh: bool = False) -> PipelineMeta:
+        """The pipeline's metadata row (active batch, view versions), cached for ``meta_ttl_s``."""
+        now = time.monotonic()
+        cached = self._meta.get(pipeline)
+        if refresh or cached is None or now - cached[0] > self.meta_ttl_s:
+            cached = (now, read_meta(self.session, self.keyspace, pipeline))
+            self._meta[pipeline] = cached
+        return cached[1]
+
     def active(self, pipeline: str, *, refresh: bool = False) -> ActiveBatch | None:
         """The active batch version, cached for ``meta_ttl_s``."""
-        now = time.monotonic()
-        cached = self._active.get(pipeline)
-        if refresh or cached is None or now - cached[0] > self.meta_ttl_s:
-            cached = (now, active_batch(self.session, self.keyspace, pipeline))
-            self._active[pipeline] = cached
-        return cached[1]
+        return self.meta(pipeline, refresh=refresh).batch
+
+    def served(
+        self, pipeline: str, view: str, *, refresh: bool = False
+    ) -> tuple[Pipeline, LatestView | WindowedView, ActiveBatch | None]:
+        """The view's active version (its definition under its internal name) and the active
+        batch if it published that version (None: served from speed rows alone).
+
+        Raises:
+            NotFound: No such pipeline or view.
+            NotDeployed: The view's first version is still being built.
+        """
+        p, v = self.view(pipeline, view)
+        meta = self.meta(p.name, refresh=refresh)
+        if not meta.registry.empty:
+            version = meta.registry.active(view)
+            if version is None:
+                raise NotDeployed(
+                    f"view {view!r} of {p.name!r} is being built from the master dataset; it is answered "
+                    "once the build completes",
+                    fix=f"wait for `lambdalake deploy --pipeline {p.name}` to finish (`lambdalake status` "
+                    "shows each view's versions)",
+                )
+            v = version.definition
+        batch = meta.batch if meta.batch is not None and v.name in meta.batch.views else None
+        return p, v, batch
 
     # --- the query --------------------------------------------------------------------------
 
@@ -153,16 +182,16 @@ class ServingClient:
             NotFound: Unknown pipeline or view.
             BadQuery: A key value or time the view cannot take.
         """
-        p, v = self.view(pipeline, view)
+        p, v, active = self.served(pipeline, view)
         values = key_values(p, v, key, types=self._types[p.name])
-        active = self._active_for(p, v)
         try:
             sent = self._send(p, v, values, active, start, end)
-            return self._answer(p, v, values, active, *sent)
+            return self._answer(p, view, v, values, active, *sent)
         except InvalidRequest as exc:
-            active = self._recover(exc, p, v, active)
+            p, v, active = self._recover(exc, p, view, v, active)
+            values = key_values(p, v, key, types=self._types[p.name])
             sent = self._send(p, v, values, active, start, end)
-            return self._answer(p, v, values, active, *sent)
+            return self._answer(p, view, v, values, active, *sent)
 
     async def aquery(
         self,
@@ -175,35 +204,34 @@ class ServingClient:
     ) -> Answer:
         """:meth:`query` for asyncio: waits for Cassandra without blocking the event loop (the
         active-batch row, cached, is read synchronously at most once per ``meta_ttl_s``)."""
-        p, v = self.view(pipeline, view)
+        p, v, active = self.served(pipeline, view)
         values = key_values(p, v, key, types=self._types[p.name])
-        active = self._active_for(p, v)
         try:
             sent = self._send(p, v, values, active, start, end)
             await _completed(*sent)
-            return self._answer(p, v, values, active, *sent)
+            return self._answer(p, view, v, values, active, *sent)
         except InvalidRequest as exc:
-            active = self._recover(exc, p, v, active)
+            p, v, active = self._recover(exc, p, view, v, active)
+            values = key_values(p, v, key, types=self._types[p.name])
             sent = self._send(p, v, values, active, start, end)
             await _completed(*sent)
-            return self._answer(p, v, values, active, *sent)
-
-    def _active_for(
-        self, p: Pipeline, v: LatestView | WindowedView, *, refresh: bool = False
-    ) -> ActiveBatch | None:
-        """The active batch version if it published ``v``; None for a view added since the last
-        publish: served from its speed rows alone until a batch run publishes it."""
-        active = self.active(p.name, refresh=refresh)
-        return active if active is not None and v.name in active.views else None
+            return self._answer(p, view, v, values, active, *sent)
 
     def _recover(
-        self, exc: InvalidRequest, p: Pipeline, v: LatestView | WindowedView, active: ActiveBatch | None
-    ) -> ActiveBatch | None:
-        """After a read failed: the active version to retry with, or the error to show."""
-        if active is not None and batch_table(p, v, active.version) in str(exc):
-            # The cached version was retired meanwhile: read the metadata row again, once.
-            return self._active_for(p, v, refresh=True)
+        self,
+        exc: InvalidRequest,
+        p: Pipeline,
+        view: str,
+        v: LatestView | WindowedView,
+        active: ActiveBatch | None,
+    ) -> tuple[Pipeline, LatestView | WindowedView, ActiveBatch | None]:
+        """After a read failed: the version to retry with, or the error to show."""
         text = str(exc)
+        if (active is not None and batch_table(p, v, active.version) in text) or speed_table(p, v) in text:
+            # The cached batch or view version was retired meanwhile: read the metadata row again.
+            fresh = self.served(p.name, view, refresh=True)
+            if fresh[1].name != v.name or (fresh[2] and active and fresh[2].version != active.version):
+                return fresh
         missing_keyspace = f"Keyspace {self.keyspace} does not exist" in text
         if speed_table(p, v) in text or missing_keyspace:
             raise NotDeployed(
@@ -231,6 +259,7 @@ class ServingClient:
     def _answer(
         self,
         p: Pipeline,
+        name: str,
         v: LatestView | WindowedView,
         values: list[Any],
         active: ActiveBatch | None,
@@ -252,10 +281,10 @@ class ServingClient:
             winner = pick_latest(batch, speed)
             epochs = (winner.values.get("_epoch"),) if winner is speed and winner is not None else ()
             provenance = _provenance(active, epoch_ms, tuple(e for e in epochs if e is not None))
-            return Answer(p.name, v.name, "latest", key, provenance, latest=winner)
+            return Answer(p.name, name, "latest", key, provenance, latest=winner)
         windows = merge_windows(_tuples(batch_f), _tuples(speed_f), v, horizon=horizon)
         epochs = tuple(sorted({e for w in windows for e in w.speed_epochs}))
-        return Answer(p.name, v.name, "windowed", key, _provenance(active, epoch_ms, epochs), windows=windows)
+        return Answer(p.name, name, "windowed", key, _provenance(active, epoch_ms, epochs), windows=windows)
 
     def _read(
         self, p: Pipeline, v: LatestView | WindowedView, version: int | None, params: list[Any]

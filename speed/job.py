@@ -43,6 +43,7 @@ from lambdalake.cassandra.tables import deploy_speed_tables, speed_table_def
 from lambdalake.compaction import CompactionPolicy, Compactor
 from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.kafka.admin import require_log_append_time
+from lambdalake.kafka.offsets import offset_consumer, offsets_at, watermarks
 from lambdalake.master import MasterDataset
 from lambdalake.master_files import table_path
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
@@ -121,6 +122,15 @@ def checkpoints_path(storage_root: str, pipeline: str) -> str:
 
 #: Written by ``speed reset`` beside the checkpoints: the starting offsets of the rebuilt queries.
 RESET_FILE = "starting-offsets.json"
+#: Beside the checkpoints: the main query's checkpoint folder and the windowed view it aggregates.
+MAIN_FILE = "lambdalake-main.json"
+#: In a windowed query's checkpoint started on a live pipeline: the epoch it counts from.
+START_FILE = "lambdalake-start.json"
+
+
+def _has_checkpoint(folder: str) -> bool:
+    """Whether a streaming query has run with this checkpoint (Spark writes ``metadata`` first)."""
+    return read_text(f"{folder}/metadata") is not None
 
 
 @dataclass
@@ -300,6 +310,9 @@ class SpeedJob:
         self.queries: list[StreamingQuery] = []
         self.windowed_views = [v for v in pipeline.views if isinstance(v, WindowedView)]
         self.primary = self.windowed_views[0] if self.windowed_views else None
+        #: The main query's checkpoint folder (:meth:`_choose_main`).
+        self.main_dir = f"{self.checkpoints}/main"
+        self._main_offsets: str | None = None
         self.files = self.spark.sparkContext.accumulator(frozenset(), FileSet())
         self.read_progress = self.spark.sparkContext.accumulator({}, PartitionProgress())
         self.records_read = self.spark.sparkContext.accumulator({}, RecordCounts())
@@ -323,13 +336,13 @@ class SpeedJob:
         """The offsets ``[start, end)`` per ``"topic/partition"`` that micro-batch ``batch_id`` of
         the main query reads, from its entry in the checkpoint's offset log (written before the
         batch runs; the Kafka source keeps the batch's start in it, see ``kafka_source.FROM``)."""
-        text = read_text(f"{self.checkpoints}/main/offsets/{batch_id}")
+        text = read_text(f"{self.main_dir}/offsets/{batch_id}")
         if text is None:
-            raise RuntimeError(f"no offset log entry for batch {batch_id} under {self.checkpoints}/main")
+            raise RuntimeError(f"no offset log entry for batch {batch_id} under {self.main_dir}")
         offset = json.loads(text.splitlines()[2])  # "v1", the batch's metadata, then the source's
         start, end = offset.get(FROM), positions(offset)
         if start is None:  # an entry written before FROM was kept: the previous entry's end
-            previous = read_text(f"{self.checkpoints}/main/offsets/{batch_id - 1}") if batch_id else None
+            previous = read_text(f"{self.main_dir}/offsets/{batch_id - 1}") if batch_id else None
             start = positions(json.loads(previous.splitlines()[2])) if previous else {}
         return {
             f"{topic}/{p}": [(int(start.get(topic, {}).get(p, 0)), int(until))]
@@ -352,15 +365,16 @@ class SpeedJob:
         kept = self.spark.sparkContext.getConf().get(IDLE_WORKERS_CONF)
         return PACKED_RECORDS if kept == "1" else 0
 
-    def records(self, source: str = "lambdalake_kafka") -> DataFrame:
+    def records(self, source: str = "lambdalake_kafka", *, starting: str | None = None) -> DataFrame:
         """The pipeline's topic as a stream of Kafka records (the Kafka source's columns), or what
-        ``source`` (a :func:`lambdalake.spark.kafka_source.transformed` one) makes of them."""
+        ``source`` (a :func:`lambdalake.spark.kafka_source.transformed` one) makes of them;
+        ``starting``: where a fresh checkpoint starts (default :meth:`starting_offsets`)."""
         reader = self.spark.readStream.format(source)
         for key, value in self.settings.kafka.client_config().items():
             reader = reader.option(f"kafka.{key}", str(value))
         return (
             reader.option("subscribe", self.pipeline.topic.name)
-            .option("startingOffsets", self.starting_offsets())
+            .option("startingOffsets", starting or self.starting_offsets())
             .option("maxOffsetsPerTrigger", str(self.options.max_offsets_per_trigger))
             .option("minRecordsPerTask", str(self.min_records_per_task))
             .option("failOnDataLoss", str(self.options.fail_on_data_loss).lower())
@@ -369,12 +383,12 @@ class SpeedJob:
             .load()
         )
 
-    def events(self) -> DataFrame:
+    def events(self, *, starting: str | None = None) -> DataFrame:
         """The topic as a stream of decoded events (with failures, see ``_error_rule``)."""
-        return decode(self.records(), self.spec)
+        return decode(self.records(starting=starting), self.spec)
 
-    def valid_events(self) -> DataFrame:
-        return self.events().filter(F.col("_error_rule").isNull()).drop(*ERROR_FIELDS)
+    def valid_events(self, *, starting: str | None = None) -> DataFrame:
+        return self.events(starting=starting).filter(F.col("_error_rule").isNull()).drop(*ERROR_FIELDS)
 
     def _windowed_inputs(self, view: WindowedView) -> list[str]:
         """What the windowed path reads of an event: identity, ingest time and the view's inputs."""
@@ -401,13 +415,67 @@ class SpeedJob:
         (a replay of old offsets) never collides with what an earlier run committed."""
         # Kept beside the checkpoint, on the same filesystem (an object store on clusters): a driver
         # restarted on another host must find it, or its replay would commit under a new app id.
-        uri = f"{self.checkpoints}/main/lambdalake-run-id"
+        uri = f"{self.main_dir}/lambdalake-run-id"
         existing = read_text(uri)
         if existing is not None:
             return existing.strip()
         run_id = uuid.uuid4().hex[:12]
         write_text(uri, run_id)
         return run_id
+
+    def _choose_main(self) -> None:
+        """The main query's checkpoint and the windowed view it aggregates (its stateful step).
+
+        A checkpoint keeps the view it started with: another would not match Spark's state. While
+        that view is deployed (active or building) it stays there, every other windowed view in a
+        query of its own. Once it is retired (a changed view's new version took over, or it was
+        removed), the main query moves to a new checkpoint folder without a windowed view, starting
+        where bronze has archived every offset: nothing is read twice or skipped. (``speed reset``
+        starts afresh, the first windowed view in the main query again.)
+        """
+        record_uri = f"{self.checkpoints}/{MAIN_FILE}"
+        record = json.loads(read_text(record_uri) or "null")
+        names = [v.name for v in self.windowed_views]
+        if record is None:  # a new pipeline, a reset one, or one that ran before this file existed
+            record = {"dir": "main", "primary": names[0] if names else None}
+        elif record["primary"] is not None and record["primary"] not in names:
+            generation = int(record.get("generation", 0)) + 1
+            archived = self._archived()
+            with offset_consumer(self.settings) as consumer:
+                lows = watermarks(consumer, self.pipeline.topic.name)
+            offsets = {str(p): max(archived.get(p, -1) + 1, low) for p, (low, _) in lows.items()}
+            log.info("the main query's view %s was retired: main query moves to checkpoint main-g%d at %s",
+                     record["primary"], generation, offsets)  # fmt: skip
+            record = {"dir": f"main-g{generation}", "primary": None, "generation": generation,
+                      "offsets": {self.pipeline.topic.name: offsets}}  # fmt: skip
+        write_text(record_uri, json.dumps(record))
+        self.main_dir = f"{self.checkpoints}/{record['dir']}"
+        self.primary = next((v for v in self.windowed_views if v.name == record["primary"]), None)
+        if record.get("offsets") and not _has_checkpoint(self.main_dir):
+            self._main_offsets = json.dumps(record["offsets"])
+
+    def _view_start(self, view: WindowedView) -> dict[str, Any] | None:
+        """Where the query of a windowed view added to a live pipeline starts (None: as the
+        others, from :meth:`starting_offsets`). Live means the main query has run; a view new to
+        it counts from the oldest open epoch (the build recomputes closed ones from bronze), and
+        reads one deduplication window before it, so repeats of earlier records are known."""
+        folder = f"{self.checkpoints}/{view.name}"
+        recorded = read_text(f"{folder}/{START_FILE}")
+        if recorded is not None:
+            return json.loads(recorded)
+        if _has_checkpoint(folder) or not _has_checkpoint(self.main_dir):
+            return None
+        layers = self.pipeline.layers
+        first_open = (int(time.time() * 1000) - layers.grace_seconds * 1000) // layers.epoch_ms
+        from_ms = first_open * layers.epoch_ms
+        topic = self.pipeline.topic.name
+        with offset_consumer(self.settings) as consumer:
+            offsets = offsets_at(consumer, topic, from_ms - layers.dedup_delay_seconds * 1000)
+        start = {"epoch": first_open, "from_ms": from_ms,
+                 "offsets": json.dumps({topic: {str(p): o for p, o in offsets.items()}})}  # fmt: skip
+        write_text(f"{folder}/{START_FILE}", json.dumps(start))
+        log.info("view %s starts at epoch %d (offsets %s)", view.name, first_open, start["offsets"])
+        return start
 
     def main_stream(self) -> DataFrame:
         """The main query's plan: the archive pass (decoding included), then the first windowed view."""
@@ -436,7 +504,7 @@ class SpeedJob:
             sink, from_arrow_schema(sink.output_schema), name=f"lambdalake_archive_{uuid.uuid4().hex}"
         )
         self.spark.dataSource.register(source)
-        archived = self.records(source.name())
+        archived = self.records(source.name(), starting=self._main_offsets)
         return self._windowed(archived, self.primary) if self.primary is not None else archived
 
     def _main_batch(self, df: DataFrame, batch_id: int) -> None:
@@ -472,6 +540,7 @@ class SpeedJob:
         self.master.check_layers(self.pipeline.layers, pipeline=self.pipeline.name)
         require_log_append_time(self.settings, self.pipeline)
         self.deploy()
+        self._choose_main()
         self.run_id = self._run_id()
         self.master.clear_staging(f"{self.run_id}-")
         self.compactor = _compactor(self.settings, self.master.path, staging_prefix=f"{self.run_id}-")
@@ -481,18 +550,26 @@ class SpeedJob:
         if self.primary is not None:
             main = main.outputMode("update")
         self.queries = [
-            main.option("checkpointLocation", f"{self.checkpoints}/main")
+            main.option("checkpointLocation", self.main_dir)
             .foreachBatch(self._main_batch).trigger(**trigger).start()
         ]  # fmt: skip
-        for view in self.windowed_views[1:]:
+        for view in self.windowed_views:
+            if view is self.primary:
+                continue
             table = speed_table_def(self.pipeline, view)
             cassandra = self.settings.cassandra
 
             def write(df: DataFrame, _batch_id: int, table: Any = table, cassandra: Any = cassandra) -> None:
                 upsert_view(df, table=table, cassandra=cassandra)
 
-            valid = self.valid_events()
+            start = self._view_start(view)
+            valid = self.valid_events(starting=start["offsets"] if start else None)
             first_deliveries = valid.mapInArrow(self._dedup(view.name), valid.schema)
+            if start is not None:
+                # Earlier records only teach the deduplication which identities it has seen.
+                first_deliveries = first_deliveries.filter(
+                    F.col(INGEST_TS) >= F.timestamp_millis(F.lit(start["from_ms"]))
+                )
             query = (
                 self._windowed(first_deliveries, view).writeStream.queryName(f"{name}-{view.name}")
                 .outputMode("update")

@@ -1,16 +1,20 @@
-"""The active batch version of a pipeline: the one metadata row the batch layer's publish switches
-and serving reads (both depend on this module, neither on the other)."""
+"""The active batch version of a pipeline and its view versions: the one metadata row the batch
+layer's publish and deploy's version switches change (lightweight transactions on that row) and
+serving reads (all depend on this module, none on another)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
 
-from lambdalake.cassandra.tables import BATCH_META
+from lambdalake.cassandra.tables import BATCH_META, create_keyspace, ensure_table
+from lambdalake.pipeline import Pipeline
+from lambdalake.settings import CassandraSettings
+from lambdalake.view_versions import Registry, deployed_pipeline
 
 
 @dataclass(frozen=True)
@@ -22,7 +26,7 @@ class ActiveBatch:
         horizon: The newest ingest epoch the version covers (epochs are ``ingest ms // epoch_ms``).
         epoch_ms: The epoch length the version was computed with.
         bronze_version: The master dataset's Delta version the run read.
-        views: Each view's Delta version that was published.
+        views: Each view's Delta version that was published (by internal name).
         published_at_ms: When the version became active (epoch ms; 0 if unknown).
     """
 
@@ -34,10 +38,21 @@ class ActiveBatch:
     published_at_ms: int = 0
 
 
-def active_batch(session: Session, keyspace: str, pipeline: str) -> ActiveBatch | None:
-    """The pipeline's active batch version (None before the first publish)."""
-    # QUORUM: the pointer is switched by a lightweight transaction whose commit is acknowledged by
-    # a quorum, so a quorum read sees the newest switch on a cluster with replication factor 3.
+@dataclass(frozen=True)
+class PipelineMeta:
+    """The metadata row as read: the active batch (None: none published), the view versions, and
+    what a lightweight transaction conditions on (``row_version`` None: no row yet)."""
+
+    batch: ActiveBatch | None
+    registry: Registry = field(default_factory=Registry)
+    row_version: int | None = None
+    views_text: str | None = None
+
+
+def read_meta(session: Session, keyspace: str, pipeline: str) -> PipelineMeta:
+    """The pipeline's metadata row (an empty one before the first deploy or publish)."""
+    # QUORUM: the row is switched by lightweight transactions whose commits are acknowledged by a
+    # quorum, so a quorum read sees the newest switch on a cluster with replication factor 3.
     query = SimpleStatement(
         f'SELECT * FROM "{keyspace}"."{BATCH_META.name}" WHERE pipeline = %s',
         consistency_level=ConsistencyLevel.QUORUM,
@@ -46,12 +61,56 @@ def active_batch(session: Session, keyspace: str, pipeline: str) -> ActiveBatch 
         row = session.execute(query, [pipeline]).one()
     except Exception as exc:  # no metadata table yet: nothing published
         if "unconfigured" in str(exc).lower() or "does not exist" in str(exc).lower():
-            return None
+            return PipelineMeta(None)
         raise
     if row is None:
-        return None
-    published = row.published_at
-    return ActiveBatch(
-        row.version, row.horizon, row.epoch_ms, row.bronze_version, json.loads(row.views),
-        int(published.timestamp() * 1000) if published is not None else 0,
-    )  # fmt: skip
+        return PipelineMeta(None)
+    text = getattr(row, "view_versions", None)
+    batch = None
+    if row.version:
+        published = row.published_at
+        batch = ActiveBatch(
+            row.version, row.horizon, row.epoch_ms, row.bronze_version, json.loads(row.views),
+            int(published.timestamp() * 1000) if published is not None else 0,
+        )  # fmt: skip
+    return PipelineMeta(batch, Registry.parse(text), row.version or 0, text)
+
+
+def active_batch(session: Session, keyspace: str, pipeline: str) -> ActiveBatch | None:
+    """The pipeline's active batch version (None before the first publish)."""
+    return read_meta(session, keyspace, pipeline).batch
+
+
+def lwt(cql: str) -> SimpleStatement:
+    return SimpleStatement(
+        cql,
+        consistency_level=ConsistencyLevel.QUORUM,
+        serial_consistency_level=ConsistencyLevel.SERIAL,
+    )
+
+
+def swap_registry(
+    session: Session, settings: CassandraSettings, pipeline: str, seen: PipelineMeta, new: Registry
+) -> bool:
+    """Write ``new`` if the row is still as ``seen`` (the batch version and the registry): False
+    when another writer changed it meanwhile (decide again on a fresh read)."""
+    create_keyspace(session, settings)
+    ensure_table(session, settings.keyspace, BATCH_META)
+    table = f'"{settings.keyspace}"."{BATCH_META.name}"'
+    if seen.row_version is None:
+        return session.execute(
+            lwt(f"INSERT INTO {table} (pipeline, version, view_versions) VALUES (%s, 0, %s) IF NOT EXISTS"),
+            [pipeline, new.to_text()],
+        ).was_applied
+    return session.execute(
+        lwt(
+            f"UPDATE {table} SET view_versions = %s WHERE pipeline = %s "
+            "IF version = %s AND view_versions = %s"
+        ),
+        [new.to_text(), pipeline, seen.row_version, seen.views_text],
+    ).was_applied
+
+
+def with_deployed_views(session: Session, keyspace: str, pipeline: Pipeline) -> Pipeline:
+    """``pipeline`` with the view versions its jobs compute (:func:`deployed_pipeline`)."""
+    return deployed_pipeline(pipeline, read_meta(session, keyspace, pipeline.name).registry)

@@ -135,13 +135,15 @@ def batch_table_def(pipeline: Pipeline, view: LatestView | WindowedView, version
     return TableDef(batch_table(pipeline, view, version), cols, speed.partition_key, (WINDOW_START,))
 
 
-#: One row per pipeline: the active batch version and its horizon. Publishing writes every row of a
-#: new version first, then this one row: the swap is a single-partition write, so atomic.
+#: One row per pipeline: the active batch version and its horizon, and the view versions
+#: (:mod:`lambdalake.view_versions`). Publishing writes every row of a new version first, then this
+#: one row: the swap is a single-partition write, so atomic. Version 0: no batch published yet.
 BATCH_META = TableDef(
     "lambdalake_batch",
     (
         ("pipeline", "text"), ("version", "bigint"), ("horizon", "bigint"), ("epoch_ms", "bigint"),
         ("bronze_version", "bigint"), ("views", "text"), ("published_at", "timestamp"),
+        ("view_versions", "text"),
     ),
     ("pipeline",),
 )  # fmt: skip

@@ -13,6 +13,7 @@ from rich.table import Table
 from lambdalake.cli.common import (
     PipelineArg,
     console,
+    deployed_pipeline_of,
     out,
     pipeline_of,
     timestamp_ms,
@@ -46,7 +47,7 @@ def batch_run(
     if horizon is not None and as_of is not None:
         raise LambdalakeError("give --horizon or --as-of, not both", fix="drop one of them")
     settings = get_settings()
-    p = pipeline_of(pipeline, settings)
+    p = deployed_pipeline_of(pipeline, settings)
     t0 = time.monotonic()
     with (
         writer_lease(settings, p.name, "batch run") if not dry_run else nullcontext(),
@@ -92,7 +93,7 @@ def batch_restore(
     from speed.replay import Replayer
 
     settings = get_settings()
-    p = pipeline_of(pipeline, settings)
+    p = deployed_pipeline_of(pipeline, settings)
     with writer_lease(settings, p.name, "batch restore"), console.status("restoring from the Delta views..."):
         spark = spark_session(settings, f"lambdalake-restore-{p.name}", workload="batch")
         replayer = Replayer(settings=settings, pipeline=p, spark=spark)
@@ -128,7 +129,8 @@ def batch_schedule(
         nonlocal spark
         with writer_lease(settings, p.name, "batch run"):
             spark = spark or spark_session(settings, "lambdalake-batch-schedule", workload="batch")
-            return BatchJob(settings=settings, pipeline=p, spark=spark).run().outcome
+            deployed = deployed_pipeline_of(p.name, settings)  # the view versions as of this run
+            return BatchJob(settings=settings, pipeline=deployed, spark=spark).run().outcome
 
     scheduler = Scheduler(settings=settings, pipelines=chosen, runner=run, first_run_now=once)
     if once:

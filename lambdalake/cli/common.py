@@ -41,6 +41,16 @@ def pipeline_of(name: str, settings: Settings) -> Pipeline:
     return configured_pipeline(name, settings)
 
 
+def deployed_pipeline_of(name: str, settings: Settings) -> Pipeline:
+    """The pipeline with the view versions its jobs compute (``lambdalake.view_versions``): the
+    active and building ones, which may differ from the file's while a changed view builds."""
+    from lambdalake.cassandra.active import with_deployed_views
+    from lambdalake.cassandra.session import connect
+
+    pipeline = pipeline_of(name, settings)
+    return with_deployed_views(connect(settings.cassandra), settings.cassandra.keyspace, pipeline)
+
+
 @contextmanager
 def writer_lease(settings: Settings, pipeline: str, role: Role, *, wait_s: float = 0.0) -> Iterator[Lease]:
     """Hold the pipeline's lease for ``role`` (:mod:`lambdalake.lease`) while the block runs; taken

@@ -193,15 +193,30 @@ def deploy(
     """Make the platform match the pipeline definitions, idempotently: topics and configs, schema
     versions (an incompatible one is refused before anything changes), Cassandra keyspace and view
     tables (adding new columns), the speed jobs as managed background processes (restarted when
-    their definition or settings changed) and the batch scheduler. A second run reports no changes."""
+    their definition or settings changed) and the batch scheduler. A view changed or added on a live
+    pipeline is built beside the one serving answers, then switched to at once (its progress shown).
+    A second run reports no changes."""
     from infra.deploy import Deployer
 
     settings = get_settings()
     names = [*(pipelines or []), *(pipeline or [])] or list_pipelines(settings.pipelines_dir)
     chosen = [pipeline_of(name, settings) for name in dict.fromkeys(names)]  # all valid before any change
-    with console.status("deploying..."):
-        changes = Deployer(settings=settings, apply_topic_configs=apply, start_jobs=jobs).deploy(chosen)
+    deployer = Deployer(settings=settings, apply_topic_configs=apply, start_jobs=jobs)
+    with console.status("deploying...") as shown:
+        changes = deployer.deploy(chosen)
+        if jobs:  # a view version is built while the jobs run it
+            from lambdalake.cli.views import build_views
+
+            for p in chosen:
+
+                def progress(step: str, name: str = p.name) -> None:
+                    shown.update(f"building views of {name}: {step}")
+                    console.log(f"{name}: {step}")
+
+                changes += build_views(settings, p, deployer, progress)
     _print_changes(changes)
+    if not jobs and any(c.what.startswith("view ") and "building" in c.detail for c in changes):
+        out.print("[yellow]view versions to build[/]: they are built by `lambdalake deploy` with the jobs")
 
 
 @app.command()
@@ -256,10 +271,15 @@ def print_pipeline_statuses(statuses: list[dict[str, Any]]) -> None:
         out.print(f"  stream lag (records not archived yet): {lags}")
         if s["dlq_records"] is not None:
             out.print(f"  dead-letter records: {s['dlq_records']:,}")
-        table = Table("speed view", "query", "last micro-batch", "ago", "lag then")
+        table = Table("speed view", "version", "query", "last micro-batch", "ago", "lag then")
         for v in s["views"]:
             ago = f"{v['seconds_since']:.0f}s" if v["seconds_since"] is not None else "-"
-            table.add_row(v["view"], v["query"], v["last_batch_at"] or "never", ago, cell_text(v["lag"]))
+            versions = s.get("view_versions", {}).get(v["view"], {})
+            shown = f"v{versions['active']}" if versions.get("active") else "-"
+            if versions.get("building"):
+                shown += f" (v{versions['building']} building)"
+            at = v["last_batch_at"] or "never"
+            table.add_row(v["view"], shown, v["query"], at, ago, cell_text(v["lag"]))
         out.print(table)
         if s["batch_version"] is None:
             out.print("  batch: none published yet (answers come from the speed layer alone)")

@@ -11,8 +11,8 @@ from lambdalake.cli.common import (
     DryRun,
     PipelineArg,
     console,
+    deployed_pipeline_of,
     out,
-    pipeline_of,
     timestamp_ms,
     writer_lease,
 )
@@ -53,7 +53,7 @@ def replay(
     from speed.replay import Replayer, plan_replay
 
     settings = get_settings()
-    p = pipeline_of(pipeline, settings)
+    p = deployed_pipeline_of(pipeline, settings)
     with console.status("planning the replay..."):
         plan = plan_replay(
             settings, p,

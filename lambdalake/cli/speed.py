@@ -13,6 +13,7 @@ from lambdalake.cli.common import (
     LogLevel,
     PipelineArg,
     console,
+    deployed_pipeline_of,
     out,
     pipeline_of,
     writer_lease,
@@ -77,7 +78,7 @@ def speed_run(
         broker_wait_s=broker_wait,
         fail_on_data_loss=fail_on_data_loss,
     )
-    p = pipeline_of(pipeline, settings)
+    p = deployed_pipeline_of(pipeline, settings)
     with writer_lease(settings, p.name, "speed job", wait_s=lease_wait) as lease:
         job = SpeedJob(settings=settings, pipeline=p, options=options)
         if not once:
@@ -189,7 +190,7 @@ def speed_reset(
     from speed.reset import reset_speed
 
     settings = get_settings()
-    p = pipeline_of(pipeline, settings)
+    p = deployed_pipeline_of(pipeline, settings)
     _refuse_running_job(settings, p.name, "a reset")
     if not yes:
         typer.confirm(f"truncate the speed tables of {p.name} and delete its checkpoints?", abort=True)

@@ -1,0 +1,246 @@
+"""Building the view versions ``deploy`` recorded (:mod:`lambdalake.view_versions`), switching serving
+to them, and dropping what the versions they replaced leave behind.
+
+A building version is computed beside the active one, as the layers compute every view:
+
+1. open epochs by the speed job (deploy restarted it with the version): a windowed version's
+   query of its own starts at the oldest epoch open then (``speed.job.START_FILE``); a ``latest``
+   version is upserted by the main query from its restart on;
+2. closed epochs after the active batch's horizon recomputed from bronze as ``replay`` does (for a
+   ``latest`` version, every epoch after the horizon: its upserts are ranked, so they commute
+   with the job's);
+3. epochs up to a new horizon by a batch run of every deployed version, published as usual.
+
+Then one lightweight transaction on the metadata row makes it active, conditioned on the active
+batch holding it, so serving moves from the old version to the new one between two reads, never
+to a mix. The speed job is restarted without the old version, whose tables, Delta view and
+checkpoint are then dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+
+from pyspark.sql import SparkSession
+
+from infra.deploy import Change, Deployer
+from lambdalake.cassandra.active import read_meta, swap_registry, with_deployed_views
+from lambdalake.cassandra.session import connect
+from lambdalake.cli.common import writer_lease
+from lambdalake.errors import ConfigurationError, LambdalakeError
+from lambdalake.pipeline import Pipeline, WindowedView
+from lambdalake.settings import Settings
+from lambdalake.storage import delete_folder, read_text
+from lambdalake.view_versions import Registry, ViewVersion
+
+Progress = Callable[[str], None]
+
+#: How long the build waits for the speed job to start a version's query, and for bronze.
+WAIT_S = 300.0
+
+
+def build_views(
+    settings: Settings, pipeline: Pipeline, deployer: Deployer, progress: Progress
+) -> list[Change]:
+    """Build every building version of ``pipeline``'s views and switch serving to them; then drop
+    the retired versions. Needs the speed job running with the building versions (deploy started it).
+    """
+    session = connect(settings.cassandra)
+    keyspace = settings.cassandra.keyspace
+    building = read_meta(session, keyspace, pipeline.name).registry.building()
+    changes: list[Change] = []
+    if building:
+        from lambdalake.spark.session import spark_session
+
+        with writer_lease(settings, pipeline.name, "view build"):
+            spark = spark_session(settings, f"lambdalake-build-{pipeline.name}", workload="batch")
+            try:
+                for version in building:
+                    cells = _recompute(settings, pipeline, version, spark, progress)
+                    detail = f"v{version.version}: {cells:,} speed cells from bronze"
+                    changes.append(Change(f"view {pipeline.name}.{version.view}", "updated", detail))
+                switched = _batch_and_switch(settings, pipeline, building, spark, progress)
+            finally:
+                spark.stop()
+        for version in switched:
+            changes.append(Change(f"view {pipeline.name}.{version.view}", "updated",
+                                  f"v{version.version} active (serving switched)"))  # fmt: skip
+        progress("restarting the speed job without the versions replaced")
+        changes.append(deployer._speed_job(with_deployed_views(session, keyspace, pipeline)))
+    changes += drop_retired(settings, pipeline, progress)
+    return changes
+
+
+def _recompute(
+    settings: Settings, pipeline: Pipeline, version: ViewVersion, spark: SparkSession, progress: Progress
+) -> int:
+    """Step 2: the closed epochs after the horizon the speed job's query does not count."""
+    from lambdalake.master import MasterDataset
+    from lambdalake.master_files import table_path
+    from lambdalake.spark.views import INGEST_EPOCH
+    from speed.job import MAIN_FILE, START_FILE, checkpoints_path
+    from speed.replay import Replayer
+
+    folder = f"{checkpoints_path(settings.storage_root, pipeline.name)}/{version.name}"
+    first_open = None
+    if isinstance(version.definition, WindowedView):
+        progress(f"{version.name}: waiting for the speed job's query")
+        main_file = f"{checkpoints_path(settings.storage_root, pipeline.name)}/{MAIN_FILE}"
+
+        def started() -> str | None:
+            if (recorded := read_text(f"{folder}/{START_FILE}")) is not None:
+                return recorded
+            in_main = json.loads(read_text(main_file) or "{}").get("primary") == version.name
+            return "{}" if in_main or read_text(f"{folder}/metadata") is not None else None
+
+        start = _wait(started, f"the speed job of {pipeline.name!r} to start the query of {version.name}")
+        if "from_ms" not in start:  # started with the job's other queries (after a reset): all counted
+            return 0
+        started = json.loads(start)
+        first_open = int(started["epoch"])
+        bronze = MasterDataset(
+            table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
+        )
+        needed = _offsets_at(settings, pipeline, first_open * pipeline.layers.epoch_ms)
+        progress(f"{version.name}: waiting for bronze to archive every epoch before {first_open}")
+
+        def archived() -> str | None:
+            read = bronze.read_progress(list(needed))
+            return "yes" if all(read.get(p, -1) >= o - 1 for p, o in needed.items()) else None
+
+        _wait(archived, f"bronze of {pipeline.name!r} to archive every record before epoch {first_open}")
+    horizon = read_meta(connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name).batch
+    replayer = Replayer(
+        settings=settings, pipeline=pipeline.model_copy(update={"views": [version.definition]}), spark=spark
+    )
+    files = replayer.bronze.file_uris()
+    if not files:
+        return 0
+    epochs = spark.read.parquet(*files).select(INGEST_EPOCH).distinct()
+    if horizon is not None:
+        epochs = epochs.filter(epochs[INGEST_EPOCH] > horizon.horizon)
+    if first_open is not None:
+        epochs = epochs.filter(epochs[INGEST_EPOCH] < first_open)
+    wanted = sorted(r[0] for r in epochs.collect())
+    if not wanted:
+        return 0
+    progress(f"{version.name}: recomputing {len(wanted)} closed epochs from bronze")
+    return sum(replayer.recompute(wanted).values())
+
+
+def _batch_and_switch(
+    settings: Settings,
+    pipeline: Pipeline,
+    building: list[ViewVersion],
+    spark: SparkSession,
+    progress: Progress,
+) -> list[ViewVersion]:
+    """Step 3 and the switch: a batch of every deployed version, then the versions made active in
+    one conditional write naming the batch that holds them. Returns the versions switched."""
+    from batch.job import BatchJob
+
+    session = connect(settings.cassandra)
+    keyspace = settings.cassandra.keyspace
+    for _attempt in range(3):
+        deployed = with_deployed_views(session, keyspace, pipeline)
+        progress("running the batch with the new versions")
+        try:
+            with writer_lease(settings, pipeline.name, "batch run", wait_s=WAIT_S):
+                BatchJob(settings=settings, pipeline=deployed, spark=spark).run(progress=progress)
+        except ConfigurationError:
+            if read_meta(session, keyspace, pipeline.name).batch is not None:
+                raise
+            # No batch is active (none could run yet): the speed rows hold every epoch.
+        switched = _switch(settings, pipeline.name, {v.name for v in building})
+        if switched is not None:
+            return switched
+        progress("a batch without the new versions was published meanwhile; running the batch again")
+    raise LambdalakeError(
+        f"the views of {pipeline.name!r} were not switched: every batch published meanwhile lacked them",
+        fix=f"run `lambdalake deploy --pipeline {pipeline.name}` again: it resumes the build",
+    )
+
+
+def _switch(settings: Settings, pipeline: str, names: set[str]) -> list[ViewVersion] | None:
+    """Make the building versions ``names`` active, if the active batch holds them (None if not)."""
+    session = connect(settings.cassandra)
+    while True:
+        meta = read_meta(session, settings.cassandra.keyspace, pipeline)
+        new = Registry.parse(meta.views_text)
+        switched = []
+        for state in new.views.values():
+            if state.building is None or state.building.name not in names:
+                continue  # replaced by a later deploy meanwhile: that deploy builds it
+            if meta.batch is not None and state.building.name not in meta.batch.views:
+                return None
+            if state.active is not None:
+                new.retired.append(state.active.name)
+            state.active, state.building = state.building, None
+            switched.append(state.active)
+        if not switched or swap_registry(session, settings.cassandra, pipeline, meta, new):
+            return switched
+
+
+def drop_retired(settings: Settings, pipeline: Pipeline, progress: Progress) -> list[Change]:
+    """Drop the tables, Delta views and checkpoints of retired versions (the jobs no longer run
+    them), and the main query's checkpoints that a move left behind."""
+    from batch.job import views_path
+    from speed.job import MAIN_FILE, checkpoints_path
+
+    session = connect(settings.cassandra)
+    keyspace = settings.cassandra.keyspace
+    checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
+    changes = []
+    main = json.loads(read_text(f"{checkpoints}/{MAIN_FILE}") or "null")
+    if main is not None and main["dir"] != "main":
+        for generation in range(int(main.get("generation", 0))):
+            old = "main" if generation == 0 else f"main-g{generation}"
+            if delete_folder(f"{checkpoints}/{old}"):
+                changes.append(Change(f"checkpoint {pipeline.name}/{old}", "removed", "the main query moved"))
+    meta = read_meta(session, keyspace, pipeline.name)
+    retired = [n for n in meta.registry.retired if n not in {v.name for v in meta.registry.deployed()}]
+    if not retired:
+        return changes
+    session.cluster.refresh_schema_metadata()
+    tables = set(session.cluster.metadata.keyspaces[keyspace].tables)
+    for name in retired:
+        progress(f"dropping version {name}")
+        pattern = re.compile(rf"^{re.escape(pipeline.name)}__{re.escape(name)}__(speed|b\d+)$")
+        for table in sorted(t for t in tables if pattern.match(t)):
+            session.execute(f'DROP TABLE IF EXISTS "{keyspace}"."{table}"', timeout=120)
+        delete_folder(f"{checkpoints}/{name}")
+        delete_folder(views_path(settings.storage_root, pipeline.name, name))
+        changes.append(
+            Change(f"view version {pipeline.name}.{name}", "removed", "tables, Delta view, checkpoint")
+        )
+    while True:
+        meta = read_meta(session, keyspace, pipeline.name)
+        new = Registry.parse(meta.views_text)
+        new.retired = [n for n in new.retired if n not in retired]
+        if swap_registry(session, settings.cassandra, pipeline.name, meta, new):
+            return changes
+
+
+def _offsets_at(settings: Settings, pipeline: Pipeline, ms: int) -> dict[str, int]:
+    from lambdalake.kafka.offsets import offset_consumer, offsets_at
+
+    topic = pipeline.topic.name
+    with offset_consumer(settings) as consumer:
+        return {f"{topic}/{p}": o for p, o in offsets_at(consumer, topic, ms).items()}
+
+
+def _wait(check: Callable[[], str | None], what: str) -> str:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        found = check()
+        if found is not None:
+            return found
+        if time.monotonic() > deadline:
+            raise LambdalakeError(
+                f"gave up waiting {WAIT_S:.0f} s for {what}",
+                fix="check `lambdalake status` and the speed job's log; `lambdalake deploy` again resumes",
+            )
+        time.sleep(1.0)

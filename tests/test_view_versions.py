@@ -1,0 +1,304 @@
+"""Views that change on a live pipeline (``lambdalake.view_versions``): a changed view is a new version
+built beside the one serving answers, then switched to at once; a view added to a running pipeline is
+built from bronze; a removed one leaves serving. Planning is checked alone; the whole path with the
+deployed jobs, against a plain-Python reference of the records read back by confluent's client."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lambdalake.cassandra.active import read_meta
+from lambdalake.cassandra.session import connect
+from lambdalake.pipeline import Pipeline, configured_pipeline
+from lambdalake.produce.producer import EventProducer
+from lambdalake.settings import PROJECT_ROOT, Settings
+from lambdalake.view_versions import Registry, deployed_pipeline, plan
+from serving import ServingClient
+from tests.conftest import env_for, isolated, run_cli
+from tests.user_pipeline import SCHEMA_V1, payments, read_back, reference, write_pipeline
+
+# --- planning, alone ------------------------------------------------------------------------
+
+
+def _pipelines(tmp_path: Path, base: Settings) -> tuple[Pipeline, Pipeline]:
+    """The payments pipeline as first written, and with its windowed view changed and a view added."""
+    first = write_pipeline(base, tmp_path / "a", "payments-plan", [SCHEMA_V1])
+    second = write_pipeline(base, tmp_path / "b", "payments-plan", [SCHEMA_V1])
+    changed_file(second)
+    return configured_pipeline("payments", first), configured_pipeline("payments", second)
+
+
+CHANGED_VIEW = """[[views]]
+name = "account_region_5m"
+kind = "windowed"
+key = ["account_id", "region"]
+window = "1 minute"
+aggregates = [
+  { name = "payments", fn = "count" },
+  { name = "total", fn = "sum", column = "amount" },
+  { name = "largest", fn = "max", column = "amount" },
+]
+
+[[views]]
+name = "region_status_1m"
+kind = "windowed"
+key = ["region", "status"]
+window = "1 minute"
+aggregates = [
+  { name = "payments", fn = "count" },
+  { name = "total", fn = "sum", column = "amount" },
+]
+"""
+
+
+def changed_file(settings: Settings) -> None:
+    """Rewrite the pipeline file: the windowed view gets 1-minute windows and fewer aggregates (a
+    changed definition); a view keyed by region and status is added."""
+    path = settings.pipelines_dir / "payments.toml"
+    text = path.read_text()
+    path.write_text(text[: text.rindex("[[views]]")] + CHANGED_VIEW)
+
+
+def test_deploy_plans_versions_for_changed_added_and_removed_views(
+    settings: Settings, tmp_path: Path
+) -> None:
+    old, new = _pipelines(tmp_path, settings)
+    registry, changes = plan(old, Registry(), live=False)
+    assert {(c.view, c.kind, c.version) for c in changes} == {
+        ("payment_latest", "registered", 1), ("account_region_5m", "registered", 1)
+    }  # fmt: skip
+    assert plan(old, registry, live=True)[1] == []  # the same definitions: nothing to do
+
+    changed, changes = plan(new, Registry.parse(registry.to_text()), live=True)
+    kinds = {c.view: (c.kind, c.version, c.detail) for c in changes}
+    assert kinds == {
+        "account_region_5m": ("changed", 2, "building"),
+        "region_status_1m": ("added", 1, "building"),
+    }
+    assert changed.active("account_region_5m").name == "account_region_5m"  # still serving v1
+    jobs = deployed_pipeline(new, changed)
+    assert [v.name for v in jobs.views] == [
+        "payment_latest", "account_region_5m", "account_region_5m__v2", "region_status_1m"
+    ]  # fmt: skip
+    assert jobs.views[2].window == "1 minute" and jobs.views[1].window == "5 minutes"
+
+    # Taken back before the build finished: the build is dropped, v1 stays.
+    reverted, changes = plan(old, changed, live=True)
+    assert {(c.view, c.kind) for c in changes} == {
+        ("account_region_5m", "reverted"),
+        ("region_status_1m", "removed"),
+    }
+    assert set(reverted.retired) == {"account_region_5m__v2", "region_status_1m"}
+    # ...and changed again later: a new number, never a name used before.
+    again, _ = plan(new, reverted, live=True)
+    assert again.views["account_region_5m"].building.name == "account_region_5m__v3"
+    assert again.views["region_status_1m"].building.name == "region_status_1m__v2"
+
+    # A view added before the pipeline has data is active at once (nothing to build it from).
+    quiet, changes = plan(new, registry, live=False)
+    assert quiet.active("region_status_1m") is not None and quiet.views["account_region_5m"].building
+
+
+# --- the whole path -------------------------------------------------------------------------
+
+
+def firsts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first copy of each identity by (ingest time, partition, offset)."""
+    seen: dict[tuple, dict] = {}
+    for r in sorted(records, key=lambda r: (r["_ts"], r["_partition"], r["_offset"])):
+        seen.setdefault((r["payment_id"], r["attempt"]), r)
+    return list(seen.values())
+
+
+def windows(records: list[dict[str, Any]], key: tuple[str, ...], window_ms: int) -> dict[tuple, dict]:
+    """count, sum and max of the amount per key and window (a plain-Python reference)."""
+    cells: dict[tuple, list[Decimal]] = defaultdict(list)
+    for r in firsts(records):
+        cells[(*[r[k] for k in key], r["paid_at"] // window_ms * window_ms)].append(r["amount"])
+    return {
+        cell: {"payments": len(a), "total": sum(a, Decimal(0)), "largest": max(a)}
+        for cell, a in cells.items()
+    }
+
+
+def served_problems(
+    settings: Settings, view: str, key: tuple[str, ...], window_ms: int, names: tuple
+) -> list:
+    """How serving's merged answers of ``view`` differ from the reference of every record sent."""
+    want = windows(read_back(settings, settings_topic(settings)), key, window_ms)
+    client = ServingClient(settings=settings, meta_ttl_s=0)
+    problems = []
+    for k in sorted({cell[:-1] for cell in want}):
+        answer = client.query("payments", view, list(k))
+        got = {(*k, round(w.window_start.timestamp() * 1000)): w.values for w in answer.windows}
+        expected = {c: row for c, row in want.items() if c[:-1] == k}
+        if set(got) != set(expected):
+            problems.append(f"{k}: windows {sorted(got)[:3]}... != {sorted(expected)[:3]}...")
+            continue
+        for cell, row in expected.items():
+            for name in names:
+                if got[cell][name] != row[name]:
+                    problems.append(f"{cell} {name}: want {row[name]!r}, got {got[cell][name]!r}")
+    return problems
+
+
+def settings_topic(settings: Settings) -> str:
+    return configured_pipeline("payments", settings).topic.name
+
+
+def eventually(check, timeout: float = 180.0) -> list:
+    deadline = time.monotonic() + timeout
+    while True:
+        problems = check()
+        if not problems or time.monotonic() > deadline:
+            return problems
+        time.sleep(3)
+
+
+def send(producer: EventProducer, records: list[dict[str, Any]]) -> None:
+    outcome = producer.send_batch(records)
+    assert not outcome.refused, outcome.refused[:3]
+    assert producer.flush().unacknowledged == 0
+
+
+OLD = ("payments", "total", "smallest", "largest", "mean")
+NEW = ("payments", "total", "largest")
+
+
+@pytest.mark.services
+@pytest.mark.slow
+def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched(
+    services: Settings, tmp_path: Path
+) -> None:
+    """Deployed with its jobs; events archived and a batch published; then the windowed view changes
+    (1-minute windows, other aggregates) and a view is added while a producer keeps sending. Serving
+    answers the old version until deploy has built the new one (batch from bronze, closed epochs
+    recomputed, open ones by the job) and then the new one only; both equal the reference, before and
+    after another batch; the old version's tables and checkpoint are gone and `status` shows v2."""
+    unique = os.urandom(4).hex()
+    base = isolated(services, tmp_path, unique).model_copy(
+        update={
+            "state_dir": tmp_path / "state",
+            "serving": services.serving.model_copy(update={"port": 18482}),
+        }
+    )
+    settings = write_pipeline(base, tmp_path / "files", f"payments-{unique}", [SCHEMA_V1])
+    # The producer below sends more during the build than the row-count check lets a view grow by.
+    (settings.pipelines_dir / "payments.expectations.json").write_text('{"row_count_tolerance": 100}')
+    pipeline = configured_pipeline("payments", settings)
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    try:
+        deployed = run_cli(settings, "deploy", "payments")
+        assert deployed.returncode == 0, (deployed.stdout + deployed.stderr).decode()[-3000:]
+        wave = payments(1200, seed=21)
+        send(producer, wave + random.Random(22).sample(wave, 50))
+        five = 5 * 60_000
+        assert (
+            eventually(
+                lambda: served_problems(settings, "account_region_5m", ("account_id", "region"), five, NEW)
+            )
+            == []
+        )
+        time.sleep(pipeline.layers.epoch_seconds + 2)
+        batch = run_cli(settings, "batch", "run", "payments")
+        assert batch.returncode == 0, (batch.stdout + batch.stderr).decode()[-3000:]
+
+        # The change, deployed while a producer sends; serving is read all along.
+        changed_file(settings)
+        stop = threading.Event()
+        seen: list[tuple[str, ...]] = []
+        errors: list[str] = []
+
+        def keep_sending() -> None:
+            sender = EventProducer(settings=settings, pipeline=pipeline)
+            i = 0
+            while not stop.is_set():
+                send(sender, payments(40, seed=100 + i, start=100_000 + 40 * i))
+                i += 1
+                stop.wait(0.5)
+
+        def keep_reading() -> None:
+            client = ServingClient(settings=settings, meta_ttl_s=0)
+            while not stop.is_set():
+                try:
+                    answer = client.query("payments", "account_region_5m", ["acct-01", "eu"])
+                except Exception as exc:  # every answer must be whole, during the switch too
+                    errors.append(repr(exc))
+                else:
+                    seen.extend(tuple(w.values) for w in answer.windows)
+                stop.wait(0.2)
+
+        threads = [threading.Thread(target=keep_sending), threading.Thread(target=keep_reading)]
+        for t in threads:
+            t.start()
+        try:
+            redeploy = subprocess.run(
+                [sys.executable, "-m", "lambdalake", "deploy", "payments"], env=env_for(settings),
+                capture_output=True, timeout=900, cwd=PROJECT_ROOT,
+            )  # fmt: skip
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        output = (redeploy.stdout + redeploy.stderr).decode()
+        assert redeploy.returncode == 0, output[-4000:]
+        assert errors == [], errors[:3]
+        assert "v2 active (serving switched)" in output and "region_status_1m" in output, output[-4000:]
+        # Every answer came whole from one version: the old aggregates, then the new ones.
+        # (an old answer also carries avg's parts, mean_sum and mean_count)
+        shapes = ["old" if set(OLD) <= set(s) else "new" if set(s) == set(NEW) else str(s) for s in seen]
+        assert set(shapes) == {"old", "new"}, set(shapes)
+        switched = shapes.index("new")
+        assert all(s == "new" for s in shapes[switched:]), "serving went back to the old version"
+
+        send(producer, payments(500, seed=23, start=200_000))
+        minute = 60_000
+        new_view = ("account_region_5m", ("account_id", "region"), minute, NEW)
+        added = ("region_status_1m", ("region", "status"), minute, ("payments", "total"))
+        for args in (new_view, added):
+            assert eventually(lambda args=args: served_problems(settings, *args)) == [], args[0]
+
+        # The latest view (unchanged) kept up through both restarts and the main query's move.
+        latest = reference(read_back(settings, pipeline.topic.name))[1]
+        client = ServingClient(settings=settings, meta_ttl_s=0)
+        for payment_id in random.Random(5).sample(sorted(latest), 150):
+            got = client.query("payments", "payment_latest", payment_id).latest
+            assert got is not None and got.values["amount"] == latest[payment_id]["amount"], payment_id
+            assert got.values["attempt"] == latest[payment_id]["attempt"], payment_id
+
+        session = connect(settings.cassandra)
+        session.cluster.refresh_schema_metadata()
+        tables = set(session.cluster.metadata.keyspaces[settings.cassandra.keyspace].tables)
+        assert "payments__account_region_5m__v2__speed" in tables
+        assert not any(t.startswith("payments__account_region_5m__") and "__v2" not in t for t in tables), (
+            tables
+        )
+        checkpoints = Path(settings.storage_root) / "checkpoints" / "payments"
+        assert (
+            not (checkpoints / "account_region_5m").exists() and (checkpoints / "region_status_1m").exists()
+        )
+        registry = read_meta(session, settings.cassandra.keyspace, "payments").registry
+        assert registry.active("account_region_5m").version == 2 and not registry.building()
+        assert registry.retired == []
+        status = run_cli(settings, "status")
+        assert "v2" in status.stdout.decode(), status.stdout.decode()
+
+        # The next batch and a replay keep the new versions exact.
+        time.sleep(pipeline.layers.epoch_seconds + 2)
+        batch = run_cli(settings, "batch", "run", "payments")
+        assert batch.returncode == 0, (batch.stdout + batch.stderr).decode()[-3000:]
+        for args in (new_view, added):
+            assert served_problems(settings, *args) == [], args[0]
+    finally:
+        run_cli(settings, "undeploy")
