@@ -5,15 +5,23 @@ does. The event's key, time and identity partition the topic, window the views a
 every layer: a value of another type would not be the same key, window or identity as before. A
 column a view stores keeps its Cassandra type for the table's life (Cassandra changes no column
 type in place), so a change that gives it another one (``int`` to ``long``, ``float`` to
-``double``, ``string`` to ``bytes``) cannot reach the stored view either. Everything else the
-registry accepts (a field added or removed with a default, an enum symbol or union branch added, a
-promotion of a field no view stores) the layers take as it comes.
+``double``, ``string`` to ``bytes``) cannot reach the stored view either. Bronze's Parquet files
+keep the type each was written with, and Spark's Parquet reader widens only ``int`` to ``long`` or
+``double``, ``float`` to ``double``, ``string`` to ``bytes`` and back, and a decimal to more digits
+at the same scale (measured: ``int`` to
+``float`` and ``long`` to ``float``/``double`` fail the read): any other change of a field's column
+type (those promotions, a union branch added, which makes the column a struct of members) would
+leave files the batch cannot read. Everything else the registry accepts (a field added or removed
+with a default, an enum symbol added, the widenings above of a field no view stores) the layers
+take as it comes.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+import pyarrow as pa
 
 from lambdalake.cassandra.tables import speed_table_def
 from lambdalake.errors import ConfigurationError
@@ -37,6 +45,14 @@ def unappliable_changes(pipeline: Pipeline, deployed: dict[str, Any]) -> list[st
             )
     old_types = {f.name: f.type for f in event_schema(deployed)}
     new_types = {f.name: f.type for f in event_schema(pipeline.reader_schema)}
+    for name, new in new_types.items():
+        old = old_types.get(name)
+        if old is not None and not old.equals(new) and not _reads_as(old, new):
+            problems.append(
+                f"field {name!r} changes its column type from {old} to {new}: bronze's files hold it "
+                "as before, and Spark's Parquet reader widens only int to long or double, float to "
+                "double, string to bytes and back, and a decimal to more digits at the same scale"
+            )
     for view in pipeline.views:
         stored = dict(speed_table_def(pipeline, view, types={**new_types, **old_types}).columns)
         for column, cql in speed_table_def(pipeline, view).columns:
@@ -48,6 +64,28 @@ def unappliable_changes(pipeline: Pipeline, deployed: dict[str, Any]) -> list[st
     return problems
 
 
+#: Column type changes Spark's Parquet reader makes when it reads a file of the first type as the second.
+_READ_WIDENS = {
+    ("int32", "int64"), ("int32", "float64"), ("float32", "float64"),
+    ("string", "binary"), ("binary", "string"),
+}  # fmt: skip
+
+
+def _reads_as(old: pa.DataType, new: pa.DataType) -> bool:
+    """Whether Spark reads a Parquet column written as ``old`` as ``new`` with the same values (a
+    decimal of more digits at the same scale too: Avro reads its unscaled integer at the new scale)."""
+    if pa.types.is_decimal(old) and pa.types.is_decimal(new):
+        return new.scale == old.scale and new.precision >= old.precision
+    return (_kind(old), _kind(new)) in _READ_WIDENS
+
+
+def _kind(t: pa.DataType) -> str:
+    for kind in ("int32", "int64", "float32", "float64", "string", "binary"):
+        if t.equals(pa.type_for_alias(kind)):
+            return kind
+    return str(t)
+
+
 def require_appliable(pipeline: Pipeline, deployed: dict[str, Any]) -> None:
     """Raise naming every change the layers cannot apply, and the ways forward."""
     problems = unappliable_changes(pipeline, deployed)
@@ -55,10 +93,11 @@ def require_appliable(pipeline: Pipeline, deployed: dict[str, Any]) -> None:
         raise ConfigurationError(
             f"pipeline {pipeline.name!r}: schema {pipeline.schema_.versions[-1]} changes what the layers "
             f"hold: {'; '.join(problems)}. Nothing was deployed.",
-            fix="keep those types; for another key, time or identity write a new pipeline (its own name "
-            "and topic) and backfill it with `lambdalake replay`; for a stored column of another type, "
-            "give the view a new name (its tables are made anew; `lambdalake batch run` fills them "
-            "from bronze) or keep that field out of it",
+            fix="keep those types (or add a field of the new type beside the old one); for another key, "
+            "time or identity write a new pipeline (its own name and topic) and backfill it with "
+            "`lambdalake replay`; for a stored column of another type, "
+            "give the view a new name (a view added: deploy builds it from bronze) or keep that "
+            "field out of it",
         )
 
 

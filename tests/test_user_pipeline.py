@@ -244,6 +244,26 @@ def test_changes_the_layers_cannot_apply_are_named(tmp_path: Path) -> None:
     wider = {**AMOUNT, "precision": 14}  # the stored decimal column stays `decimal`
     assert problems(changed(SCHEMA_V1, "amount", wider)) == []
 
+    # Fields no view stores: bronze's Parquet files must still read as the new type.
+    extra = [{"name": "hits", "type": "int"}, {"name": "total", "type": "long"},
+             {"name": "rate", "type": "float"}, {"name": "ref", "type": "string"}]  # fmt: skip
+    before = {**SCHEMA_V1, "fields": [*SCHEMA_V1["fields"], *extra]}
+    keep = ["account_id", "region", "amount", "attempt"]
+
+    def bronze_problems(field: str, avro_type: Any) -> list[str]:
+        root = tmp_path / os.urandom(3).hex()
+        new = changed(before, field, avro_type)
+        settings = write_pipeline(Settings(), root, "p", [new], latest_columns=keep)
+        return unappliable_changes(configured_pipeline("payments", settings), before)
+
+    for field, wider_type in (("hits", "long"), ("hits", "double"), ("rate", "double"), ("ref", "bytes")):
+        assert bronze_problems(field, wider_type) == [], (field, wider_type)
+    for field, avro_type in (("hits", "float"), ("total", "double"), ("total", "float")):
+        found = bronze_problems(field, avro_type)
+        assert any(f"field {field!r} changes its column type" in p for p in found), found
+    branch = bronze_problems("ref", ["string", "long"])  # a union branch added: a struct of members
+    assert any("field 'ref' changes its column type from string to struct" in p for p in branch), branch
+
 
 def test_deploy_refuses_a_change_the_layers_cannot_apply_before_anything_changes(
     services: Settings, tmp_path: Path
@@ -297,45 +317,79 @@ def test_produce_generate_works_for_a_pipeline_of_ones_own(services: Settings, t
     assert all(isinstance(r["source"], str) and r["source"] for r in records)  # v2's field, generated
 
 
-def test_a_promoted_field_and_a_removed_one_on_a_live_pipeline(
+def test_promoted_fields_an_enum_symbol_and_a_removed_field_on_a_live_pipeline(
     services: Settings, spark, tmp_path: Path
 ) -> None:
-    """v2 promotes ``score`` from int to long (summed by the windowed view, kept out of the latest
-    one) and removes ``legacy`` (it had a default): deploy accepts it, v1 and v2 producers both send,
-    and the batch over bronze of int and long files sums exactly what the reference does."""
+    """v2 promotes ``score`` from int to long and ``rate`` from float to double (both summed by the
+    windowed view), ``hits`` from int to double and ``ref`` from string to bytes (kept out of the
+    views), adds the status ``REFUNDED`` and removes ``legacy`` (it had a default): deploy accepts
+    it, v1 and v2 producers both send, the batch over bronze of both shapes sums exactly what the
+    reference does, the latest view answers the new symbol, and bronze reads every row as v2's types."""
     from lambdalake.evolution import unappliable_changes
+    from lambdalake.master_files import table_path
+    from lambdalake.spark.bronze import read_events
     from tests.conftest import run_cli
 
     legacy = {"name": "legacy", "type": ["null", "string"], "default": None}
-    v1_schema = {**SCHEMA_V1, "fields": [*SCHEMA_V1["fields"], {"name": "score", "type": "int"}, legacy]}
-    v2_schema_ = {**SCHEMA_V1, "fields": [*SCHEMA_V1["fields"], {"name": "score", "type": "long"}]}
-    keep = ["account_id", "region", "amount", "attempt"]
+    v1_extra = [{"name": "score", "type": "int"}, {"name": "rate", "type": "float"},
+                {"name": "hits", "type": "int"}, {"name": "ref", "type": "string"}, legacy]  # fmt: skip
+    v1_schema = {**SCHEMA_V1, "fields": [*SCHEMA_V1["fields"], *v1_extra]}
+    refunded = {"type": "enum", "name": "Status", "symbols": [*STATUSES, "REFUNDED"]}
+    v2_extra = [{"name": "score", "type": "long"}, {"name": "rate", "type": "double"},
+                {"name": "hits", "type": "double"}, {"name": "ref", "type": "bytes"}]  # fmt: skip
+    v2_schema_ = changed({**SCHEMA_V1, "fields": [*SCHEMA_V1["fields"], *v2_extra]}, "status", refunded)
+    keep = ["account_id", "region", "amount", "attempt", "status"]
+    sums = ("score", "rate")
     unique = os.urandom(4).hex()
     base = isolated(services, tmp_path, unique).model_copy(update={"state_dir": tmp_path / "state"})
     topic = f"payments-{unique}"
-    old = write_pipeline(base, tmp_path / "v1", topic, [v1_schema], sums=("score",), latest_columns=keep)
+    old = write_pipeline(base, tmp_path / "v1", topic, [v1_schema], sums=sums, latest_columns=keep)
     v1 = configured_pipeline("payments", old)
     old_producer = EventProducer(settings=old, pipeline=v1)
-    send(
-        old_producer, [{**p, "score": i % 1000, "legacy": "x"} for i, p in enumerate(payments(500, seed=21))]
-    )
+
+    def v1_fields(i: int) -> dict[str, Any]:  # rates in quarters: exact in a float and in any sum
+        return {"score": i % 1000, "rate": (i % 40) / 4, "hits": i % 7, "ref": f"r{i}", "legacy": "x"}
+
+    send(old_producer, [{**p, **v1_fields(i)} for i, p in enumerate(payments(500, seed=21))])
     run_speed_once(old, v1, spark)
 
     new = write_pipeline(
-        base, tmp_path / "v2", topic, [v1_schema, v2_schema_], sums=("score",), latest_columns=keep
+        base, tmp_path / "v2", topic, [v1_schema, v2_schema_], sums=sums, latest_columns=keep
     )
     v2 = configured_pipeline("payments", new)
     assert unappliable_changes(v2, v1_schema) == []
     deployed = run_cli(new, "deploy", "payments", "--no-jobs")
     assert deployed.returncode == 0, (deployed.stdout + deployed.stderr).decode()[-3000:]
-    big = [{**p, "score": 3_000_000_000 + i} for i, p in enumerate(payments(500, seed=22, start=30_000))]
+    big = [
+        {**p, "score": 3_000_000_000 + i, "rate": i / 8, "hits": i / 2,
+         "ref": bytes([i % 256, 0xFF]), "status": "REFUNDED" if i % 3 == 0 else p["status"]}
+        for i, p in enumerate(payments(500, seed=22, start=30_000))
+    ]  # fmt: skip
     send(EventProducer(settings=new, pipeline=v2), big)
-    send(old_producer, [{**p, "score": 7, "legacy": "y"} for p in payments(200, seed=23, start=50_000)])
+    send(
+        old_producer,
+        [{**p, **v1_fields(i), "legacy": "y"} for i, p in enumerate(payments(200, seed=23, start=50_000))],
+    )
     run_speed_once(new, v2, spark)
-    assert merged_problems(new, v2, sums=("score",)) == []
+    assert merged_problems(new, v2, sums=sums) == []
 
     time.sleep(v2.layers.epoch_seconds + 2)
     run = BatchJob(settings=new, pipeline=v2, spark=spark).run()
     assert run.outcome == "published", run
-    problems = merged_problems(new, v2, sums=("score",))
+    problems = merged_problems(new, v2, sums=sums)
     assert problems == [], problems[:10]
+    client = ServingClient(settings=new, meta_ttl_s=0)
+    refund = next(p for p in big if p["status"] == "REFUNDED" and p["attempt"] == 1)
+    got = client.query("payments", "payment_latest", refund["payment_id"]).latest
+    assert got is not None and got.values["status"] == "REFUNDED"
+
+    from deltalake import DeltaTable
+
+    rows = read_events(spark, DeltaTable(table_path(new.storage_root, "payments")).file_uris(), v2)
+    by_id = {r["payment_id"]: r for r in rows.select("payment_id", "hits", "ref", "rate").collect()}
+    assert len(by_id) == 1200
+    first = by_id["pay-000001"]  # a v1 event, read as v2's types
+    assert (first["hits"], first["ref"], first["rate"]) == (1.0, b"r1", 0.25)
+    assert (
+        by_id[big[1]["payment_id"]]["ref"] == bytes([1, 0xFF]) and by_id[big[1]["payment_id"]]["hits"] == 0.5
+    )

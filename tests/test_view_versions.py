@@ -300,5 +300,15 @@ def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched
         assert batch.returncode == 0, (batch.stdout + batch.stderr).decode()[-3000:]
         for args in (new_view, added):
             assert served_problems(settings, *args) == [], args[0]
+
+        # A speed reset rebuilds the versions deployed (the main query takes the first windowed one).
+        assert run_cli(settings, "undeploy").returncode == 0
+        reset = run_cli(settings, "speed", "reset", "payments", "--yes")
+        assert reset.returncode == 0, (reset.stdout + reset.stderr).decode()[-3000:]
+        redeployed = run_cli(settings, "deploy", "payments")
+        assert redeployed.returncode == 0, (redeployed.stdout + redeployed.stderr).decode()[-3000:]
+        send(producer, payments(300, seed=24, start=300_000))
+        for args in (new_view, added):
+            assert eventually(lambda args=args: served_problems(settings, *args)) == [], args[0]
     finally:
         run_cli(settings, "undeploy")
