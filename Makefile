@@ -61,10 +61,12 @@ undeploy: setup
 test: setup
 	$(BIN)/python -m pytest
 
-# The seeded operations schedule, long (make test runs a short one): STEPS=40 SEED=123 make soak.
+# The seeded operations schedule, long (make test runs a short one), and views changed ROUNDS times
+# on a live pipeline: STEPS=40 SEED=123 ROUNDS=6 make soak.
 soak: setup
 	LAMBDALAKE_SCHEDULE_STEPS=$${STEPS:-40} LAMBDALAKE_SCHEDULE_SEED=$${SEED:-} \
-		$(BIN)/python -m pytest -s tests/test_operations_schedule.py
+		LAMBDALAKE_VIEW_SOAK_ROUNDS=$${ROUNDS:-6} \
+		$(BIN)/python -m pytest -s tests/test_operations_schedule.py tests/test_view_versions.py
 
 lint: setup
 	$(BIN)/ruff check .

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -22,10 +22,10 @@ from lambdalake.cassandra.active import read_meta
 from lambdalake.cassandra.session import connect
 from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.produce.producer import EventProducer
-from lambdalake.settings import PROJECT_ROOT, Settings
+from lambdalake.settings import Settings
 from lambdalake.view_versions import Registry, deployed_pipeline, plan
 from serving import ServingClient
-from tests.conftest import env_for, isolated, run_cli
+from tests.conftest import isolated, run_cli
 from tests.user_pipeline import SCHEMA_V1, payments, read_back, reference, write_pipeline
 
 # --- planning, alone ------------------------------------------------------------------------
@@ -172,6 +172,44 @@ def send(producer: EventProducer, records: list[dict[str, Any]]) -> None:
     assert producer.flush().unacknowledged == 0
 
 
+def live_payments(services: Settings, tmp_path: Path, *, port: int) -> tuple[Settings, Pipeline]:
+    """The payments pipeline on the session's services, with a keyspace, storage, state folder (deploy
+    starts its jobs there) and serving port of its own. Its row-count check is loosened: producers
+    send more while a view builds than the check lets a view grow by from one batch to the next."""
+    unique = os.urandom(4).hex()
+    base = isolated(services, tmp_path, unique).model_copy(
+        update={
+            "state_dir": tmp_path / "state",
+            "serving": services.serving.model_copy(update={"port": port}),
+        }
+    )
+    settings = write_pipeline(base, tmp_path / "files", f"payments-{unique}", [SCHEMA_V1])
+    (settings.pipelines_dir / "payments.expectations.json").write_text('{"row_count_tolerance": 100}')
+    return settings, configured_pipeline("payments", settings)
+
+
+@contextmanager
+def sending(settings: Settings, pipeline: Pipeline, *, first: int, n: int, every_s: float) -> Iterator[None]:
+    """A producer sending ``n`` payments every ``every_s`` (ids from ``first`` on) while the block runs."""
+    stop = threading.Event()
+
+    def run() -> None:
+        sender = EventProducer(settings=settings, pipeline=pipeline)
+        i = 0
+        while not stop.is_set():
+            send(sender, payments(n, seed=first + i, start=first + n * i))
+            i += 1
+            stop.wait(every_s)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 OLD = ("payments", "total", "smallest", "largest", "mean")
 NEW = ("payments", "total", "largest")
 
@@ -186,17 +224,7 @@ def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched
     answers the old version until deploy has built the new one (batch from bronze, closed epochs
     recomputed, open ones by the job) and then the new one only; both equal the reference, before and
     after another batch; the old version's tables and checkpoint are gone and `status` shows v2."""
-    unique = os.urandom(4).hex()
-    base = isolated(services, tmp_path, unique).model_copy(
-        update={
-            "state_dir": tmp_path / "state",
-            "serving": services.serving.model_copy(update={"port": 18482}),
-        }
-    )
-    settings = write_pipeline(base, tmp_path / "files", f"payments-{unique}", [SCHEMA_V1])
-    # The producer below sends more during the build than the row-count check lets a view grow by.
-    (settings.pipelines_dir / "payments.expectations.json").write_text('{"row_count_tolerance": 100}')
-    pipeline = configured_pipeline("payments", settings)
+    settings, pipeline = live_payments(services, tmp_path, port=18482)
     producer = EventProducer(settings=settings, pipeline=pipeline)
     try:
         deployed = run_cli(settings, "deploy", "payments")
@@ -220,14 +248,6 @@ def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched
         seen: list[tuple[str, ...]] = []
         errors: list[str] = []
 
-        def keep_sending() -> None:
-            sender = EventProducer(settings=settings, pipeline=pipeline)
-            i = 0
-            while not stop.is_set():
-                send(sender, payments(40, seed=100 + i, start=100_000 + 40 * i))
-                i += 1
-                stop.wait(0.5)
-
         def keep_reading() -> None:
             client = ServingClient(settings=settings, meta_ttl_s=0)
             while not stop.is_set():
@@ -239,18 +259,14 @@ def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched
                     seen.extend(tuple(w.values) for w in answer.windows)
                 stop.wait(0.2)
 
-        threads = [threading.Thread(target=keep_sending), threading.Thread(target=keep_reading)]
-        for t in threads:
-            t.start()
+        reader = threading.Thread(target=keep_reading)
+        reader.start()
         try:
-            redeploy = subprocess.run(
-                [sys.executable, "-m", "lambdalake", "deploy", "payments"], env=env_for(settings),
-                capture_output=True, timeout=900, cwd=PROJECT_ROOT,
-            )  # fmt: skip
+            with sending(settings, pipeline, first=100_000, n=40, every_s=0.5):
+                redeploy = run_cli(settings, "deploy", "payments", timeout=900)
         finally:
             stop.set()
-            for t in threads:
-                t.join()
+            reader.join()
         output = (redeploy.stdout + redeploy.stderr).decode()
         assert redeploy.returncode == 0, output[-4000:]
         assert errors == [], errors[:3]
@@ -310,5 +326,52 @@ def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched
         send(producer, payments(300, seed=24, start=300_000))
         for args in (new_view, added):
             assert eventually(lambda args=args: served_problems(settings, *args)) == [], args[0]
+    finally:
+        run_cli(settings, "undeploy")
+
+
+#: The changed view with 2-minute windows, and without the added view.
+TWO_MINUTES = CHANGED_VIEW.replace('window = "1 minute"', 'window = "2 minutes"', 1).split(
+    '[[views]]\nname = "region'
+)[0]
+#: The windowed views the soak cycles through: (the file's view sections, {view: (key, window ms)}).
+SOAK_DEFINITIONS = [
+    (CHANGED_VIEW, {"account_region_5m": (("account_id", "region"), 60_000),
+                    "region_status_1m": (("region", "status"), 60_000)}),
+    (TWO_MINUTES, {"account_region_5m": (("account_id", "region"), 120_000)}),
+    (CHANGED_VIEW.replace('key = ["account_id", "region"]', 'key = ["region"]'),
+     {"account_region_5m": (("region",), 60_000), "region_status_1m": (("region", "status"), 60_000)}),
+]  # fmt: skip
+
+
+@pytest.mark.services
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("LAMBDALAKE_VIEW_SOAK_ROUNDS"), reason="make soak runs it")
+def test_view_changes_soak(services: Settings, tmp_path: Path) -> None:
+    """``LAMBDALAKE_VIEW_SOAK_ROUNDS`` deploys in a row, each changing the views (window, key, a view
+    added and removed in turn) while a producer sends: after each, every answer of every view equals
+    the reference with that round's definition."""
+    rounds = int(os.environ["LAMBDALAKE_VIEW_SOAK_ROUNDS"])
+    settings, pipeline = live_payments(services, tmp_path, port=18483)
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    path = settings.pipelines_dir / "payments.toml"
+    head = path.read_text()[: path.read_text().rindex("[[views]]")]
+    try:
+        assert run_cli(settings, "deploy", "payments").returncode == 0
+        send(producer, payments(800, seed=31))
+        for i in range(rounds):
+            views, expected = SOAK_DEFINITIONS[i % len(SOAK_DEFINITIONS)]
+            path.write_text(head + views)
+            with sending(settings, pipeline, first=1_000_000 * (i + 1), n=20, every_s=1.0):
+                done = run_cli(settings, "deploy", "payments", timeout=900)
+            assert done.returncode == 0, (done.stdout + done.stderr).decode()[-3000:]
+            for view, (key, window_ms) in expected.items():
+                check = lambda view=view, key=key, window_ms=window_ms: served_problems(  # noqa: E731
+                    settings, view, key, window_ms, ("payments", "total")
+                )
+                assert eventually(check) == [], (i, view)
+            if i % 2 == 1:
+                time.sleep(pipeline.layers.epoch_seconds + 2)
+                assert run_cli(settings, "batch", "run", "payments").returncode == 0
     finally:
         run_cli(settings, "undeploy")
