@@ -70,6 +70,13 @@ def changed_file(settings: Settings) -> None:
     path.write_text(text[: text.rindex("[[views]]")] + CHANGED_VIEW)
 
 
+def narrower_latest(settings: Settings) -> None:
+    """Rewrite the pipeline file: the latest view keeps three columns (a changed definition)."""
+    path = settings.pipelines_dir / "payments.toml"
+    kept = 'version = "attempt"\ncolumns = ["account_id", "amount", "attempt"]'
+    path.write_text(path.read_text().replace('version = "attempt"', kept, 1))
+
+
 def test_deploy_plans_versions_for_changed_added_and_removed_views(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -220,7 +227,8 @@ def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched
     services: Settings, tmp_path: Path
 ) -> None:
     """Deployed with its jobs; events archived and a batch published; then the windowed view changes
-    (1-minute windows, other aggregates) and a view is added while a producer keeps sending. Serving
+    (1-minute windows, other aggregates), the latest view keeps fewer columns and a view is added,
+    while a producer keeps sending. Serving
     answers the old version until deploy has built the new one (batch from bronze, closed epochs
     recomputed, open ones by the job) and then the new one only; both equal the reference, before and
     after another batch; the old version's tables and checkpoint are gone and `status` shows v2."""
@@ -244,6 +252,7 @@ def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched
 
         # The change, deployed while a producer sends; serving is read all along.
         changed_file(settings)
+        narrower_latest(settings)
         stop = threading.Event()
         seen: list[tuple[str, ...]] = []
         errors: list[str] = []
@@ -285,13 +294,14 @@ def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched
         for args in (new_view, added):
             assert eventually(lambda args=args: served_problems(settings, *args)) == [], args[0]
 
-        # The latest view (unchanged) kept up through both restarts and the main query's move.
+        # The latest view (v2: fewer columns) kept up through both restarts and the main query's move.
         latest = reference(read_back(settings, pipeline.topic.name))[1]
         client = ServingClient(settings=settings, meta_ttl_s=0)
         for payment_id in random.Random(5).sample(sorted(latest), 150):
             got = client.query("payments", "payment_latest", payment_id).latest
             assert got is not None and got.values["amount"] == latest[payment_id]["amount"], payment_id
             assert got.values["attempt"] == latest[payment_id]["attempt"], payment_id
+            assert "status" not in got.values  # the new version's columns
 
         session = connect(settings.cassandra)
         session.cluster.refresh_schema_metadata()
@@ -306,6 +316,8 @@ def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched
         )
         registry = read_meta(session, settings.cassandra.keyspace, "payments").registry
         assert registry.active("account_region_5m").version == 2 and not registry.building()
+        assert registry.active("payment_latest").name == "payment_latest__v2"
+        assert "payments__payment_latest__speed" not in tables
         assert registry.retired == []
         status = run_cli(settings, "status")
         assert "v2" in status.stdout.decode(), status.stdout.decode()
