@@ -26,13 +26,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from functools import partial
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from batch.horizon import Horizon, find_horizon
+from batch.run import BatchRun, views_path
 from lambdalake.delta import commit_files, open_table
 from lambdalake.errors import ConfigurationError
 from lambdalake.master import EPOCH_MS, MasterDataset
@@ -49,32 +50,6 @@ from lambdalake.views import RANK
 log = logging.getLogger("lambdalake.batch")
 
 COPIES = "_copies"
-
-
-def views_path(storage_root: str, pipeline: str, view: str) -> str:
-    """Where a view's Delta table lives."""
-    return f"{storage_root.rstrip('/')}/views/{pipeline}/{view}"
-
-
-@dataclass
-class BatchRun:
-    """What one run did: the summary table and the status file show it."""
-
-    pipeline: str
-    run_id: str
-    horizon: int | None = None
-    horizon_end_ms: int | None = None
-    bronze_version: int | None = None
-    boundaries: dict[str, int] = field(default_factory=dict)
-    events_read: int = 0
-    duplicates: int = 0
-    after_horizon: int = 0
-    rows: dict[str, int] = field(default_factory=dict)
-    delta_versions: dict[str, int] = field(default_factory=dict)
-    batch_version: int | None = None
-    outcome: str = "running"
-    quality_report: str | None = None
-    stages: dict[str, float] = field(default_factory=dict)
 
 
 Progress = Callable[[str], None]

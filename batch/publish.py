@@ -16,13 +16,14 @@ import json
 import logging
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
 from pyspark.sql import SparkSession
 
+from batch.run import BatchRun, views_path
 from lambdalake.cassandra.active import ActiveBatch, active_batch, lwt, read_meta
 from lambdalake.cassandra.session import connect, refresh_metadata
 from lambdalake.cassandra.tables import (
@@ -38,9 +39,6 @@ from lambdalake.errors import ConfigurationError
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.sinks import upsert_view
-
-if TYPE_CHECKING:
-    from batch.job import BatchRun
 
 log = logging.getLogger("lambdalake.batch")
 
@@ -81,8 +79,6 @@ class Publisher:
                 rebuilt from bronze (a restore of an older version): the horizon may move back that
                 far. Default None: a horizon below the active one's is refused.
         """
-        from batch.job import views_path
-
         t0 = time.monotonic()
         session = connect(self.settings.cassandra)
         create_keyspace(session, self.settings.cassandra)

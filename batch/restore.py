@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 from pyspark.sql import SparkSession
 
-from batch.job import BatchRun, views_path
 from batch.publish import Publisher
+from batch.run import BatchRun, views_path
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.delta import open_table

@@ -187,7 +187,7 @@ def _switch(settings: Settings, pipeline: str, names: set[str]) -> list[ViewVers
 def drop_retired(settings: Settings, pipeline: Pipeline, progress: Progress) -> list[Change]:
     """Drop the tables, Delta views and checkpoints of retired versions (the jobs no longer run
     them), and the main query's checkpoints that a move left behind."""
-    from batch.job import views_path
+    from batch.run import views_path
     from speed.job import MAIN_FILE, checkpoints_path
 
     session = connect(settings.cassandra)

@@ -89,7 +89,7 @@ def driver_java_options(settings: Settings, workload: Workload) -> str:
         # ~0.5 s faster at 1M events but 6 s slower at 2M (BENCHMARKS.md).
         opts.append("-XX:+UseParallelGC")
     if settings.spark.cds:
-        from lambdalake.spark.cds import archive_options
+        from lambdalake.spark.cds_archive import archive_options
 
         opts.extend(archive_options(settings))
     return " ".join(opts)

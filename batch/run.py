@@ -1,0 +1,32 @@
+"""What a batch run is and where its views live: shared by the job that makes a run and the
+publish and restore that write one to Cassandra (none of them imports another for it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def views_path(storage_root: str, pipeline: str, view: str) -> str:
+    """Where a view's Delta table lives."""
+    return f"{storage_root.rstrip('/')}/views/{pipeline}/{view}"
+
+
+@dataclass
+class BatchRun:
+    """What one run did: the summary table and the status file show it."""
+
+    pipeline: str
+    run_id: str
+    horizon: int | None = None
+    horizon_end_ms: int | None = None
+    bronze_version: int | None = None
+    boundaries: dict[str, int] = field(default_factory=dict)
+    events_read: int = 0
+    duplicates: int = 0
+    after_horizon: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+    delta_versions: dict[str, int] = field(default_factory=dict)
+    batch_version: int | None = None
+    outcome: str = "running"
+    quality_report: str | None = None
+    stages: dict[str, float] = field(default_factory=dict)

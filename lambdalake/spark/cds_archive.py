@@ -1,0 +1,35 @@
+"""Where the Spark driver's class-data-sharing archive is and the JVM options that map it: what a
+session needs of it (:mod:`lambdalake.spark.cds` builds the archive, with a session of its own)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from lambdalake.settings import Settings
+
+
+def _java() -> str:
+    """The java binary Spark starts (``$JAVA_HOME/bin/java``, else the one on ``PATH``)."""
+    home = os.environ.get("JAVA_HOME")
+    found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    return os.path.realpath(found) if found else "java"
+
+
+def archive_path(settings: Settings) -> Path:
+    """Where the archive for this JVM and this Spark lives (under the settings' cache folder)."""
+    import pyspark
+
+    key = hashlib.sha1(f"{_java()}|{pyspark.__file__}".encode()).hexdigest()[:12]
+    return settings.cache_dir / "spark-cds" / f"spark-{pyspark.__version__}-{key}.jsa"
+
+
+def archive_options(settings: Settings) -> list[str]:
+    """The JVM options that map the archive, or none when it has not been built."""
+    path = archive_path(settings)
+    if not path.is_file():
+        return []
+    # A mismatched archive is skipped with a warning per JVM start: quiet, it is not the user's to fix.
+    return [f"-XX:SharedArchiveFile={path}", "-Xlog:cds=off", "-Xlog:cds+dynamic=off"]
