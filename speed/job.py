@@ -122,6 +122,9 @@ def checkpoints_path(storage_root: str, pipeline: str) -> str:
 
 #: Written by ``speed reset`` beside the checkpoints: the starting offsets of the rebuilt queries.
 RESET_FILE = "starting-offsets.json"
+#: Written by ``speed reset`` too: the ingest time (the oldest open epoch's start) from which the
+#: rebuilt windowed queries count; they start one deduplication window before it.
+RESET_FROM_FILE = "counting-from.json"
 #: Beside the checkpoints: the main query's checkpoint folder and the windowed view it aggregates.
 MAIN_FILE = "lambdalake-main.json"
 #: In a windowed query's checkpoint started on a live pipeline: the epoch it counts from.
@@ -351,6 +354,11 @@ class SpeedJob:
             if int(until) > int(start.get(topic, {}).get(p, 0))
         }
 
+    def _reset_from_ms(self) -> int | None:
+        """Where ``speed reset`` left the windowed views to count from (None: no reset)."""
+        text = read_text(f"{self.checkpoints}/{RESET_FROM_FILE}")
+        return int(json.loads(text)["from_ms"]) if text else None
+
     def starting_offsets(self) -> str:
         """Where queries without a checkpoint start: ``speed reset`` leaves its choice beside the
         checkpoints; otherwise the options' (default ``earliest``)."""
@@ -403,7 +411,15 @@ class SpeedJob:
             window_us=self.pipeline.layers.dedup_delay_seconds * 1_000_000,
         )
 
-    def _windowed(self, first_deliveries: DataFrame, view: WindowedView) -> DataFrame:
+    def _windowed(
+        self, first_deliveries: DataFrame, view: WindowedView, *, from_ms: int | None = None
+    ) -> DataFrame:
+        """The view's rows of ``first_deliveries``; with ``from_ms``, of events ingested from then on
+        (a query that starts one deduplication window early reads the earlier records only so that
+        its deduplication knows them: their epochs are counted elsewhere)."""
+        from_ms = from_ms if from_ms is not None else self._reset_from_ms()
+        if from_ms is not None:
+            first_deliveries = first_deliveries.filter(F.col(INGEST_TS) >= F.timestamp_millis(F.lit(from_ms)))
         events = first_deliveries.select(*self._windowed_inputs(view))
         layers = self.pipeline.layers
         events = events.withWatermark(INGEST_TS, f"{layers.dedup_delay_seconds} seconds")
@@ -565,13 +581,10 @@ class SpeedJob:
             start = self._view_start(view)
             valid = self.valid_events(starting=start["offsets"] if start else None)
             first_deliveries = valid.mapInArrow(self._dedup(view.name), valid.schema)
-            if start is not None:
-                # Earlier records only teach the deduplication which identities it has seen.
-                first_deliveries = first_deliveries.filter(
-                    F.col(INGEST_TS) >= F.timestamp_millis(F.lit(start["from_ms"]))
-                )
+            from_ms = start["from_ms"] if start is not None else None
             query = (
-                self._windowed(first_deliveries, view).writeStream.queryName(f"{name}-{view.name}")
+                self._windowed(first_deliveries, view, from_ms=from_ms)
+                .writeStream.queryName(f"{name}-{view.name}")
                 .outputMode("update")
                 .option("checkpointLocation", f"{self.checkpoints}/{view.name}")
                 .foreachBatch(write).trigger(**trigger).start()

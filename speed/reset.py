@@ -11,7 +11,9 @@ first (dead-lettering the invalid ones: nobody read them before).
 
 Steps: the speed tables are truncated (no tombstones: ``latest`` rows written with their rank as the
 write timestamp stay writable), the old checkpoints are deleted, the start offsets of the new ones
-(the first offset of the oldest open epoch, per partition) are written beside them, and the closed
+are written beside them (one deduplication window before the oldest open epoch, per partition: the
+windowed views count from the epoch's start, and the records before it only teach the
+deduplication which identities it has seen), and the closed
 epochs after the horizon are recomputed from bronze. The next ``speed run`` (or ``deploy``) starts there.
 """
 
@@ -32,7 +34,7 @@ from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.views import INGEST_EPOCH
 from lambdalake.storage import delete_folder, write_text
-from speed.job import RESET_FILE, checkpoints_path
+from speed.job import RESET_FILE, RESET_FROM_FILE, checkpoints_path
 from speed.replay import Replayer, ReplayPlan
 
 
@@ -61,13 +63,17 @@ def reset_speed(
     topic = pipeline.topic.name
     with offset_consumer(settings) as consumer:
         starts = offsets_at(consumer, topic, first_open * layers.epoch_ms)
+        # The queries read one deduplication window before it, so a repeat in the oldest open epoch
+        # of a record delivered just before is known as one (the windowed views count from it).
+        early = offsets_at(consumer, topic, first_open * layers.epoch_ms - layers.dedup_delay_seconds * 1000)
         lows = {p: low for p, (low, _) in watermarks(consumer, topic).items()}
     for table in deploy_speed_tables(session, settings.cassandra, pipeline):
         session.execute(f'TRUNCATE "{settings.cassandra.keyspace}"."{table.name}"', timeout=120)
     checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
     delete_folder(checkpoints)
-    offsets = {pipeline.topic.name: {str(p): o for p, o in starts.items()}}
+    offsets = {pipeline.topic.name: {str(p): o for p, o in early.items()}}
     write_text(f"{checkpoints}/{RESET_FILE}", json.dumps(offsets))
+    write_text(f"{checkpoints}/{RESET_FROM_FILE}", json.dumps({"from_ms": first_open * layers.epoch_ms}))
     result = ResetResult(horizon, first_open, starts)
     replayer = Replayer(settings=settings, pipeline=pipeline, spark=spark)
     # The new checkpoints start at the oldest open epoch: what bronze has not read before that (the

@@ -393,3 +393,54 @@ def test_promoted_fields_an_enum_symbol_and_a_removed_field_on_a_live_pipeline(
     assert (
         by_id[big[1]["payment_id"]]["ref"] == bytes([1, 0xFF]) and by_id[big[1]["payment_id"]]["hits"] == 0.5
     )
+
+
+def test_a_repeat_just_after_a_speed_resets_start_counts_once(
+    services: Settings, spark, tmp_path: Path
+) -> None:
+    """A payment delivered just before an epoch boundary and again just after it (within the
+    deduplication window): after a ``speed reset`` whose oldest open epoch is the second one, the
+    rebuilt job reads one deduplication window earlier, so the copy is known as one and the merged
+    count stays 1 (the first copy counts in the epoch before, recomputed from bronze)."""
+    import shutil
+
+    from speed.reset import reset_speed
+
+    unique = os.urandom(4).hex()
+    settings = write_pipeline(
+        isolated(services, tmp_path, unique), tmp_path, f"payments-{unique}", [SCHEMA_V1]
+    )
+    pipeline = configured_pipeline("payments", settings)
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    epoch_ms = pipeline.layers.epoch_ms
+    send(producer, payments(600, seed=41))
+    for attempt in range(3):  # the two sends must fall either side of a boundary, close together
+        boundary = (int(time.time() * 1000) // epoch_ms + 2) * epoch_ms
+        record = {**payments(1, seed=42 + attempt, start=900_000 + attempt)[0], "attempt": 1}
+        time.sleep(max(0.0, (boundary - 1200) / 1000 - time.time()))
+        send(producer, [record])
+        time.sleep(max(0.0, (boundary + 300) / 1000 - time.time()))
+        send(producer, [record])
+        copies = [
+            r for r in read_back(settings, pipeline.topic.name) if r["payment_id"] == record["payment_id"]
+        ]
+        first, second = sorted(r["_ts"] for r in copies)
+        if first < boundary <= second and second - first < pipeline.layers.dedup_delay_seconds * 1000:
+            break
+    else:
+        pytest.fail("could not place two copies either side of an epoch boundary")
+    run_speed_once(settings, pipeline, spark)
+    shutil.rmtree(Path(settings.storage_root) / "checkpoints" / "payments")
+    result = reset_speed(
+        settings, pipeline, spark, now_ms=boundary + pipeline.layers.grace_seconds * 1000 + 500
+    )
+    assert result.first_open_epoch == boundary // epoch_ms, result
+    run_speed_once(settings, pipeline, spark)
+    answer = ServingClient(settings=settings, meta_ttl_s=0).query(
+        "payments", "account_region_5m", [record["account_id"], record["region"]]
+    )
+    window = record["paid_at"] // (5 * 60_000) * (5 * 60_000)
+    cell = next(w for w in answer.windows if round(w.window_start.timestamp() * 1000) == window)
+    windowed, _ = reference(read_back(settings, pipeline.topic.name))
+    assert cell.values["payments"] == windowed[(record["account_id"], record["region"], window)]["payments"]
+    assert merged_problems(settings, pipeline) == []
