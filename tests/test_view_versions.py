@@ -230,8 +230,8 @@ def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched
     (1-minute windows, other aggregates), the latest view keeps fewer columns and a view is added,
     while a producer keeps sending. Serving
     answers the old version until deploy has built the new one (batch from bronze, closed epochs
-    recomputed, open ones by the job) and then the new one only; both equal the reference, before and
-    after another batch; the old version's tables and checkpoint are gone and `status` shows v2."""
+    recomputed, open ones by the job) and then the new one only; both equal the reference, and again
+    after a speed reset; the old version's tables and checkpoint are gone and `status` shows v2."""
     settings, pipeline = live_payments(services, tmp_path, port=18482)
     producer = EventProducer(settings=settings, pipeline=pipeline)
     try:
@@ -321,13 +321,6 @@ def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched
         assert registry.retired == []
         status = run_cli(settings, "status")
         assert "v2" in status.stdout.decode(), status.stdout.decode()
-
-        # The next batch and a replay keep the new versions exact.
-        time.sleep(pipeline.layers.epoch_seconds + 2)
-        batch = run_cli(settings, "batch", "run", "payments")
-        assert batch.returncode == 0, (batch.stdout + batch.stderr).decode()[-3000:]
-        for args in (new_view, added):
-            assert served_problems(settings, *args) == [], args[0]
 
         # A speed reset rebuilds the versions deployed (the main query takes the first windowed one).
         assert run_cli(settings, "undeploy").returncode == 0
