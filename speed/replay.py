@@ -356,6 +356,19 @@ class Replayer:
         )
         return read, int(rows or 0)
 
+    def bronze_epochs(self, *, after: int | None, before: int | None) -> list[int]:
+        """The ingest epochs bronze holds events of, after ``after`` and before ``before`` (None: no
+        bound): what a rebuild of the closed epochs after a horizon recomputes."""
+        uris = self.bronze.file_uris()
+        if not uris:
+            return []
+        epochs = self.spark.read.parquet(*uris).select(INGEST_EPOCH).distinct()
+        if after is not None:
+            epochs = epochs.filter(F.col(INGEST_EPOCH) > after)
+        if before is not None:
+            epochs = epochs.filter(F.col(INGEST_EPOCH) < before)
+        return sorted(r[0] for r in epochs.collect())
+
     def recompute(self, epochs: list[int], *, records: int | None = None) -> dict[str, int]:
         """Every cell of ``epochs``, from all of bronze, written as absolute values.
 

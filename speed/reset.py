@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
@@ -32,7 +31,6 @@ from lambdalake.cassandra.tables import deploy_speed_tables
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, watermarks
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
-from lambdalake.spark.views import INGEST_EPOCH
 from lambdalake.storage import delete_folder, write_text
 from speed.job import RESET_FILE, RESET_FROM_FILE, checkpoints_path
 from speed.replay import Replayer, ReplayPlan
@@ -90,13 +88,7 @@ def reset_speed(
     if gaps:
         plan = ReplayPlan(gaps, gaps, [], horizon, speed_end={p: s for p, (s, _) in gaps.items()})
         result.gap_records, result.archived = replayer.archive(plan)
-    files = replayer.bronze.file_uris()
-    if files:
-        epochs = spark.read.parquet(*files).select(INGEST_EPOCH).distinct()
-        epochs = epochs.filter(F.col(INGEST_EPOCH) < first_open)
-        if horizon is not None:
-            epochs = epochs.filter(F.col(INGEST_EPOCH) > horizon)
-        result.rebuilt_epochs = sorted(r[0] for r in epochs.collect())
-        if result.rebuilt_epochs:
-            result.cells = replayer.recompute(result.rebuilt_epochs)
+    result.rebuilt_epochs = replayer.bronze_epochs(after=horizon, before=first_open)
+    if result.rebuilt_epochs:
+        result.cells = replayer.recompute(result.rebuilt_epochs)
     return result

@@ -78,53 +78,44 @@ def _recompute(
     settings: Settings, pipeline: Pipeline, version: ViewVersion, spark: SparkSession, progress: Progress
 ) -> int:
     """Step 2: the closed epochs after the horizon the speed job's query does not count."""
+    from batch.horizon import boundaries
     from lambdalake.master import MasterDataset
     from lambdalake.master_files import table_path
-    from lambdalake.spark.views import INGEST_EPOCH
     from speed.job import MAIN_FILE, START_FILE, checkpoints_path
     from speed.replay import Replayer
 
-    folder = f"{checkpoints_path(settings.storage_root, pipeline.name)}/{version.name}"
+    checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
+    folder = f"{checkpoints}/{version.name}"
     first_open = None
     if isinstance(version.definition, WindowedView):
         progress(f"{version.name}: waiting for the speed job's query")
-        main_file = f"{checkpoints_path(settings.storage_root, pipeline.name)}/{MAIN_FILE}"
 
-        def started() -> str | None:
-            if (recorded := read_text(f"{folder}/{START_FILE}")) is not None:
-                return recorded
-            in_main = json.loads(read_text(main_file) or "{}").get("primary") == version.name
-            return "{}" if in_main or read_text(f"{folder}/metadata") is not None else None
+        def started() -> bool:
+            in_main = (
+                json.loads(read_text(f"{checkpoints}/{MAIN_FILE}") or "{}").get("primary") == version.name
+            )
+            return in_main or any(read_text(f"{folder}/{f}") is not None for f in (START_FILE, "metadata"))
 
-        start = _wait(started, f"the speed job of {pipeline.name!r} to start the query of {version.name}")
-        if "from_ms" not in start:  # started with the job's other queries (after a reset): all counted
+        _wait(started, f"the speed job of {pipeline.name!r} to start the query of {version.name}")
+        start = read_text(f"{folder}/{START_FILE}")
+        if start is None:  # started with the job's other queries (after a reset): all counted
             return 0
-        started = json.loads(start)
-        first_open = int(started["epoch"])
-        bronze = MasterDataset(
-            table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
-        )
-        needed = _offsets_at(settings, pipeline, first_open * pipeline.layers.epoch_ms)
+        first_open = int(json.loads(start)["epoch"])
+        path = table_path(settings.storage_root, pipeline.name)
+        bronze = MasterDataset(path, event_time=pipeline.event.time)
+        needed = boundaries(settings, pipeline, first_open * pipeline.layers.epoch_ms)
         progress(f"{version.name}: waiting for bronze to archive every epoch before {first_open}")
 
-        def archived() -> str | None:
+        def archived() -> bool:
             read = bronze.read_progress(list(needed))
-            return "yes" if all(read.get(p, -1) >= o - 1 for p, o in needed.items()) else None
+            return all(read.get(p, -1) >= o - 1 for p, o in needed.items())
 
         _wait(archived, f"bronze of {pipeline.name!r} to archive every record before epoch {first_open}")
-    horizon = read_meta(connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name).batch
+    active = read_meta(connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name).batch
     replayer = Replayer(
         settings=settings, pipeline=pipeline.model_copy(update={"views": [version.definition]}), spark=spark
     )
-    files = replayer.bronze.file_uris()
-    if not files:
-        return 0
-    epochs = spark.read.parquet(*files).select(INGEST_EPOCH).distinct()
-    if horizon is not None:
-        epochs = epochs.filter(epochs[INGEST_EPOCH] > horizon.horizon)
-    if first_open is not None:
-        epochs = epochs.filter(epochs[INGEST_EPOCH] < first_open)
-    wanted = sorted(r[0] for r in epochs.collect())
+    wanted = replayer.bronze_epochs(after=active.horizon if active else None, before=first_open)
     if not wanted:
         return 0
     progress(f"{version.name}: recomputing {len(wanted)} closed epochs from bronze")
@@ -224,20 +215,9 @@ def drop_retired(settings: Settings, pipeline: Pipeline, progress: Progress) -> 
             return changes
 
 
-def _offsets_at(settings: Settings, pipeline: Pipeline, ms: int) -> dict[str, int]:
-    from lambdalake.kafka.offsets import offset_consumer, offsets_at
-
-    topic = pipeline.topic.name
-    with offset_consumer(settings) as consumer:
-        return {f"{topic}/{p}": o for p, o in offsets_at(consumer, topic, ms).items()}
-
-
-def _wait(check: Callable[[], str | None], what: str) -> str:
+def _wait(check: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + WAIT_S
-    while True:
-        found = check()
-        if found is not None:
-            return found
+    while not check():
         if time.monotonic() > deadline:
             raise LambdalakeError(
                 f"gave up waiting {WAIT_S:.0f} s for {what}",
