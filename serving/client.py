@@ -230,7 +230,7 @@ class ServingClient:
         if (active is not None and batch_table(p, v, active.version) in text) or speed_table(p, v) in text:
             # The cached batch or view version was retired meanwhile: read the metadata row again.
             fresh = self.served(p.name, view, refresh=True)
-            if fresh[1].name != v.name or (fresh[2] and active and fresh[2].version != active.version):
+            if fresh[1].name != v.name or fresh[2] != active:  # anything else would fail the same way
                 return fresh
         missing_keyspace = f"Keyspace {self.keyspace} does not exist" in text
         if speed_table(p, v) in text or missing_keyspace:
