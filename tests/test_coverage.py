@@ -5,6 +5,7 @@ run of ranges, not the highest offset any commit read."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -31,6 +32,24 @@ def events(partition: int, offsets: range, topic: str = "t") -> pa.Table:
         "_partition": pa.array([partition] * n, type=pa.int32()),
         "_offset": pa.array(list(offsets), type=pa.int64()),
     })  # fmt: skip
+
+
+def run_together(n: int, work: Callable[[int], None]) -> None:
+    """``work(0)`` .. ``work(n - 1)`` on threads of their own; fails with every error they raised."""
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            work(i)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
 
 
 def coordinates(bronze: MasterDataset) -> list[tuple[int, int]]:
@@ -150,29 +169,20 @@ def test_concurrent_writers_of_one_range_never_hold_a_coordinate_twice(
         for i in range(writers) for b in range(commits_each)
     }  # fmt: skip
     barrier = threading.Barrier(writers)
-    errors: list[BaseException] = []
 
     def write(i: int) -> None:
-        try:
-            barrier.wait()
-            writer = MasterDataset(path, event_time="event_time")  # one per writer, kept across its commits
-            for b in range(commits_each):
-                writer.commit(
-                    files[(i, b)],
-                    app_id=f"w{i}",
-                    batch_id=b,
-                    layers=LAYERS,
-                    ranges={"t/0": [(1 + 10 * (i + b), 60 + 10 * (i + b))]},
-                )
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        barrier.wait()
+        writer = MasterDataset(path, event_time="event_time")  # one per writer, kept across its commits
+        for b in range(commits_each):
+            writer.commit(
+                files[(i, b)],
+                app_id=f"w{i}",
+                batch_id=b,
+                layers=LAYERS,
+                ranges={"t/0": [(1 + 10 * (i + b), 60 + 10 * (i + b))]},
+            )
 
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_together(writers, write)
     end = 60 + 10 * (writers - 1 + commits_each - 1)
     assert coordinates(bronze) == [(0, o) for o in range(end)]
     assert bronze.read_coverage() == {"t/0": [(0, end)]}
@@ -266,23 +276,14 @@ def test_concurrent_writers_bringing_a_new_column_never_hold_a_coordinate_twice(
         table = table.append_column("channel", pa.array([f"w{i}"] * table.num_rows))
         files[i] = write_event_files(table, path=path, event_time="event_time", name=f"w{i}")
     barrier = threading.Barrier(writers)
-    errors: list[BaseException] = []
 
     def write(i: int) -> None:
-        try:
-            writer = MasterDataset(path, event_time="event_time")
-            barrier.wait()
-            ranges = {"t/0": [(1 + 10 * i, 60 + 10 * i)]}
-            writer.commit(files[i], app_id=f"w{i}", batch_id=0, layers=LAYERS, ranges=ranges)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        writer = MasterDataset(path, event_time="event_time")
+        barrier.wait()
+        ranges = {"t/0": [(1 + 10 * i, 60 + 10 * i)]}
+        writer.commit(files[i], app_id=f"w{i}", batch_id=0, layers=LAYERS, ranges=ranges)
 
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_together(writers, write)
     end = 60 + 10 * (writers - 1)
     assert coordinates(bronze) == [(0, o) for o in range(end)]
     assert "channel" in {f.name for f in DeltaTable(path).schema().fields}
