@@ -8,12 +8,11 @@ type in place), so a change that gives it another one (``int`` to ``long``, ``fl
 ``double``, ``string`` to ``bytes``) cannot reach the stored view either. Bronze's Parquet files
 keep the type each was written with, and Spark's Parquet reader widens only ``int`` to ``long`` or
 ``double``, ``float`` to ``double``, ``string`` to ``bytes`` and back, and a decimal to more digits
-at the same scale (measured: ``int`` to
-``float`` and ``long`` to ``float``/``double`` fail the read): any other change of a field's column
-type (those promotions, a union branch added, which makes the column a struct of members) would
-leave files the batch cannot read. Everything else the registry accepts (a field added or removed
-with a default, an enum symbol added, the widenings above of a field no view stores) the layers
-take as it comes.
+at the same scale (measured: ``int`` to ``float`` and ``long`` to ``float``/``double`` fail the
+read): any other change of a field's column type (those promotions, a union branch added, which
+makes the column a struct of members) would leave files the batch cannot read. Everything else the
+registry accepts (a field added or removed with a default, an enum symbol added, the widenings above
+of a field no view stores) the layers take as it comes.
 """
 
 from __future__ import annotations

@@ -193,7 +193,7 @@ def plan(pipeline: Pipeline, registry: Registry, *, live: bool) -> tuple[Registr
             continue
         if state.building is not None and state.building.fingerprint == wanted:
             continue  # a build under way (resumed by this deploy)
-        version = max(state.last, 0) + 1
+        version = state.last + 1
         if state.building is not None:
             new.retired.append(state.building.name)
         candidate = ViewVersion.of(view, version)
