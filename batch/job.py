@@ -28,11 +28,35 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from functools import partial
+from typing import Any
 
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from batch.horizon import Horizon, find_horizon
+from batch.incremental import (
+    BOUNDARIES,
+    EARLIER,
+    KNOWN,
+    OFFSET,
+    TOUCHED,
+    FullRunNeeded,
+    IdentityIndex,
+    Increment,
+    changed_by,
+    classify,
+    files_for,
+    find_base,
+    in_ranges,
+    merge_latest,
+    merge_windowed,
+    old_epochs,
+    plan,
+    read_view,
+    same_columns,
+)
 from batch.run import BatchRun, views_path
 from lambdalake.delta import commit_files, open_table
 from lambdalake.errors import ConfigurationError
@@ -40,11 +64,12 @@ from lambdalake.master import EPOCH_MS, MasterDataset
 from lambdalake.master_files import table_path
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
-from lambdalake.spark.bronze import read_events
+from lambdalake.spark.bronze import bronze_schema, read_events
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.views import INGEST_EPOCH, deduplicate, latest, latest_order, windowed
 from lambdalake.status import batch_status_file
 from lambdalake.storage import list_files, write_text
+from lambdalake.view_versions import public_name
 from lambdalake.views import RANK
 
 log = logging.getLogger("lambdalake.batch")
@@ -79,21 +104,27 @@ class BatchJob:
         as_of_ms: int | None = None,
         dry_run: bool = False,
         publish: bool = True,
+        full: bool = False,
         progress: Progress = lambda _stage: None,
     ) -> BatchRun:
-        """Rebuild every view up to the horizon; write Delta views and publish unless ``dry_run``.
+        """Bring every view up to the horizon; write Delta views and publish unless ``dry_run``.
+
+        Incremental when it can (:mod:`batch.incremental`): the rows bronze added since the active
+        batch, merged into its views; else, and when ``full``, every view rebuilt from all of bronze.
 
         Args:
             horizon: Cover epochs up to this one (refused if still open); default the newest closed.
             as_of_ms: Judge "closed" as of this time instead of now.
             dry_run: Compute and count, write nothing.
             publish: Publish to Cassandra after the Delta commits (default True).
+            full: Rebuild from all of bronze even when an incremental run could (default False).
             progress: Called with each stage's name as it starts.
         """
         run = BatchRun(
             pipeline=self.pipeline.name, run_id=f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
         )
         clock = partial(_stage, run)
+        cached: list[DataFrame] = []
         try:
             with clock("pin"):
                 progress("pinning bronze")
@@ -105,7 +136,6 @@ class BatchJob:
                     )
                 self.bronze.check_layers(self.pipeline.layers, pipeline=self.pipeline.name)
                 run.bronze_version = table.version()
-                files = table.file_uris()
             with clock("horizon"):
                 progress("finding the horizon")
                 found = find_horizon(
@@ -113,46 +143,147 @@ class BatchJob:
                     requested=horizon, now_ms=as_of_ms,
                 )  # fmt: skip
                 run.horizon, run.horizon_end_ms, run.boundaries = found.epoch, found.end_ms, found.boundaries
-            with clock("read+dedup"):
-                progress(f"reading {len(files)} bronze files and deduplicating")
-                covered = self._covered(files, found, run, held_twice=self.bronze.may_hold_twice(table=table))
-            outputs = {}
-            for view in self.pipeline.views:
-                with clock(f"view {view.name}"):
-                    progress(f"computing {view.name}")
-                    outputs[view.name] = self.compute(covered, view).persist()
-                    run.rows[view.name] = outputs[view.name].count()
+            with clock("plan"):
+                progress("finding what changed since the active batch")
+                increment = self._plan(found, run, table, full=full)
+            outputs: dict[str, DataFrame] = {}
+            changed: dict[str, DataFrame] | None = None
+            if increment is not None:
+                try:
+                    events, outputs, changed = self._incremental(increment, found, run, table, cached, clock)
+                except FullRunNeeded as why:
+                    increment, changed = None, None
+                    run.kind, run.reason = "full", str(why)
+                    run.new_epochs, run.changed_epochs, run.changed_by = [], [], []
+                    _unpersist(cached)
+            if increment is None:
+                with clock("read+dedup"):
+                    files = table.file_uris()
+                    progress(f"reading {len(files)} bronze files and deduplicating")
+                    held_twice = self.bronze.may_hold_twice(table=table)
+                    events = self._covered(files, found, run, cached, held_twice=held_twice)
+                for view in self.pipeline.views:
+                    with clock(f"view {view.name}"):
+                        progress(f"computing {view.name}")
+                        outputs[view.name] = self.compute(events, view).persist()
+                        cached.append(outputs[view.name])
+                        run.rows[view.name] = outputs[view.name].count()
             if dry_run:
-                covered.unpersist()
                 run.outcome = "dry run"
                 return run
             with clock("quality gate"):
                 progress("checking the quality gate")
-                self._gate(covered, outputs, run)
+                self._gate(events, outputs, run)
             for view in self.pipeline.views:
                 with clock(f"delta {view.name}"):
                     progress(f"writing the Delta view {view.name}")
                     run.delta_versions[view.name], _ = self._write_view(outputs[view.name], view.name, run)
-                outputs[view.name].unpersist()
-            covered.unpersist()
+            with clock("identity index"):
+                progress("recording the identities counted")
+                IdentityIndex(self.settings, self.pipeline).write(
+                    events, run, mode="append" if increment is not None else "overwrite"
+                )
             if publish:
                 from batch.publish import Publisher
 
                 with clock("publish"):
                     progress("publishing to Cassandra")
-                    run.batch_version = Publisher(self.settings, self.pipeline, self.spark).publish(run)
+                    run.batch_version = Publisher(self.settings, self.pipeline, self.spark).publish(
+                        run, changed=changed, base=increment.base.active if increment is not None else None
+                    )
             run.outcome = "published" if publish else "delta only"
             return run
         except BaseException as exc:
             run.outcome = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             raise
         finally:
+            _unpersist(cached)
             if not dry_run:
                 write_text(
                     batch_status_file(self.settings.storage_root, self.pipeline.name), json.dumps(asdict(run))
                 )
 
-    def _covered(self, files: list[str], horizon: Horizon, run: BatchRun, *, held_twice: bool) -> DataFrame:
+    def _plan(self, found: Horizon, run: BatchRun, table: DeltaTable, *, full: bool) -> Increment | None:
+        """The increment this run merges into the active batch, or None (a full run; ``run.reason``
+        says why)."""
+        if full:
+            run.reason = "asked for (--full)"
+            return None
+        base = find_base(self.settings, self.pipeline, horizon=found.epoch)
+        if isinstance(base, str):
+            run.reason = base
+            return None
+        increment = plan(base, self.bronze, bronze_version=run.bronze_version, boundaries=found.boundaries)
+        run.kind = "incremental"
+        run.reason = f"merged into batch version {base.active.version} (horizon {base.horizon})"
+        run.new_epochs = [base.horizon + 1, found.epoch] if found.epoch > base.horizon else []
+        return increment
+
+    def _incremental(
+        self,
+        increment: Increment,
+        found: Horizon,
+        run: BatchRun,
+        table: DeltaTable,
+        cached: list[DataFrame],
+        clock: Callable[[str], Any],
+    ) -> tuple[DataFrame, dict[str, DataFrame], dict[str, DataFrame]]:
+        """The new events (first deliveries of identities the index lacks), each view merged into
+        the base's, and each view's changed cells.
+
+        Raises:
+            FullRunNeeded: what this run met that only a full run computes exactly.
+        """
+        with clock("read+dedup"):
+            files = files_for(self.bronze, increment.ranges, table)
+            if files:
+                held_twice = self.bronze.may_hold_twice(table=table)
+                read = read_events(self.spark, files, self.pipeline, held_twice=held_twice)
+                delivered = read.filter(in_ranges(increment.ranges) & (F.col(INGEST_EPOCH) <= found.epoch))
+            else:
+                delivered = self.spark.createDataFrame([], from_arrow_schema(bronze_schema(self.pipeline)))
+            firsts = deduplicate(delivered, self.pipeline, copies=COPIES)
+            index = IdentityIndex(self.settings, self.pipeline).read(self.spark)
+            classified = classify(firsts, index, self.pipeline).persist()
+            cached.append(classified)
+            counts = classified.agg(
+                F.sum(COPIES).alias("read"),
+                F.sum(F.when(F.col(KNOWN), 0).otherwise(1)).alias("new"),
+                F.sum(F.when(F.col(EARLIER), 1).otherwise(0)).alias("earlier"),
+            ).first()
+            events = classified.filter(~F.col(KNOWN)).drop(COPIES, KNOWN, EARLIER)
+            run.changed_epochs, coordinates = old_epochs(events, increment.base.horizon)
+            if run.changed_epochs or counts["earlier"]:
+                run.changed_by = changed_by(
+                    self.bronze, increment, coordinates, bronze_version=run.bronze_version
+                )
+            if counts["earlier"]:
+                raise FullRunNeeded(
+                    "records bronze archived into epochs the active batch covered (commits "
+                    f"{run.changed_by}) precede the counted copies of {counts['earlier']} identities"
+                )
+            run.events_read = int(counts["read"] or 0)
+            run.duplicates = run.events_read - int(counts["new"] or 0)
+        outputs, changed = {}, {}
+        for view in self.pipeline.views:
+            with clock(f"view {view.name}"):
+                rows = self.compute(events, view)
+                path = views_path(self.settings.storage_root, self.pipeline.name, view.name)
+                previous = read_view(self.spark, path, increment.base.delta_versions[view.name], rows.schema)
+                if not same_columns(rows, previous):
+                    name = public_name(view.name)
+                    raise FullRunNeeded(f"the columns of view {name!r} changed (a schema change)")
+                merge = merge_latest if isinstance(view, LatestView) else merge_windowed
+                out = merge(previous, rows, view).persist()  # type: ignore[arg-type]
+                cached.append(out)
+                outputs[view.name] = out.drop(TOUCHED)
+                changed[view.name] = out.filter(F.col(TOUCHED)).drop(TOUCHED)
+                run.rows[view.name] = out.count()
+        return events, outputs, changed
+
+    def _covered(
+        self, files: list[str], horizon: Horizon, run: BatchRun, cached: list[DataFrame], *, held_twice: bool
+    ) -> DataFrame:
         """Bronze deduplicated across all history, then cut at the horizon (cached for the views)."""
         if not files:
             raise ConfigurationError(
@@ -160,6 +291,7 @@ class BatchJob:
             )
         events = read_events(self.spark, files, self.pipeline, held_twice=held_twice)
         firsts = deduplicate(events, self.pipeline, copies=COPIES).persist()
+        cached.append(firsts)
         counts = firsts.agg(
             F.sum(COPIES).alias("read"),
             F.count(F.lit(1)).alias("distinct"),
@@ -168,8 +300,7 @@ class BatchJob:
         run.events_read = int(counts["read"] or 0)
         run.duplicates = run.events_read - int(counts["distinct"] or 0)
         run.after_horizon = int(counts["after"] or 0)
-        covered = firsts.filter(F.col(INGEST_EPOCH) <= horizon.epoch).drop(COPIES)
-        return covered
+        return firsts.filter(F.col(INGEST_EPOCH) <= horizon.epoch).drop(COPIES)
 
     def _gate(self, covered: DataFrame, outputs: dict[str, DataFrame], run: BatchRun) -> None:
         """The quality gate on the bronze slice and every view (raises before anything is written)."""
@@ -194,7 +325,7 @@ class BatchJob:
     def compute(self, covered: DataFrame, view) -> DataFrame:
         """One view's batch rows (the speed layer's view functions; ``latest`` rows with their rank)."""
         if isinstance(view, LatestView):
-            out = latest(covered, self.pipeline, view)
+            out = latest(covered, self.pipeline, view, carry=(OFFSET,))
             return out.withColumn(RANK, latest_order(out, view).cast("long"))
         return windowed(covered, self.pipeline, view)
 
@@ -212,7 +343,8 @@ class BatchJob:
                 "lambdalake.horizon_end_ms": str(run.horizon_end_ms),
                 "lambdalake.bronze_version": str(run.bronze_version),
                 EPOCH_MS: str(self.pipeline.layers.epoch_ms),
-                "lambdalake.rows": str(run.rows[view]),
+                "lambdalake.rows": str(run.rows[view]), "lambdalake.kind": run.kind,
+                BOUNDARIES: json.dumps(run.boundaries, sort_keys=True),
             },
         )  # fmt: skip
         return version, rows
@@ -222,6 +354,12 @@ def _arrow_schema(df: DataFrame):
     from pyspark.sql.pandas.types import to_arrow_schema
 
     return to_arrow_schema(df.schema, timezone="UTC")
+
+
+def _unpersist(cached: list[DataFrame]) -> None:
+    for df in cached:
+        df.unpersist()
+    cached.clear()
 
 
 @contextmanager

@@ -1,13 +1,22 @@
-"""Publishing batch views to Cassandra: a new table per view and version, then one atomic swap.
+"""Publishing batch views to Cassandra: cells versioned in generation tables, then one atomic swap.
 
-Every row of the new version is written to tables of its own (``<pipeline>__<view>__b<version>``)
-while serving keeps reading the active version. Only when every row is written does one row of
-``lambdalake_batch`` (one partition: an atomic write) switch the active version and horizon.
+A full run starts a *generation*: every row of its views goes to tables of their own
+(``<pipeline>__<view>__b<version>``) while serving keeps reading the active version. An incremental
+run writes only the cells it changed, into its base's generation tables, each row marked with its
+batch version (:data:`lambdalake.views.CELL_VERSION`): a reader of version ``N`` takes, per cell, the
+newest row not above ``N`` (as Druid's segment versions overshadow per time chunk), so rows of a
+version not yet active are never read. Only when every row is written does one row of
+``lambdalake_batch`` (one partition: an atomic write) switch the active version, generation and
+horizon; an incremental swap is conditioned on its base still being active.
+
 Publishes need no lock of their own: the version number is claimed with ``INSERT ... IF NOT EXISTS``,
 the switch is a lightweight transaction conditioned on the version it replaces (and refuses a horizon
-below that version's), and only versions older than the one replaced are dropped. A
-publish killed half-way leaves serving on the previous version; its half-written tables are never
-activated (the next run takes a higher version number) and are dropped by a later run's retention.
+below that version's), and only generations older than the one replaced are dropped. A publish killed
+half-way leaves serving on the previous version: its rows are never activated (the next run takes a
+higher version number, and, its Delta views being newer than the active batch's, is a full run in a
+new generation), and its tables are dropped by a later run's retention. A generation takes at most
+:data:`REGENERATE_EVERY` versions, so a cell holds a bounded number of rows; then a publish writes
+every row of the views into a new one.
 """
 
 from __future__ import annotations
@@ -16,12 +25,14 @@ import json
 import logging
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from batch.run import BatchRun, views_path
 from lambdalake.cassandra.active import ActiveBatch, active_batch, lwt, read_meta
@@ -39,11 +50,14 @@ from lambdalake.errors import ConfigurationError
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.sinks import upsert_view
+from lambdalake.views import CELL_VERSION
 
 log = logging.getLogger("lambdalake.batch")
 
-#: Published versions kept besides the active one (older ones are dropped).
+#: Published versions kept besides the active one (older generations are dropped).
 KEEP_PREVIOUS = 1
+#: Versions one generation takes before a publish starts a new one (every row written again).
+REGENERATE_EVERY = 7
 
 
 class Publisher:
@@ -60,24 +74,37 @@ class Publisher:
         self.keyspace = settings.cassandra.keyspace
 
     def _versions_in_use(self, session: Session) -> list[int]:
-        """Every batch version that has a table, activated or not (a killed publish's too)."""
+        """Every generation that has a table, activated or not (a killed publish's too)."""
         refresh_metadata(session, self.keyspace)
         tables = session.cluster.metadata.keyspaces[self.keyspace].tables
         pattern = re.compile(rf"^{re.escape(self.pipeline.name)}__[a-z0-9_]+__b(\d+)$")
         return sorted({int(m.group(1)) for name in tables if (m := pattern.match(name))})
 
-    def publish(self, run: BatchRun, *, rebuilt_through: int | None = None) -> int:
-        """Write every view of ``run`` (as committed to Delta) under a new version; activate it.
+    def publish(
+        self,
+        run: BatchRun,
+        *,
+        rebuilt_through: int | None = None,
+        changed: Mapping[str, DataFrame] | None = None,
+        base: ActiveBatch | None = None,
+    ) -> int:
+        """Write the views of ``run`` under a new version; activate it.
 
         Records its steps' seconds in ``run.stages``: ``publish ddl``, ``publish rows``, ``publish
-        swap`` (the activation) and ``publish retire`` (dropping versions beyond the retention, after
-        serving has moved to the new one: a kill there leaves tables the next run drops).
+        swap`` (the activation) and ``publish retire`` (dropping generations beyond the retention,
+        after serving has moved to the new one: a kill there leaves tables the next run drops), and
+        the rows it wrote per view in ``run.rows_written``.
 
         Args:
             run: The run whose Delta views are published.
             rebuilt_through: The speed rows of epochs after ``run.horizon`` up to this one were
                 rebuilt from bronze (a restore of an older version): the horizon may move back that
                 far. Default None: a horizon below the active one's is refused.
+            changed: An incremental run's changed cells: per view (internal name), their rows as the
+                run's Delta view holds them. They join ``base``'s generation, unless it is full
+                (:data:`REGENERATE_EVERY`). None (default): every row of the Delta views, in a new
+                generation.
+            base: The active version an incremental run merged into; the swap requires it active.
         """
         t0 = time.monotonic()
         session = connect(self.settings.cassandra)
@@ -87,35 +114,46 @@ class Publisher:
         active = active_batch(session, self.keyspace, self.pipeline.name)
         self._refuse_below(active, run, rebuilt_through)  # early; decided again at the swap
         version = self._claim(session, active, run)
-        tables = {view.name: batch_table_def(self.pipeline, view, version) for view in self.pipeline.views}
-        for table in tables.values():
-            ensure_table(session, self.keyspace, table)
+        cells = changed is not None and base is not None and version - base.generation < REGENERATE_EVERY
+        generation = base.generation if cells and base is not None else version
+        tables = {view.name: batch_table_def(self.pipeline, view, generation) for view in self.pipeline.views}
+        if not cells:
+            for table in tables.values():
+                ensure_table(session, self.keyspace, table)
+        run.publish = "changed cells" if cells else "new generation"
         t1 = time.monotonic()
         for view in self.pipeline.views:
-            delta = open_table(views_path(self.settings.storage_root, self.pipeline.name, view.name),
-                               version=run.delta_versions[view.name])  # fmt: skip
-            assert delta is not None
-            files = delta.file_uris()
+            rows = changed[view.name] if cells and changed is not None else self._delta_rows(run, view.name)
             written = 0
-            if files:
+            if rows is not None:
                 # Rows of a version are written once, in bulk, while Cassandra serves nothing from
                 # them yet, from as many Python workers as the cluster has cores (a view is often
                 # one file).
-                rows = self.spark.read.parquet(*files)
+                rows = rows.withColumn(CELL_VERSION, F.lit(version).cast("long"))
                 rows = rows.repartition(max(1, self.spark.sparkContext.defaultParallelism))
                 cassandra = self.settings.cassandra
                 written = upsert_view(
                     rows, table=tables[view.name], cassandra=cassandra, **bulk_options(cassandra)
                 )
+            run.rows_written[view.name] = written
             log.info("batch v%d: %d rows to %s", version, written, tables[view.name].name)
         t2 = time.monotonic()
-        replaced = self._activate(session, version, run, rebuilt_through)
+        expect = base.version if cells and base is not None else None
+        replaced = self._activate(session, version, generation, run, rebuilt_through, expect=expect)
         t3 = time.monotonic()
-        self._retire(session, version, replaced)
+        self._retire(session, generation, replaced)
         run.stages.update({"publish ddl": round(t1 - t0, 3), "publish rows": round(t2 - t1, 3),
                            "publish swap": round(t3 - t2, 3),
                            "publish retire": round(time.monotonic() - t3, 3)})  # fmt: skip
         return version
+
+    def _delta_rows(self, run: BatchRun, view: str) -> DataFrame | None:
+        """Every row of ``view`` as the run committed it to Delta (None: no rows)."""
+        delta = open_table(views_path(self.settings.storage_root, self.pipeline.name, view),
+                           version=run.delta_versions[view])  # fmt: skip
+        assert delta is not None
+        files = delta.file_uris()
+        return self.spark.read.parquet(*files) if files else None
 
     def _refuse_below(self, active: ActiveBatch | None, run: BatchRun, rebuilt_through: int | None) -> None:
         """A version whose horizon is below the active one's would move the horizon back with no
@@ -159,17 +197,26 @@ class Publisher:
         return version
 
     def _activate(
-        self, session: Session, version: int, run: BatchRun, rebuilt_through: int | None
-    ) -> int | None:
+        self,
+        session: Session,
+        version: int,
+        generation: int,
+        run: BatchRun,
+        rebuilt_through: int | None,
+        *,
+        expect: int | None = None,
+    ) -> ActiveBatch | None:
         """Switch the active pointer to ``version`` with a lightweight transaction conditioned on
         the version it replaces, so two publishes never both believe they won, and the horizon
         check is made against exactly the version replaced. Returns that version (None: none).
 
         Raises:
-            ConfigurationError: the active version moved to a horizon above this run's meanwhile.
+            ConfigurationError: the active version moved to a horizon above this run's meanwhile, or
+                away from ``expect`` (the base an incremental run's cells were merged into).
         """
         values: dict[str, Any] = {
-            "version": version, "horizon": run.horizon, "epoch_ms": self.pipeline.layers.epoch_ms,
+            "version": version, "generation": generation, "horizon": run.horizon,
+            "epoch_ms": self.pipeline.layers.epoch_ms,
             "bronze_version": run.bronze_version, "views": json.dumps(run.delta_versions, sort_keys=True),
             "published_at": int(time.time() * 1000),
         }  # fmt: skip
@@ -184,6 +231,12 @@ class Publisher:
             meta = read_meta(session, self.keyspace, self.pipeline.name)
             active = meta.batch
             self._refuse_below(active, run, rebuilt_through)
+            if expect is not None and (active is None or active.version != expect):
+                raise ConfigurationError(
+                    f"batch version {active.version if active else None} of {self.pipeline.name!r} became "
+                    f"active while this incremental run merged into version {expect}; nothing was activated",
+                    fix=f"run `lambdalake batch run {self.pipeline.name}` again",
+                )
             # Serving reads each view's active version from this row's batch: one this run did not
             # build (a version switched while it ran) would have no rows in it.
             missing = sorted(meta.registry.active_names() - set(run.delta_versions))
@@ -200,19 +253,19 @@ class Publisher:
                     update, [*values.values(), self.pipeline.name, meta.row_version, meta.views_text]
                 ).was_applied
             if applied:
-                return None if active is None else active.version
+                return active
             log.info("the metadata row of %s moved meanwhile; deciding again", self.pipeline.name)
 
-    def _retire(self, session: Session, active: int, replaced: int | None) -> None:
-        """Drop the tables of versions older than the one this publish replaced (kept one more run:
-        serving may still read it for a moment). Versions above it are left alone: another run may
-        be writing or activating them."""
+    def _retire(self, session: Session, generation: int, replaced: ActiveBatch | None) -> None:
+        """Drop the tables of generations older than the one of the version this publish replaced
+        (kept one more run: serving may still read it for a moment, and it may be restored).
+        Generations above it are left alone: another run may be writing or activating them."""
         if replaced is None:
             return
-        for version in self._versions_in_use(session):
-            if version >= replaced - (KEEP_PREVIOUS - 1) or version == active:
+        for old in self._versions_in_use(session):
+            if old >= replaced.generation - (KEEP_PREVIOUS - 1) or old == generation:
                 continue
             for view in self.pipeline.views:
-                name = batch_table_def(self.pipeline, view, version).name
+                name = batch_table_def(self.pipeline, view, old).name
                 session.execute(f'DROP TABLE IF EXISTS "{self.keyspace}"."{name}"', timeout=60)
-            log.info("dropped batch version %d of %s", version, self.pipeline.name)
+            log.info("dropped batch generation %d of %s", old, self.pipeline.name)

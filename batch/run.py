@@ -11,12 +11,26 @@ def views_path(storage_root: str, pipeline: str, view: str) -> str:
     return f"{storage_root.rstrip('/')}/views/{pipeline}/{view}"
 
 
+def identities_path(storage_root: str, pipeline: str) -> str:
+    """Where a pipeline's identity index lives (:class:`batch.incremental.IdentityIndex`)."""
+    return f"{storage_root.rstrip('/')}/identities/{pipeline}"
+
+
 @dataclass
 class BatchRun:
     """What one run did: the summary table and the status file show it."""
 
     pipeline: str
     run_id: str
+    #: ``full`` (every view rebuilt from all of bronze) or ``incremental`` (merged into a base).
+    kind: str = "full"
+    #: Why a run is full, or which version an incremental run merged into.
+    reason: str = ""
+    #: The epochs an incremental run recomputed: those after the base's horizon (first, last), and
+    #: older ones bronze commits changed (``changed_by``: their versions).
+    new_epochs: list[int] = field(default_factory=list)
+    changed_epochs: list[int] = field(default_factory=list)
+    changed_by: list[int] = field(default_factory=list)
     horizon: int | None = None
     horizon_end_ms: int | None = None
     bronze_version: int | None = None
@@ -27,6 +41,9 @@ class BatchRun:
     rows: dict[str, int] = field(default_factory=dict)
     delta_versions: dict[str, int] = field(default_factory=dict)
     batch_version: int | None = None
+    #: How the publish wrote: every row in a new generation, or the changed cells into the base's.
+    publish: str | None = None
+    rows_written: dict[str, int] = field(default_factory=dict)
     outcome: str = "running"
     quality_report: str | None = None
     stages: dict[str, float] = field(default_factory=dict)

@@ -6,7 +6,10 @@ two days, so every epoch but the newest is closed): producing 10M events through
 job would take most of the bench's time without telling anything about the batch layer. A 200k-event
 rebuild runs first, unreported, so the timed publishes meet a warm Cassandra, as a nightly job does.
 
-    python -m bench.batch [--events 2000000 10000000]
+Then the incremental run: a full run over 10M (and 20M) events of history, 0.5M new events in the
+next two epochs, and the incremental run over them, each timed end to end.
+
+    python -m bench.batch [--events 2000000 10000000] [--history 10000000 20000000] [--new 500000]
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import uuid
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -37,20 +41,24 @@ KEYS = 200_000
 EPOCH_MS = 3_600_000
 
 
-def synthetic_bronze(n: int, schema: pa.Schema, topic: str, seed: int) -> list[pa.Table]:
-    """``n`` offers events as bronze rows, in chunks; 2 % are later copies of earlier events."""
+def synthetic_bronze(
+    n: int, schema: pa.Schema, topic: str, seed: int, *, first: int = 0, epochs: tuple[int, int] | None = None
+) -> list[pa.Table]:
+    """``n`` offers events as bronze rows, in chunks; 2 % are later copies of earlier events.
+    ``first``: the first event's number (and offset); ``epochs``: the ingest epochs they spread
+    over, ``[start, end)`` (default the 46 closed epochs before the last two)."""
     rng = np.random.default_rng(seed)
-    now_ms = int(time.time() * 1000)
-    start_ms = (now_ms // EPOCH_MS - 48) * EPOCH_MS
-    span = now_ms - 2 * EPOCH_MS - start_ms  # every event in a closed epoch
+    now_epoch = int(time.time() * 1000) // EPOCH_MS
+    start, end = epochs or (now_epoch - 48, now_epoch - 2)
+    start_ms, span = start * EPOCH_MS, (end - start) * EPOCH_MS - 1  # every event in a closed epoch
     chunks = []
-    for lo in range(0, n, CHUNK):
-        size = min(CHUNK, n - lo)
+    for lo in range(first, first + n, CHUNK):
+        size = min(CHUNK, first + n - lo)
         idx = np.arange(lo, lo + size)
         copies = rng.random(size) < 0.02
         original = np.where(copies, np.maximum(idx - rng.integers(1, 5000, size), 0), idx)
         key = original % KEYS
-        ingest = start_ms + (idx * span // n)
+        ingest = start_ms + ((idx - first) * span // n)
         cols = {
             "offer_id": pa.array([f"offer-{k:06d}" for k in key]),
             "merchant_id": pa.array([f"merchant-{k % 500:04d}" for k in key]),
@@ -167,11 +175,74 @@ def rebuild(settings: Settings, spark: SparkSession, n: int, *, report: bool = T
     return result
 
 
+def write_bronze(bronze: MasterDataset, pipeline, schema: pa.Schema, n: int, *, first: int,
+                 epochs: tuple[int, int], seed: int) -> float:  # fmt: skip
+    """Commit ``n`` synthetic events to bronze, each chunk recording the offsets it read (as the
+    speed job's commits do); returns seconds."""
+    t0 = time.perf_counter()
+    topic = pipeline.topic.name
+    for i, chunk in enumerate(synthetic_bronze(n, schema, topic, seed, first=first, epochs=epochs)):
+        lo, hi = pc.min_max(chunk.column("_offset")).values()
+        ranges = {f"{topic}/{p}": [(lo.as_py(), hi.as_py() + 1)] for p in range(pipeline.topic.partitions)}
+        files = write_event_files(chunk, path=bronze.path, event_time="updated_at", name=f"bench-{first}-{i}")
+        bronze.commit(files, app_id="bench", batch_id=first + i, layers=pipeline.layers, ranges=ranges)
+    return time.perf_counter() - t0
+
+
+def incremental(settings: Settings, spark: SparkSession, history: int, new: int) -> dict:
+    """A full run over ``history`` events, then ``new`` more events in the next two epochs and an
+    incremental run over them: both timed end to end (compute, Delta, publish)."""
+    run_id = uuid.uuid4().hex[:6]
+    base = load_pipeline("offers", pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir)
+    pipeline = base.model_copy(
+        update={"topic": base.topic.model_copy(update={"name": f"bench-inc-{run_id}"})}
+    )
+    ensure_pipeline_topics(settings, pipeline)
+    root = f"{settings.storage_root}/incremental-{run_id}"
+    run_settings = settings.model_copy(update={"storage_root": root})
+    schema = DecodeSpec.of(pipeline, settings).output_schema
+    schema = pa.schema([f for f in schema if f.name not in ERROR_FIELDS])
+    bronze = MasterDataset(table_path(root, pipeline.name), event_time=pipeline.event.time)
+    now_epoch = int(time.time() * 1000) // EPOCH_MS
+    write_bronze(
+        bronze, pipeline, schema, history, first=0, epochs=(now_epoch - 52, now_epoch - 4), seed=history
+    )
+    t0 = time.perf_counter()
+    full = BatchJob(settings=run_settings, pipeline=pipeline, spark=spark).run(horizon=now_epoch - 5)
+    full_s = time.perf_counter() - t0
+    write_bronze(
+        bronze, pipeline, schema, new, first=history, epochs=(now_epoch - 4, now_epoch - 2), seed=new
+    )
+    t0 = time.perf_counter()
+    inc = BatchJob(settings=run_settings, pipeline=pipeline, spark=spark).run(horizon=now_epoch - 3)
+    inc_s = time.perf_counter() - t0
+    assert full.kind == "full" and inc.kind == "incremental", (full.reason, inc.reason)
+    result = {
+        "history": history, "new": new, "full_s": round(full_s, 1), "incremental_s": round(inc_s, 1),
+        "incremental_vs_full": round(inc_s / full_s, 3), "full_stages_s": full.stages,
+        "incremental_stages_s": inc.stages, "rows": inc.rows, "rows_written": inc.rows_written,
+        "full_rows_written": full.rows_written, "events_read": inc.events_read,
+        "duplicates": inc.duplicates,
+    }  # fmt: skip
+    print(
+        f"{history:,} events of history + {new:,} new: full run {full_s:.1f}s, incremental {inc_s:.1f}s "
+        f"(x{result['incremental_vs_full']}); rows written {inc.rows_written} of {inc.rows}",
+        flush=True,
+    )
+    shutil.rmtree(root, ignore_errors=True)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--events", type=int, nargs="+", default=[2_000_000, 10_000_000])
+    parser.add_argument(
+        "--history", type=int, nargs="*", default=[10_000_000, 20_000_000],
+        help="Histories for the incremental runs (each then takes --new more events).",
+    )  # fmt: skip
+    parser.add_argument("--new", type=int, default=500_000)
     args = parser.parse_args()
     settings = bench_settings()
     results = []
@@ -182,12 +253,25 @@ def main() -> None:
         rebuild(settings, spark, 200_000, report=False)
         for n in args.events:
             results.append(rebuild(settings, spark, n))
+        increments = [incremental(settings, spark, h, args.new) for h in args.history]
         spark.stop()
+    growth = None
+    if len(increments) >= 2:
+        growth = round(increments[-1]["incremental_s"] / increments[0]["incremental_s"], 2)
+        print(f"incremental run at {args.history[-1]:,} vs {args.history[0]:,} events of history: x{growth}")
     path = write_result(
         "batch",
         {
             "runs": results,
-            "targets": {"events_per_s": 100_000, "compute_overhead": 1.3, "publish_rows_per_s": 30_000},
+            "incremental": increments,
+            "incremental_growth": growth,
+            "targets": {
+                "events_per_s": 100_000,
+                "compute_overhead": 1.3,
+                "publish_rows_per_s": 30_000,
+                "incremental_vs_full": 0.1,
+                "incremental_growth": 1.3,
+            },
         },
     )
     print(f"-> {path}")

@@ -54,6 +54,28 @@ def intersection(
     return out
 
 
+def difference(
+    ranges: Mapping[str, list[tuple[int, int]]], coverage: Mapping[str, list[tuple[int, int]]]
+) -> Coverage:
+    """The parts of ``ranges`` that ``coverage`` does not hold."""
+    out: Coverage = {}
+    for key, wanted in ranges.items():
+        held = normalized(coverage.get(key, []))
+        parts = []
+        for start, end in normalized(wanted):
+            for hs, he in held:
+                if he <= start or hs >= end:
+                    continue
+                if hs > start:
+                    parts.append((start, hs))
+                start = max(start, he)
+            if start < end:
+                parts.append((start, end))
+        if parts:
+            out[key] = normalized(parts)
+    return out
+
+
 def runs(offsets: np.ndarray) -> list[tuple[int, int]]:
     """Offsets as ranges of consecutive ones."""
     if len(offsets) == 0:

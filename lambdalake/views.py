@@ -179,10 +179,39 @@ def speed_table(pipeline: Pipeline, view: LatestView | WindowedView) -> str:
     return f"{pipeline.name}__{view.name}__speed"
 
 
-def batch_table(pipeline: Pipeline, view: LatestView | WindowedView, version: int) -> str:
-    """The Cassandra table of one published batch version of a view: a table per version, so a new
-    version is written beside the active one and an old one is dropped whole."""
-    return f"{pipeline.name}__{view.name}__b{version}"
+def batch_table(pipeline: Pipeline, view: LatestView | WindowedView, generation: int) -> str:
+    """The Cassandra table of one generation of a view's batch versions: a full run starts a
+    generation (a table beside the active one, dropped whole once retired); an incremental run adds
+    the cells it changed to its base's generation, each row marked with its version
+    (:data:`CELL_VERSION`)."""
+    return f"{pipeline.name}__{view.name}__b{generation}"
+
+
+#: The batch rows' column holding the batch version that wrote the cell: a reader of version ``N``
+#: takes, per cell, the row of the newest version not above ``N`` (:func:`newest_cells`).
+CELL_VERSION = "_bv"
+
+
+def newest_cells(
+    names: Sequence[str], rows: Iterable[Sequence[Any]], *, cell: Sequence[str], version: int
+) -> list[Sequence[Any]]:
+    """Per cell (the rows' values of the ``cell`` columns), the row of the newest batch version not
+    above ``version``, in the rows' order (rows without :data:`CELL_VERSION`, of a table written
+    before cells were versioned, are all current)."""
+    if CELL_VERSION not in names:
+        return list(rows)
+    at = names.index(CELL_VERSION)
+    key = operator.itemgetter(*[names.index(c) for c in cell]) if cell else (lambda _row: ())
+    best: dict[Any, Sequence[Any]] = {}
+    for row in rows:
+        v = row[at]
+        if v is None or v > version:
+            continue  # a version being published, or one never activated
+        k = key(row)
+        seen = best.get(k)
+        if seen is None or seen[at] < v:
+            best[k] = row
+    return list(best.values())
 
 
 #: The ``latest`` batch rows' column holding their :func:`latest_rank` (serving compares it with the

@@ -24,7 +24,7 @@ from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_pipeline, list_pipelines
 from lambdalake.settings import Settings
-from lambdalake.views import RANK, WINDOW_START, batch_table, speed_table
+from lambdalake.views import CELL_VERSION, RANK, WINDOW_START, batch_table, newest_cells, speed_table
 from serving.answers import Answer, LatestRow, Provenance
 from serving.contract import EARLIEST_MS, LATEST_MS
 from serving.merge import RowSet, aware_utc_values, merge_windows, pick_latest
@@ -227,7 +227,7 @@ class ServingClient:
     ) -> tuple[Pipeline, LatestView | WindowedView, ActiveBatch | None]:
         """After a read failed: the version to retry with, or the error to show."""
         text = str(exc)
-        if (active is not None and batch_table(p, v, active.version) in text) or speed_table(p, v) in text:
+        if (active is not None and batch_table(p, v, active.generation) in text) or speed_table(p, v) in text:
             # The cached batch or view version was retired meanwhile: read the metadata row again.
             fresh = self.served(p.name, view, refresh=True)
             if fresh[1].name != v.name or fresh[2] != active:  # anything else would fail the same way
@@ -254,7 +254,7 @@ class ServingClient:
         if isinstance(v, WindowedView):
             params = [*values, _ms(start, "from") if start is not None else EARLIEST_MS,
                       _ms(end, "to") if end is not None else LATEST_MS]  # fmt: skip
-        return self._read(p, v, None, params), self._read(p, v, active.version, params) if active else None
+        return self._read(p, v, None, params), self._read(p, v, active.generation, params) if active else None
 
     def _answer(
         self,
@@ -276,31 +276,39 @@ class ServingClient:
             for data in speed_rows:
                 rank = data.pop(list(data)[-1])  # the WRITETIME column, selected last
                 speed = LatestRow(data, int(rank), "speed")
-            for data in batch_rows:
-                batch = LatestRow({k: x for k, x in data.items() if k != RANK}, int(data[RANK]), "batch")
+            for data in newest_rows(batch_rows, active):
+                batch = LatestRow(
+                    {k: x for k, x in data.items() if k not in (RANK, CELL_VERSION)}, int(data[RANK]), "batch"
+                )
             winner = pick_latest(batch, speed)
             epochs = (winner.values.get("_epoch"),) if winner is speed and winner is not None else ()
             provenance = _provenance(active, epoch_ms, tuple(e for e in epochs if e is not None))
             return Answer(p.name, name, "latest", key, provenance, latest=winner)
-        windows = merge_windows(_tuples(batch_f), _tuples(speed_f), v, horizon=horizon)
+        names, rows = _tuples(batch_f)
+        if active is not None:
+            rows = newest_cells(names, rows, cell=(WINDOW_START,), version=active.version)
+        windows = merge_windows((names, rows), _tuples(speed_f), v, horizon=horizon)
         epochs = tuple(sorted({e for w in windows for e in w.speed_epochs}))
         return Answer(p.name, name, "windowed", key, _provenance(active, epoch_ms, epochs), windows=windows)
 
     def _read(
-        self, p: Pipeline, v: LatestView | WindowedView, version: int | None, params: list[Any]
+        self, p: Pipeline, v: LatestView | WindowedView, generation: int | None, params: list[Any]
     ) -> ResponseFuture:
-        """The speed rows (``version`` None) or one batch version's rows of a key, asynchronously."""
+        """The speed rows (``generation`` None) or one batch generation's rows of a key (every cell
+        version in it), asynchronously."""
         return self.session.execute_async(
-            self._statement(p, v, version), params, execution_profile=self.profile
+            self._statement(p, v, generation), params, execution_profile=self.profile
         )
 
-    def _statement(self, p: Pipeline, v: LatestView | WindowedView, version: int | None) -> PreparedStatement:
-        table = speed_table(p, v) if version is None else batch_table(p, v, version)
+    def _statement(
+        self, p: Pipeline, v: LatestView | WindowedView, generation: int | None
+    ) -> PreparedStatement:
+        table = speed_table(p, v) if generation is None else batch_table(p, v, generation)
         where = " AND ".join(f'"{k}" = ?' for k in v.key)
         if isinstance(v, WindowedView):
             window = f'"{WINDOW_START}" >= ? AND "{WINDOW_START}" < ?'
             cql = f'SELECT * FROM "{self.keyspace}"."{table}" WHERE {where} AND {window}'
-        elif version is None:
+        elif generation is None:
             # CQL 2.1 takes no `*` beside a function: the columns by name.
             cols = ", ".join(f'"{c}"' for c in speed_table_def(p, v).column_names)
             rank = f'WRITETIME("{RANKED_COLUMN}")'
@@ -314,6 +322,15 @@ class ServingClient:
             with self._lock:
                 self._prepared[cql] = stmt
         return stmt
+
+
+def newest_rows(rows: list[dict[str, Any]], active: ActiveBatch | None) -> list[dict[str, Any]]:
+    """A key's ``latest`` batch rows as ``active`` reads them: the newest cell version not above it."""
+    if active is None or not rows:
+        return rows
+    names = list(rows[0])
+    kept = newest_cells(names, [tuple(r.values()) for r in rows], cell=(), version=active.version)
+    return [dict(zip(names, row, strict=True)) for row in kept]
 
 
 def _provenance(active: ActiveBatch | None, epoch_ms: int, epochs: tuple[int, ...]) -> Provenance:

@@ -91,7 +91,8 @@ def stop_job(job: subprocess.Popen, timeout: float = 90) -> None:
 
 def kill_publish_half_way(settings: Settings, pipeline: Pipeline, *args: str, env: dict[str, str]) -> None:
     """Start `lambdalake batch run <pipeline> *args` with one row per publish request (slow enough to
-    be caught) and kill -9 it as soon as the new version's first table holds a row."""
+    be caught) and kill -9 it as soon as its first view's table holds a row of the new version (in a
+    new generation's table after a full run, in the active one's after an incremental one)."""
     from lambdalake.cassandra.active import active_batch
     from lambdalake.cassandra.session import connect
     from lambdalake.cassandra.tables import batch_table_def
@@ -105,20 +106,25 @@ def kill_publish_half_way(settings: Settings, pipeline: Pipeline, *args: str, en
         env={**env, "LAMBDALAKE_CASSANDRA__PUBLISH_BATCH_ROWS": "1"}, cwd=PROJECT_ROOT,
         start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
-    target = batch_table_def(pipeline, pipeline.views[0], version + 1).name
+    generations = {version + 1, before.generation if before is not None else version + 1}
+    targets = [batch_table_def(pipeline, pipeline.views[0], g).name for g in sorted(generations)]
     deadline = time.monotonic() + 300
     while True:
         assert job.poll() is None, job.stdout.read().decode()[-3000:]  # type: ignore[union-attr]
         assert time.monotonic() < deadline, "the publish never started"
-        try:
-            if session.execute(f'SELECT * FROM "{keyspace}"."{target}" LIMIT 1').one() is not None:
-                break
-        except Exception:  # the table does not exist yet
-            pass
+        if any(_holds_version_above(session, f'"{keyspace}"."{t}"', version) for t in targets):
+            break
         time.sleep(0.05)
     os.killpg(job.pid, signal.SIGKILL)
     job.wait(30)
     wait_for_lease_expiry(settings, pipeline.name, "batch run")
+
+
+def _holds_version_above(session: Any, table: str, version: int) -> bool:
+    try:
+        return any(row[0] > version for row in session.execute(f'SELECT "_bv" FROM {table}'))
+    except Exception:  # the table does not exist yet
+        return False
 
 
 def wait_for_lease_expiry(settings: Settings, pipeline: str, role: str) -> None:

@@ -223,13 +223,27 @@ def merged_rows(client: Any, pipeline: Pipeline, view, keys: set[tuple]) -> list
     return rows
 
 
+def batch_rows(settings: Settings, pipeline: Pipeline, view, active) -> list[dict[str, Any]]:
+    """The rows of ``view`` that batch version ``active`` serves: per cell, the newest cell version
+    not above it, in its generation's table (without the version column)."""
+    from lambdalake.views import CELL_VERSION, WINDOW_START, newest_cells
+
+    rows = cassandra_rows(settings, batch_table_def(pipeline, view, active.generation).name)
+    if not rows:
+        return []
+    names = list(rows[0])
+    cell = [*view.key, *([] if isinstance(view, LatestView) else [WINDOW_START])]
+    kept = newest_cells(names, [tuple(r.values()) for r in rows], cell=cell, version=active.version)
+    return [{k: v for k, v in zip(names, row, strict=True) if k != CELL_VERSION} for row in kept]
+
+
 def stored_keys(settings: Settings, pipeline: Pipeline, view) -> set[tuple]:
     """Keys the speed table and the active batch table hold (to catch answers the reference lacks)."""
-    tables = [speed_table(pipeline, view)]
+    rows = cassandra_rows(settings, speed_table(pipeline, view))
     active = active_batch(connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name)
     if active is not None:
-        tables.append(batch_table_def(pipeline, view, active.version).name)
-    return {tuple(r[k] for k in view.key) for t in tables for r in cassandra_rows(settings, t)}
+        rows += batch_rows(settings, pipeline, view, active)
+    return {tuple(r[k] for k in view.key) for r in rows}
 
 
 def merged_differences(settings: Settings, client: Any, pipelines: dict[str, Pipeline]) -> list[str]:

@@ -32,7 +32,7 @@ from lambdalake.settings import PROJECT_ROOT, Settings
 from speed.job import SpeedJob, SpeedOptions
 from tests.conftest import env_for, isolated, pipeline_named
 from tests.helpers import kill_publish_half_way, pipelines_folder
-from tests.reference import batch_differences, batch_views, cassandra_rows, topic_events
+from tests.reference import batch_differences, batch_rows, batch_views, topic_events
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -58,8 +58,7 @@ def delta_rows(
 def published_rows(settings: Settings, pipeline: Pipeline) -> tuple[int, dict[str, list[dict]]]:
     active = active_batch(connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name)
     assert active is not None
-    tables = {v.name: batch_table_def(pipeline, v, active.version).name for v in pipeline.views}
-    return active.version, {name: cassandra_rows(settings, table) for name, table in tables.items()}
+    return active.version, {v.name: batch_rows(settings, pipeline, v, active) for v in pipeline.views}
 
 
 def wait_for_epoch_end(pipeline: Pipeline) -> None:
@@ -199,7 +198,7 @@ def test_restore_republishes_the_cassandra_rows_from_delta(archived: dict, spark
     active = active_batch(session, settings.cassandra.keyspace, pipeline.name)
     assert active is not None
     for view in pipeline.views:
-        table = batch_table_def(pipeline, view, active.version).name
+        table = batch_table_def(pipeline, view, active.generation).name
         session.execute(f'DROP TABLE "{settings.cassandra.keyspace}"."{table}"')
     restored = restore(settings, pipeline, spark)
     assert restored.batch_version == active.version + 1 and restored.horizon == active.horizon
@@ -219,7 +218,7 @@ def test_a_publish_killed_half_way_leaves_serving_on_the_previous_version(
     before = active_batch(session, keyspace, pipeline.name)
     assert before is not None
     env = {**env_for(settings), "LAMBDALAKE_PIPELINES_DIR": str(pipelines_folder(tmp_path, pipeline))}
-    kill_publish_half_way(settings, pipeline, "--horizon", str(before.horizon), env=env)
+    kill_publish_half_way(settings, pipeline, "--full", "--horizon", str(before.horizon), env=env)
     after = active_batch(session, keyspace, pipeline.name)
     assert after == before, "a half-written version became active"
     events, _ = topic_events(settings, pipeline)

@@ -129,9 +129,8 @@ def test_batch_job_on_standalone_cluster(
     the published rows equal the pandas reference for the horizon (as a local run's do, test_batch)."""
     from lambdalake.cassandra.active import active_batch
     from lambdalake.cassandra.session import connect
-    from lambdalake.cassandra.tables import batch_table_def
     from tests.conftest import run_cli
-    from tests.reference import batch_differences, batch_views, cassandra_rows, topic_events
+    from tests.reference import batch_differences, batch_rows, batch_views, topic_events
 
     pipelines = tmp_path / "pipelines"
     pipelines.mkdir()
@@ -166,10 +165,7 @@ def test_batch_job_on_standalone_cluster(
     assert active is not None
     events, _ = topic_events(settings, pipeline)
     want = batch_views(events, pipeline, active.horizon)
-    rows = {
-        v.name: cassandra_rows(settings, batch_table_def(pipeline, v, active.version).name)
-        for v in pipeline.views
-    }
+    rows = {v.name: batch_rows(settings, pipeline, v, active) for v in pipeline.views}
     assert all(rows.values())
     assert batch_differences(pipeline, want, rows) == []
     assert list((tmp_path / "work").glob("app-*/*/stderr")), "no executor ran on the worker"

@@ -22,12 +22,14 @@ class ActiveBatch:
     """What serving reads: the active version, its horizon epoch and the epoch length.
 
     Attributes:
-        version: The batch version whose tables (``<pipeline>__<view>__b<version>``) serving reads.
+        version: The batch version serving reads: per cell, the row of the newest version not above it.
         horizon: The newest ingest epoch the version covers (epochs are ``ingest ms // epoch_ms``).
         epoch_ms: The epoch length the version was computed with.
         bronze_version: The master dataset's Delta version the run read.
         views: Each view's Delta version that was published (by internal name).
         published_at_ms: When the version became active (epoch ms; 0 if unknown).
+        generation: The version whose full run started the tables (``<pipeline>__<view>__b<generation>``)
+            holding this version's cells (incremental runs add theirs to their base's).
     """
 
     version: int
@@ -36,6 +38,11 @@ class ActiveBatch:
     bronze_version: int
     views: dict[str, int]
     published_at_ms: int = 0
+    generation: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.generation:  # a row written before generations: its tables are its own
+            object.__setattr__(self, "generation", self.version)
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,7 @@ def read_meta(session: Session, keyspace: str, pipeline: str) -> PipelineMeta:
         batch = ActiveBatch(
             row.version, row.horizon, row.epoch_ms, row.bronze_version, json.loads(row.views),
             int(published.timestamp() * 1000) if published is not None else 0,
+            getattr(row, "generation", None) or row.version,
         )  # fmt: skip
     return PipelineMeta(batch, Registry.parse(text), row.version or 0, text)
 

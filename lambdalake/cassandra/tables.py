@@ -15,6 +15,7 @@ from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import CassandraSettings
 from lambdalake.views import (
+    CELL_VERSION,
     EPOCH,
     RANK,
     WINDOW_START,
@@ -124,26 +125,30 @@ def speed_table_def(
     )  # fmt: skip
 
 
-def batch_table_def(pipeline: Pipeline, view: LatestView | WindowedView, version: int) -> TableDef:
-    """The table of one published batch version: the speed table's columns, without the ingest epoch
-    (a batch row covers every epoch up to the horizon); ``latest`` rows carry their rank."""
+def batch_table_def(pipeline: Pipeline, view: LatestView | WindowedView, generation: int) -> TableDef:
+    """The table of one generation of published batch versions: the speed table's columns, without
+    the ingest epoch (a batch row covers every epoch up to the horizon), each cell (a key of ``latest``,
+    a key and window of a windowed view) once per batch version that wrote it (:data:`CELL_VERSION`,
+    the last clustering column); ``latest`` rows carry their rank."""
     speed = speed_table_def(pipeline, view)
+    name = batch_table(pipeline, view, generation)
     if isinstance(view, LatestView):
-        cols = (*speed.columns, (RANK, "bigint"))
-        return TableDef(batch_table(pipeline, view, version), cols, speed.partition_key)
-    cols = tuple(c for c in speed.columns if c[0] != EPOCH)
-    return TableDef(batch_table(pipeline, view, version), cols, speed.partition_key, (WINDOW_START,))
+        cols = (*speed.columns, (RANK, "bigint"), (CELL_VERSION, "bigint"))
+        return TableDef(name, cols, speed.partition_key, (CELL_VERSION,))
+    cols = (*(c for c in speed.columns if c[0] != EPOCH), (CELL_VERSION, "bigint"))
+    return TableDef(name, cols, speed.partition_key, (WINDOW_START, CELL_VERSION))
 
 
-#: One row per pipeline: the active batch version and its horizon, and the view versions
-#: (:mod:`lambdalake.view_versions`). Publishing writes every row of a new version first, then this
-#: one row: the swap is a single-partition write, so atomic. Version 0: no batch published yet.
+#: One row per pipeline: the active batch version, its generation (whose tables hold its cells) and
+#: horizon, and the view versions (:mod:`lambdalake.view_versions`). Publishing writes every row of a
+#: new version first, then this one row: the swap is a single-partition write, so atomic. Version 0:
+#: no batch published yet.
 BATCH_META = TableDef(
     "lambdalake_batch",
     (
         ("pipeline", "text"), ("version", "bigint"), ("horizon", "bigint"), ("epoch_ms", "bigint"),
         ("bronze_version", "bigint"), ("views", "text"), ("published_at", "timestamp"),
-        ("view_versions", "text"),
+        ("view_versions", "text"), ("generation", "bigint"),
     ),
     ("pipeline",),
 )  # fmt: skip

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from batch.run import BatchRun
 from lambdalake.cli.common import (
     PipelineArg,
     console,
@@ -39,9 +40,15 @@ def batch_run(
         str | None, typer.Option(help="Take the newest epoch closed at this time (ISO-8601 or epoch ms).")
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Compute and count; write nothing.")] = False,
+    full: Annotated[
+        bool, typer.Option("--full", help="Rebuild every view from all of bronze, though a run could merge.")
+    ] = False,
 ) -> None:
-    """Rebuild every view of the pipeline from the master dataset up to the horizon, write the Delta
-    views and publish them to Cassandra as a new batch version (serving switches atomically)."""
+    """Bring every view of the pipeline up to the horizon, write the Delta views and publish them to
+    Cassandra as a new batch version (serving switches atomically). Incremental when it can: only
+    what bronze added since the active batch is read, and merged into its views; full (everything
+    rebuilt from the master dataset) with --full, on the first run, and after a view or the layers
+    changed; the summary says which and why."""
     from batch.job import BatchJob
 
     if horizon is not None and as_of is not None:
@@ -58,24 +65,47 @@ def batch_run(
             horizon=horizon,
             as_of_ms=timestamp_ms(as_of) if as_of else None,
             dry_run=dry_run,
+            full=full,
             progress=lambda stage: status.update(f"{stage}..."),
         )
     table = Table(title=f"batch run {result.run_id} of {p.name}: {result.outcome}", show_header=False)
     table.add_row("horizon", f"epoch {result.horizon} (ingest time < {result.horizon_end_ms} ms)")
     table.add_row("bronze version", str(result.bronze_version))
+    for name, value in run_kind_rows(result):
+        table.add_row(name, value)
     table.add_row("events read", f"{result.events_read:,}")
     table.add_row("duplicates removed", f"{result.duplicates:,}")
-    table.add_row("after the horizon (left to speed)", f"{result.after_horizon:,}")
+    if result.kind == "full":
+        table.add_row("after the horizon (left to speed)", f"{result.after_horizon:,}")
     for view, rows in result.rows.items():
         delta = result.delta_versions.get(view)
+        written = result.rows_written.get(view)
         table.add_row(
-            f"view {view}", f"{rows:,} rows" + (f", Delta version {delta}" if delta is not None else "")
+            f"view {view}",
+            f"{rows:,} rows"
+            + (f", Delta version {delta}" if delta is not None else "")
+            + (f", {written:,} written to Cassandra" if written is not None else ""),
         )
     table.add_row("batch version", str(result.batch_version if result.batch_version is not None else "-"))
     for stage, seconds in result.stages.items():
         table.add_row(f"[dim]{stage}[/]", f"[dim]{seconds:.1f}s[/]")
     table.add_row("total", f"{time.monotonic() - t0:.1f}s")
     out.print(table)
+
+
+def run_kind_rows(run: BatchRun) -> list[tuple[str, str]]:
+    """What kind of run it was and what it recomputed, as rows of a summary."""
+    rows = [("kind", f"{run.kind}: {run.reason}" if run.reason else run.kind)]
+    if run.kind == "incremental":
+        new = f"epochs {run.new_epochs[0]}..{run.new_epochs[1]}" if run.new_epochs else "none"
+        rows.append(("recomputed (new)", new))
+        if run.changed_epochs or run.changed_by:
+            rows.append(
+                ("recomputed (changed)", f"epochs {run.changed_epochs} by bronze commits {run.changed_by}")
+            )
+    if run.publish:
+        rows.append(("publish", run.publish))
+    return rows
 
 
 @app.command("restore")

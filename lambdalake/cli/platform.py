@@ -291,3 +291,17 @@ def print_pipeline_statuses(statuses: list[dict[str, Any]]) -> None:
                 f"  last batch run {last.get('run_id')}: {last.get('outcome')}"
                 f" (horizon {last.get('horizon')}, {sum((last.get('stages') or {}).values()):.0f}s)"
             )
+            kind = last.get("kind", "full")
+            out.print(f"    {kind}: {last.get('reason') or '-'}")
+            if kind == "incremental":
+                new = last.get("new_epochs") or []
+                out.print(f"    recomputed epochs {new[0]}..{new[1]} (new)" if new else "    no new epoch")
+                if last.get("changed_by"):
+                    out.print(
+                        f"    recomputed epochs {last.get('changed_epochs')} changed by bronze commits "
+                        f"{last.get('changed_by')}"
+                    )
+            written = last.get("rows_written") or {}
+            if written:
+                rows = ", ".join(f"{view} {n:,}" for view, n in written.items())
+                out.print(f"    rows written to Cassandra ({last.get('publish')}): {rows}")

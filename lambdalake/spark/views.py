@@ -45,11 +45,14 @@ def latest_order(df: DataFrame, view: LatestView) -> Column:
     return latest_rank(_version(df, view).cast("decimal(38,0)"), F.unix_seconds(F.col(INGEST_TS)))
 
 
-def latest(df: DataFrame, pipeline: Pipeline, view: LatestView) -> DataFrame:
+def latest(
+    df: DataFrame, pipeline: Pipeline, view: LatestView, *, carry: tuple[str, ...] = ()
+) -> DataFrame:
     """One row per key: the delivery ranked highest by :func:`latest_order` (among equals, the lowest
-    offset), so the result never depends on arrival order."""
+    offset), so the result never depends on arrival order. ``carry``: more columns of the winning
+    delivery to keep (the batch layer keeps its offset, to merge two results as one)."""
     cols = latest_columns(pipeline, view)
-    keep = [c for c in cols if c not in view.key] + [INGEST_TS, INGEST_EPOCH]
+    keep = list(dict.fromkeys([*(c for c in cols if c not in view.key), INGEST_TS, INGEST_EPOCH, *carry]))
     # The rank's two parts compared in turn order exactly as the rank does (latest_tiebreak), in
     # longs: the rank itself is a 38-digit decimal, costly to compute for every delivery. A null
     # version has a null rank; its tiebreak is nulled too, so such deliveries tie and the offset
