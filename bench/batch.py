@@ -237,7 +237,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--events", type=int, nargs="+", default=[2_000_000, 10_000_000])
+    parser.add_argument("--events", type=int, nargs="*", default=[2_000_000, 10_000_000])
     parser.add_argument(
         "--history", type=int, nargs="*", default=[10_000_000, 20_000_000],
         help="Histories for the incremental runs (each then takes --new more events).",
