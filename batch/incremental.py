@@ -37,7 +37,7 @@ from batch.run import BatchRun, identities_path, views_path
 from lambdalake.cassandra.active import ActiveBatch, read_meta
 from lambdalake.cassandra.session import connect
 from lambdalake.coverage import Coverage, difference, from_json, intersection, normalized
-from lambdalake.delta import commit_files, open_table
+from lambdalake.delta import commit_files, commit_info, open_table
 from lambdalake.master import EPOCH_MS, RANGES, MasterDataset
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import Settings
@@ -147,15 +147,14 @@ def plan(base: Base, bronze: MasterDataset, *, bronze_version: int, boundaries: 
 def changed_by(
     bronze: MasterDataset, increment: Increment, coordinates: Coverage, *, bronze_version: int
 ) -> list[int]:
-    """The bronze commits after the base's version that added rows at ``coordinates``."""
-    table = open_table(bronze.path, version=bronze_version)
-    assert table is not None
+    """The bronze commits after the base's version that added rows at ``coordinates`` (each
+    commit's own log entry: read only when a run found rows of old epochs, which is rare)."""
     found = []
-    for entry in table.history(bronze_version - increment.base.bronze_version):
-        recorded = from_json(json.loads(entry.get(RANGES) or "{}"))
-        if entry.get("version", 0) > increment.base.bronze_version and intersection(coordinates, recorded):
-            found.append(int(entry["version"]))
-    return sorted(found)
+    for version in range(increment.base.bronze_version + 1, bronze_version + 1):
+        entry = commit_info(bronze.path, version) or {}
+        if intersection(coordinates, from_json(json.loads(entry.get(RANGES) or "{}"))):
+            found.append(version)
+    return found
 
 
 def in_ranges(ranges: Coverage) -> Column:

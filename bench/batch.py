@@ -199,7 +199,8 @@ def incremental(settings: Settings, spark: SparkSession, history: int, new: int)
     )
     ensure_pipeline_topics(settings, pipeline)
     root = f"{settings.storage_root}/incremental-{run_id}"
-    run_settings = settings.model_copy(update={"storage_root": root})
+    keyspace = settings.cassandra.model_copy(update={"keyspace": f"bench_inc_{run_id}"})
+    run_settings = settings.model_copy(update={"storage_root": root, "cassandra": keyspace})
     schema = DecodeSpec.of(pipeline, settings).output_schema
     schema = pa.schema([f for f in schema if f.name not in ERROR_FIELDS])
     bronze = MasterDataset(table_path(root, pipeline.name), event_time=pipeline.event.time)

@@ -22,7 +22,7 @@ from deltalake.transaction import AddAction
 from pyarrow import fs as pafs
 
 from lambdalake.master_files import NULL_PARTITION
-from lambdalake.storage import list_files
+from lambdalake.storage import list_files, read_text
 
 #: Hive's name for the partition of a null value.
 
@@ -223,3 +223,19 @@ _CONFLICTS = ("Concurrent", "Metadata changed since last commit")
 def lost_to_another_commit(exc: CommitFailedError) -> bool:
     """Whether ``exc`` is a conflict with a commit since the snapshot (decide again and retry)."""
     return any(marker in str(exc) for marker in _CONFLICTS)
+
+
+def commit_info(uri: str, version: int) -> dict | None:
+    """The commit information of one version, read from its log file (None: the file is gone).
+
+    delta-rs's ``history()`` of a table loaded at an older version returns the *newest* commits,
+    numbered down from the loaded version (measured with deltalake 1.6): a reader pinned to a version
+    must read that version's commit itself.
+    """
+    text = read_text(f"{uri.rstrip('/')}/_delta_log/{version:020d}.json")
+    if text is None:
+        return None
+    for line in text.splitlines():
+        if line.startswith('{"commitInfo"'):
+            return json.loads(line)["commitInfo"]
+    return {}

@@ -36,7 +36,7 @@ from lambdalake.coverage import (
     runs,
     to_json,
 )
-from lambdalake.delta import commit_files, lost_to_another_commit, open_table
+from lambdalake.delta import commit_files, commit_info, lost_to_another_commit, open_table
 from lambdalake.errors import ConfigurationError
 from lambdalake.master_files import PARTITION, offsets_present, write_event_files
 from lambdalake.pipeline import LayersSpec
@@ -212,24 +212,40 @@ class MasterDataset:
             return {}, {}
         legacy: dict[str, int] = {}
         version = table.version()
-        recent = table.history(RECENT)
-        # The newest lambdalake commit is nearly always among the last few: read all of the history
-        # only when it is not (a table written before coverage was recorded).
-        entries = recent if any(COVERAGE in e for e in recent) else table.history()
-        for entry in entries:
+        # The newest lambdalake commit at or below the snapshot's version is nearly always among its
+        # last few: read those commits' own log entries (history() of a snapshot pinned below the
+        # newest version returns the newest commits instead, see commit_info).
+        for at in range(version, max(-1, version - RECENT), -1):
+            entry = commit_info(self.path, at)
+            if entry is None:
+                break  # the log was cleaned up below here
+            if COVERAGE in entry:
+                return self._parse_recorded(entry, legacy)
+            self._add_legacy(entry, legacy)
+        # A table written before coverage was recorded: all of its history.
+        legacy = {}
+        for entry in table.history():
             if entry.get("version", 0) > version:
                 continue
             if COVERAGE in entry:
-                coverage = merged(from_json(json.loads(entry[COVERAGE])), _legacy_ranges(legacy))
-                speed_end = {k: int(v) for k, v in json.loads(entry.get(SPEED_END) or "{}").items()}
-                for key, highest in legacy.items():
-                    speed_end[key] = max(speed_end.get(key, 0), highest + 1)
-                return coverage, speed_end
-            # Commits written before coverage was recorded: the highest offset each read, as it was
-            # then understood (everything before it archived).
-            for key, (offset, _ingest) in json.loads(entry.get(PARTITIONS) or "{}").items():
-                legacy[key] = max(legacy.get(key, -1), offset)
+                return self._parse_recorded(entry, legacy)
+            self._add_legacy(entry, legacy)
         return _legacy_ranges(legacy), {k: v + 1 for k, v in legacy.items()}
+
+    @staticmethod
+    def _parse_recorded(entry: Mapping, legacy: dict[str, int]) -> tuple[Coverage, dict[str, int]]:
+        coverage = merged(from_json(json.loads(entry[COVERAGE])), _legacy_ranges(legacy))
+        speed_end = {k: int(v) for k, v in json.loads(entry.get(SPEED_END) or "{}").items()}
+        for key, highest in legacy.items():
+            speed_end[key] = max(speed_end.get(key, 0), highest + 1)
+        return coverage, speed_end
+
+    @staticmethod
+    def _add_legacy(entry: Mapping, legacy: dict[str, int]) -> None:
+        """Commits written before coverage was recorded: the highest offset each read, as it was
+        then understood (everything before it archived)."""
+        for key, (offset, _ingest) in json.loads(entry.get(PARTITIONS) or "{}").items():
+            legacy[key] = max(legacy.get(key, -1), offset)
 
     def _held(self, table: DeltaTable | None, ranges: Coverage) -> Coverage:
         """The offsets of ``ranges`` that ``table``'s snapshot holds (read from the files whose

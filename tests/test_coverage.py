@@ -105,6 +105,24 @@ def test_progress_is_the_gap_free_run_and_every_batch_records_it(tmp_path: Path)
     assert bronze.commit([], app_id="speed", batch_id=1, layers=LAYERS, ranges={"t/0": [(100, 200)]}) is None
 
 
+def test_the_coverage_of_a_pinned_version_is_that_version_s(tmp_path: Path) -> None:
+    """A batch run pins bronze, and the speed job commits on: the coverage (and progress) read at the
+    pinned version are that version's, not the newest (delta-rs's history() of a table loaded at an
+    older version returns the newest commits)."""
+    path = str(tmp_path / "bronze")
+    bronze = MasterDataset(path, event_time="event_time")
+    for batch_id, (start, end) in enumerate([(0, 100), (100, 200), (200, 300)]):
+        files = write_event_files(
+            events(0, range(start, end)), path=path, event_time="event_time", name=f"b{start}"
+        )
+        bronze.commit(files, app_id="speed", batch_id=batch_id, layers=LAYERS, ranges={"t/0": [(start, end)]})
+    assert DeltaTable(path).version() == 3  # version 0 created the table
+    assert bronze.read_coverage(version=1) == {"t/0": [(0, 100)]}
+    assert bronze.read_coverage(version=2) == {"t/0": [(0, 200)]}
+    assert bronze.read_progress(["t/0"], version=1) == {"t/0": 99}
+    assert bronze.read_coverage() == {"t/0": [(0, 300)]}
+
+
 def test_a_commit_leaves_out_the_coordinates_bronze_holds(tmp_path: Path) -> None:
     path = str(tmp_path / "bronze")
     bronze = MasterDataset(path, event_time="event_time")

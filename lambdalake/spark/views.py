@@ -45,9 +45,7 @@ def latest_order(df: DataFrame, view: LatestView) -> Column:
     return latest_rank(_version(df, view).cast("decimal(38,0)"), F.unix_seconds(F.col(INGEST_TS)))
 
 
-def latest(
-    df: DataFrame, pipeline: Pipeline, view: LatestView, *, carry: tuple[str, ...] = ()
-) -> DataFrame:
+def latest(df: DataFrame, pipeline: Pipeline, view: LatestView, *, carry: tuple[str, ...] = ()) -> DataFrame:
     """One row per key: the delivery ranked highest by :func:`latest_order` (among equals, the lowest
     offset), so the result never depends on arrival order. ``carry``: more columns of the winning
     delivery to keep (the batch layer keeps its offset, to merge two results as one)."""
