@@ -31,7 +31,7 @@ from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import DecimalType, DoubleType, FloatType, IntegralType, StringType, StructType
 
 from batch.run import BatchRun, identities_path, views_path
 from lambdalake.cassandra.active import ActiveBatch, read_meta
@@ -175,19 +175,35 @@ def files_for(bronze: MasterDataset, ranges: Coverage, table) -> list[str]:
     return sorted({uri for found in bronze.files_holding(wanted, table=table) for uri in found})
 
 
-def same_identity(pipeline: Pipeline, left: str, right: str) -> Column:
-    """Null-safe equality of the two sides' identity columns (a null part is one value, as grouping
-    treats it)."""
-    return reduce(
-        lambda a, b: a & b,
-        [F.col(f"{left}.{c}").eqNullSafe(F.col(f"{right}.{c}")) for c in pipeline.event.identity],
-    )
+#: The index's identity: 128 bits, two 64-bit xxhash64 of the identity's values (under two
+#: prefixes), as the speed layer's deduplication compares identities by 128-bit hashes: two identities
+#: are taken for one only on a 128-bit collision.
+HASHES = ("_id_h1", "_id_h2")
+
+
+def identity_hashes(df: DataFrame, pipeline: Pipeline) -> list[Column]:
+    """:data:`HASHES` of each row's identity. Each part is hashed with its null flag (so a null
+    cannot move between parts) and as a canonical type (integers as long, floats as double, text as
+    bytes, decimals at 38 digits), so a promotion of the field's type keeps its identities' hashes."""
+    parts: list[Column] = []
+    for name in pipeline.event.identity:
+        col, kind = F.col(name), df.schema[name].dataType
+        if isinstance(kind, IntegralType):
+            col = col.cast("long")
+        elif isinstance(kind, FloatType | DoubleType):
+            col = col.cast("double")
+        elif isinstance(kind, StringType):
+            col = col.cast("binary")
+        elif isinstance(kind, DecimalType):
+            col = col.cast(DecimalType(38, kind.scale))
+        parts += [F.col(name).isNull(), col]
+    return [F.xxhash64(*parts).alias(HASHES[0]), F.xxhash64(F.lit("lambdalake-id"), *parts).alias(HASHES[1])]
 
 
 class IdentityIndex:
-    """Every identity the published views count, with the coordinate of its first delivery: a Delta
-    table beside the views (``<storage_root>/identities/<pipeline>``), rewritten by a full run and
-    appended to by an incremental one, each commit naming its run.
+    """Every identity the published views count (:data:`HASHES`), with the coordinate of its first
+    delivery: a Delta table beside the views (``<storage_root>/identities/<pipeline>``), rewritten by
+    a full run and appended to by an incremental one, each commit naming its run.
 
     Args:
         settings: The storage root.
@@ -197,10 +213,6 @@ class IdentityIndex:
     def __init__(self, settings: Settings, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
         self.path = identities_path(settings.storage_root, pipeline.name)
-
-    @property
-    def columns(self) -> list[str]:
-        return [*self.pipeline.event.identity, *COORDINATE]
 
     def run_id(self) -> str | None:
         """The run whose commit is the newest (None: no index)."""
@@ -216,7 +228,7 @@ class IdentityIndex:
         """Record the first deliveries ``firsts`` (``overwrite``: they are the whole index)."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        rows = firsts.select(*self.columns)
+        rows = firsts.select(*identity_hashes(firsts, self.pipeline), *COORDINATE)
         folder = f"data/{run.run_id}"
         rows.write.mode("errorifexists").parquet(f"{self.path}/{folder}")
         written = list_files(f"{self.path}/{folder}", suffix=".parquet")
@@ -234,20 +246,34 @@ KNOWN = "_known"
 EARLIER = "_earlier"
 
 
-def classify(firsts: DataFrame, index: DataFrame | None, pipeline: Pipeline) -> DataFrame:
-    """``firsts`` (first deliveries per identity of the rows read) with :data:`KNOWN` and
-    :data:`EARLIER`, in one pass over the index. Unknown identities are new events; a known one is
-    a copy the views counted (or the very delivery they counted), unless it is earlier."""
+#: The most first deliveries whose identities are sent to every task reading the index (a hash
+#: table of identities per executor); more are joined by shuffling both sides.
+BROADCAST_IDENTITIES = 4_000_000
+
+
+def classify(firsts: DataFrame, index: DataFrame | None, pipeline: Pipeline, *, rows: int) -> DataFrame:
+    """``firsts`` (first deliveries per identity of the rows read, ``rows`` of them) with
+    :data:`KNOWN` and :data:`EARLIER`. Unknown identities are new events; a known one is a copy the
+    views counted (or the very delivery they counted), unless it is earlier.
+
+    The index is read once, two longs a row, streamed past the hashes of the identities read
+    (broadcast when they are few): only the index rows of those identities (copies: few) are kept,
+    with their coordinates, and joined back."""
     if index is None:
         return firsts.withColumn(KNOWN, F.lit(False)).withColumn(EARLIER, F.lit(False))
     order = ("_ingest_ts", "_partition", "_offset", "_topic")
-    indexed = index.select(
-        *pipeline.event.identity, *[F.col(c).alias(f"_i{c}") for c in order], F.lit(True).alias(KNOWN)
+    hashed = firsts.select("*", *identity_hashes(firsts, pipeline))
+    wanted = hashed.select(*HASHES)
+    wanted = F.broadcast(wanted) if rows <= BROADCAST_IDENTITIES else wanted
+    matched = index.join(wanted, list(HASHES), "left_semi").select(
+        *HASHES, *[F.col(c).alias(f"_i{c}") for c in order], F.lit(True).alias(KNOWN)
     )
-    joined = firsts.alias("_f").join(indexed.alias("_i"), same_identity(pipeline, "_f", "_i"), "left")
+    joined = hashed.alias("_f").join(matched.alias("_i"), list(HASHES), "left")
     known = F.coalesce(F.col(f"_i.{KNOWN}"), F.lit(False))
     earlier = F.struct(*[F.col(f"_f.{c}") for c in order]) < F.struct(*[F.col(f"_i._i{c}") for c in order])
-    return joined.select("_f.*", known.alias(KNOWN), (known & earlier).alias(EARLIER))
+    return joined.select(
+        *[F.col(f"_f.{c}") for c in firsts.columns], known.alias(KNOWN), (known & earlier).alias(EARLIER)
+    )
 
 
 def read_view(spark: SparkSession, path: str, version: int, schema: StructType) -> DataFrame:

@@ -242,9 +242,10 @@ class BatchJob:
                 delivered = read.filter(in_ranges(increment.ranges) & (F.col(INGEST_EPOCH) <= found.epoch))
             else:
                 delivered = self.spark.createDataFrame([], from_arrow_schema(bronze_schema(self.pipeline)))
-            firsts = deduplicate(delivered, self.pipeline, copies=COPIES)
+            firsts = deduplicate(delivered, self.pipeline, copies=COPIES).persist()
+            cached.append(firsts)
             index = IdentityIndex(self.settings, self.pipeline).read(self.spark)
-            classified = classify(firsts, index, self.pipeline).persist()
+            classified = classify(firsts, index, self.pipeline, rows=firsts.count()).persist()
             cached.append(classified)
             counts = classified.agg(
                 F.sum(COPIES).alias("read"),

@@ -23,6 +23,7 @@ from batch.incremental import (
     KNOWN,
     TOUCHED,
     classify,
+    identity_hashes,
     merge_latest,
     merge_windowed,
     same_columns,
@@ -115,9 +116,8 @@ def test_merging_new_epochs_into_the_base_equals_computing_the_whole_history(
     old = everything.filter(f"_epoch <= {horizon}")
     new = everything.filter(f"_epoch > {horizon}")
     index = deduplicate(old, pipeline)
-    classified = classify(
-        deduplicate(new, pipeline), index.select(*pipeline.event.identity, *COORDINATE), pipeline
-    )
+    indexed = index.select(*identity_hashes(index, pipeline), *COORDINATE)  # as IdentityIndex writes it
+    classified = classify(deduplicate(new, pipeline), indexed, pipeline, rows=len(drawn))
     # New epochs' deliveries never precede a counted copy: their ingest time is later.
     assert classified.filter(EARLIER).count() == 0
     events = classified.filter(f"not {KNOWN}").drop(KNOWN, EARLIER)
