@@ -65,8 +65,9 @@ test: setup
 # on a live pipeline: STEPS=40 SEED=123 ROUNDS=6 make soak.
 soak: setup
 	LAMBDALAKE_SCHEDULE_STEPS=$${STEPS:-40} LAMBDALAKE_SCHEDULE_SEED=$${SEED:-} \
-		LAMBDALAKE_VIEW_SOAK_ROUNDS=$${ROUNDS:-6} \
-		$(BIN)/python -m pytest -s tests/test_operations_schedule.py tests/test_view_versions.py
+		LAMBDALAKE_VIEW_SOAK_ROUNDS=$${ROUNDS:-6} LAMBDALAKE_INCREMENTAL_EXAMPLES=$${EXAMPLES:-5} \
+		$(BIN)/python -m pytest -s tests/test_operations_schedule.py tests/test_view_versions.py \
+		tests/test_incremental_batch.py
 
 lint: setup
 	$(BIN)/ruff check .

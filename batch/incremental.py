@@ -28,7 +28,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import reduce
+from typing import Literal
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, DoubleType, FloatType, IntegralType, StringType, StructType
@@ -224,8 +226,9 @@ class IdentityIndex:
         files = table.file_uris() if table is not None else []
         return spark.read.parquet(*files) if files else None
 
-    def write(self, firsts: DataFrame, run: BatchRun, *, mode: str) -> None:
-        """Record the first deliveries ``firsts`` (``overwrite``: they are the whole index)."""
+    def stage(self, firsts: DataFrame, run: BatchRun) -> Staged:
+        """Write the first deliveries ``firsts`` as the run's index files, not yet committed (no
+        reader sees them; :meth:`commit` makes them the index)."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
         rows = firsts.select(*identity_hashes(firsts, self.pipeline), *COORDINATE)
@@ -233,11 +236,22 @@ class IdentityIndex:
         rows.write.mode("errorifexists").parquet(f"{self.path}/{folder}")
         written = list_files(f"{self.path}/{folder}", suffix=".parquet")
         files = [f"{folder}/{uri.rsplit('/', 1)[1]}" for uri in written]
+        return Staged(files, to_arrow_schema(rows.schema, timezone="UTC"))
+
+    def commit(self, staged: Staged, run: BatchRun, *, mode: Literal["append", "overwrite"]) -> None:
+        """Commit staged files (``overwrite``: they are the whole index)."""
         commit_files(
-            self.path, files, mode=mode,  # type: ignore[arg-type]
-            schema=to_arrow_schema(rows.schema, timezone="UTC"),
+            self.path, staged.files, mode=mode, schema=staged.schema,
             metadata={RUN_ID: run.run_id, "lambdalake.horizon": str(run.horizon)},
         )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Staged:
+    """Index files a run wrote and has not committed yet, and their schema."""
+
+    files: list[str]
+    schema: pa.Schema
 
 
 #: Columns :func:`classify` adds: the identity is in the index; and the delivery precedes the

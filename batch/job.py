@@ -179,17 +179,20 @@ class BatchJob:
                     progress(f"writing the Delta view {view.name}")
                     run.delta_versions[view.name], _ = self._write_view(outputs[view.name], view.name, run)
             with clock("identity index"):
+                # After the views: index and views of one run, or the previous run's index (the
+                # next run, finding them apart, is a full one).
                 progress("recording the identities counted")
-                IdentityIndex(self.settings, self.pipeline).write(
-                    events, run, mode="append" if increment is not None else "overwrite"
-                )
+                index = IdentityIndex(self.settings, self.pipeline)
+                staged = index.stage(events, run)
+                index.commit(staged, run, mode="append" if increment is not None else "overwrite")
             if publish:
                 from batch.publish import Publisher
 
                 with clock("publish"):
                     progress("publishing to Cassandra")
+                    base = increment.base.active if increment is not None else None
                     run.batch_version = Publisher(self.settings, self.pipeline, self.spark).publish(
-                        run, changed=changed, base=increment.base.active if increment is not None else None
+                        run, changed=changed, base=base
                     )
             run.outcome = "published" if publish else "delta only"
             return run
