@@ -36,28 +36,20 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from batch.horizon import Horizon, find_horizon
+from batch.identities import EARLIER, KNOWN, IdentityIndex, classify
 from batch.incremental import (
     BOUNDARIES,
-    EARLIER,
-    KNOWN,
-    OFFSET,
-    TOUCHED,
     FullRunNeeded,
-    IdentityIndex,
     Increment,
     changed_by,
-    classify,
     files_for,
     find_base,
     in_ranges,
-    merge_latest,
-    merge_windowed,
     old_epochs,
     plan,
-    read_view,
-    same_columns,
 )
-from batch.run import BatchRun, views_path
+from batch.merge import OFFSET, TOUCHED, merge_latest, merge_windowed, read_view, same_columns
+from batch.run import RUN_ID, BatchRun, views_path
 from lambdalake.delta import commit_files, open_table
 from lambdalake.errors import ConfigurationError
 from lambdalake.master import EPOCH_MS, MasterDataset
@@ -343,7 +335,7 @@ class BatchJob:
         version, rows = commit_files(
             path, relative, mode="overwrite", schema=_arrow_schema(out),
             metadata={
-                "lambdalake.run_id": run.run_id, "lambdalake.horizon": str(run.horizon),
+                RUN_ID: run.run_id, "lambdalake.horizon": str(run.horizon),
                 "lambdalake.horizon_end_ms": str(run.horizon_end_ms),
                 "lambdalake.bronze_version": str(run.bronze_version),
                 EPOCH_MS: str(self.pipeline.layers.epoch_ms),

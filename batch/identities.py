@@ -1,0 +1,134 @@
+"""The identity index: every identity a pipeline's published batch views count, with the Kafka
+coordinate of its first delivery, so an incremental run deduplicates its new rows against the whole
+history by reading 16 bytes per identity instead of all of bronze (:mod:`batch.incremental`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import DecimalType, DoubleType, FloatType, IntegralType, StringType
+
+from batch.run import RUN_ID, BatchRun, identities_path
+from lambdalake.delta import commit_files, open_table
+from lambdalake.pipeline import Pipeline
+from lambdalake.settings import Settings
+from lambdalake.spark.views import INGEST_TS
+from lambdalake.storage import list_files
+
+#: What the index keeps of each identity's first delivery (its coordinate).
+COORDINATE = ("_topic", "_partition", "_offset", INGEST_TS)
+#: The index's identity: 128 bits, two 64-bit xxhash64 of the identity's values (under two
+#: prefixes), as the speed layer's deduplication compares identities by 128-bit hashes: two identities
+#: are taken for one only on a 128-bit collision.
+HASHES = ("_id_h1", "_id_h2")
+
+
+def identity_hashes(df: DataFrame, pipeline: Pipeline) -> list[Column]:
+    """:data:`HASHES` of each row's identity. Each part is hashed with its null flag (so a null
+    cannot move between parts) and as a canonical type (integers as long, floats as double, text as
+    bytes, decimals at 38 digits), so a promotion of the field's type keeps its identities' hashes."""
+    parts: list[Column] = []
+    for name in pipeline.event.identity:
+        col, kind = F.col(name), df.schema[name].dataType
+        if isinstance(kind, IntegralType):
+            col = col.cast("long")
+        elif isinstance(kind, FloatType | DoubleType):
+            col = col.cast("double")
+        elif isinstance(kind, StringType):
+            col = col.cast("binary")
+        elif isinstance(kind, DecimalType):
+            col = col.cast(DecimalType(38, kind.scale))
+        parts += [F.col(name).isNull(), col]
+    return [F.xxhash64(*parts).alias(HASHES[0]), F.xxhash64(F.lit("lambdalake-id"), *parts).alias(HASHES[1])]
+
+
+class IdentityIndex:
+    """Every identity the published views count (:data:`HASHES`), with the coordinate of its first
+    delivery: a Delta table beside the views (``<storage_root>/identities/<pipeline>``), rewritten by
+    a full run and appended to by an incremental one, each commit naming its run.
+
+    Args:
+        settings: The storage root.
+        pipeline: The pipeline (its identity columns).
+    """
+
+    def __init__(self, settings: Settings, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.path = identities_path(settings.storage_root, pipeline.name)
+
+    def run_id(self) -> str | None:
+        """The run whose commit is the newest (None: no index)."""
+        table = open_table(self.path)
+        return None if table is None else table.history(1)[0].get(RUN_ID)
+
+    def read(self, spark: SparkSession) -> DataFrame | None:
+        table = open_table(self.path)
+        files = table.file_uris() if table is not None else []
+        return spark.read.parquet(*files) if files else None
+
+    def stage(self, firsts: DataFrame, run: BatchRun) -> Staged:
+        """Write the first deliveries ``firsts`` as the run's index files, not yet committed (no
+        reader sees them; :meth:`commit` makes them the index)."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        rows = firsts.select(*identity_hashes(firsts, self.pipeline), *COORDINATE)
+        folder = f"data/{run.run_id}"
+        rows.write.mode("errorifexists").parquet(f"{self.path}/{folder}")
+        written = list_files(f"{self.path}/{folder}", suffix=".parquet")
+        files = [f"{folder}/{uri.rsplit('/', 1)[1]}" for uri in written]
+        return Staged(files, to_arrow_schema(rows.schema, timezone="UTC"))
+
+    def commit(self, staged: Staged, run: BatchRun, *, mode: Literal["append", "overwrite"]) -> None:
+        """Commit staged files (``overwrite``: they are the whole index)."""
+        commit_files(
+            self.path, staged.files, mode=mode, schema=staged.schema,
+            metadata={RUN_ID: run.run_id, "lambdalake.horizon": str(run.horizon)},
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Staged:
+    """Index files a run wrote and has not committed yet, and their schema."""
+
+    files: list[str]
+    schema: pa.Schema
+
+
+#: Columns :func:`classify` adds: the identity is in the index; and the delivery precedes the
+#: indexed first delivery.
+KNOWN = "_known"
+EARLIER = "_earlier"
+
+
+#: The most first deliveries whose identities are sent to every task reading the index (a hash
+#: table of identities per executor); more are joined by shuffling both sides.
+BROADCAST_IDENTITIES = 4_000_000
+
+
+def classify(firsts: DataFrame, index: DataFrame | None, pipeline: Pipeline, *, rows: int) -> DataFrame:
+    """``firsts`` (first deliveries per identity of the rows read, ``rows`` of them) with
+    :data:`KNOWN` and :data:`EARLIER`. Unknown identities are new events; a known one is a copy the
+    views counted (or the very delivery they counted), unless it is earlier.
+
+    The index is read once, two longs a row, streamed past the hashes of the identities read
+    (broadcast when they are few): only the index rows of those identities (copies: few) are kept,
+    with their coordinates, and joined back."""
+    if index is None:
+        return firsts.withColumn(KNOWN, F.lit(False)).withColumn(EARLIER, F.lit(False))
+    order = ("_ingest_ts", "_partition", "_offset", "_topic")
+    hashed = firsts.select("*", *identity_hashes(firsts, pipeline))
+    wanted = hashed.select(*HASHES)
+    wanted = F.broadcast(wanted) if rows <= BROADCAST_IDENTITIES else wanted
+    matched = index.join(wanted, list(HASHES), "left_semi").select(
+        *HASHES, *[F.col(c).alias(f"_i{c}") for c in order], F.lit(True).alias(KNOWN)
+    )
+    joined = hashed.alias("_f").join(matched.alias("_i"), list(HASHES), "left")
+    known = F.coalesce(F.col(f"_i.{KNOWN}"), F.lit(False))
+    earlier = F.struct(*[F.col(f"_f.{c}") for c in order]) < F.struct(*[F.col(f"_i._i{c}") for c in order])
+    return joined.select(
+        *[F.col(f"_f.{c}") for c in firsts.columns], known.alias(KNOWN), (known & earlier).alias(EARLIER)
+    )
