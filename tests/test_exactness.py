@@ -281,9 +281,8 @@ def test_concurrent_publishes_claim_distinct_versions_and_never_move_the_horizon
     assert sorted(claimed) == list(range(1, 7)), claimed
 
     def run(horizon: int, version: int) -> None:
-        publisher._activate(
-            session, version, BatchRun(pipeline=pipeline.name, run_id="x", horizon=horizon), None
-        )
+        batch = BatchRun(pipeline=pipeline.name, run_id="x", horizon=horizon)
+        publisher._activate(session, version, version, batch, None)
 
     run(10, 2)
     run(12, 3)

@@ -225,7 +225,7 @@ def test_answers_stay_exact_while_a_publish_is_killed_half_way(served: Any) -> N
     offers = pipelines["offers"]
     before = active_batch(session, settings.cassandra.keyspace, "offers")
     assert before is not None
-    kill_publish_half_way(settings, offers, env=env_for(settings))
+    kill_publish_half_way(settings, offers, "--full", env=env_for(settings))
     assert active_batch(session, settings.cassandra.keyspace, "offers") == before
     assert merged_differences(settings, client, pipelines) == []
 
