@@ -48,6 +48,10 @@ def merge_windowed(previous: DataFrame, new: DataFrame, view: WindowedView) -> D
         a, b = F.col(f"_p.{c.column}"), F.col(f"_n.{c.column}")
         if c.merge == "add":
             out = F.coalesce(a + b, a, b)
+        elif c.merge == "hll":
+            out = F.coalesce(F.hll_union(a, b, True), a, b)
+        elif c.merge == "kll":
+            out = F.coalesce(F.kll_sketch_merge_double(a, b), a, b)
         else:
             out = (F.least if c.merge == "min" else F.greatest)(a, b)
         return out.cast(types[c.column]).alias(c.column)

@@ -15,10 +15,25 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import fastavro
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
+from lambdalake import filters
 from lambdalake.errors import ConfigurationError
-from lambdalake.event_schema import MAX_DECIMAL_PRECISION, arrow_type, decimal_of, general_union_fields
+from lambdalake.event_schema import (
+    MAX_DECIMAL_PRECISION,
+    arrow_type,
+    decimal_of,
+    event_schema,
+    general_union_fields,
+)
 from lambdalake.settings import Settings
 
 _UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
@@ -181,16 +196,73 @@ class NotFutureRule(Strict):
 Rule = Annotated[RequiredRule | RangeRule | AllowedRule | NotFutureRule, Field(discriminator="kind")]
 
 
+#: ``distinct``'s HLL sketch size (log2 of its buckets) when the aggregate does not set ``lg_k``: 2^12
+#: buckets, a relative standard error of about 1.6 %, at most 2.6 kB a cell.
+DEFAULT_LG_K = 12
+#: ``quantiles``' KLL sketch accuracy parameter when the aggregate does not set ``k`` (Spark's and
+#: DataSketches' default): a normalized rank error of about 1.3 % (99 % confidence).
+DEFAULT_KLL_K = 200
+#: The quantiles a ``quantiles`` aggregate answers when it does not list ``q``.
+DEFAULT_QUANTILES = (0.5, 0.95, 0.99)
+
+
 class Aggregate(Strict):
+    """One aggregate of a windowed view.
+
+    Attributes:
+        name: Its name in the view's rows and answers.
+        fn: ``count`` (events, or non-null values of ``column``), ``sum``, ``min``, ``max``, ``avg``,
+            ``distinct`` (distinct values of ``column``, an HLL sketch) or ``quantiles`` (of a numeric
+            ``column``, a KLL sketch).
+        column: The field aggregated (every fn but ``count`` needs one).
+        lg_k: ``distinct`` only: log2 of the sketch's buckets, 4 to 21 (default :data:`DEFAULT_LG_K`).
+        k: ``quantiles`` only: the KLL sketch's accuracy, 8 to 65535 (default :data:`DEFAULT_KLL_K`).
+        q: ``quantiles`` only: the quantiles answered by default, each in [0, 1] (default
+            :data:`DEFAULT_QUANTILES`; a query may ask for others).
+    """
+
     name: str
-    fn: Literal["count", "sum", "min", "max", "avg"]
+    fn: Literal["count", "sum", "min", "max", "avg", "distinct", "quantiles"]
     column: str | None = None
+    lg_k: int | None = Field(None, ge=4, le=21)
+    k: int | None = Field(None, ge=8, le=65535)
+    q: list[float] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _column_needed(self) -> Aggregate:
         if self.fn != "count" and not self.column:
             raise ValueError(f"aggregate {self.name!r}: {self.fn} needs a column")
+        if self.lg_k is not None and self.fn != "distinct":
+            raise ValueError(f"aggregate {self.name!r}: lg_k belongs to distinct, not {self.fn}")
+        if (self.k is not None or self.q is not None) and self.fn != "quantiles":
+            raise ValueError(f"aggregate {self.name!r}: k and q belong to quantiles, not {self.fn}")
+        if self.q is not None and not all(0.0 <= x <= 1.0 for x in self.q):
+            raise ValueError(f"aggregate {self.name!r}: every q must be between 0 and 1, not {self.q}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        # Settings left out stay out of the dump, so a definition written before they existed keeps
+        # its fingerprint (a changed fingerprint is a view change: a rebuild).
+        return {k: v for k, v in handler(self).items() if not (k in ("lg_k", "k", "q") and v is None)}
+
+    @property
+    def sketch_lg_k(self) -> int:
+        return self.lg_k if self.lg_k is not None else DEFAULT_LG_K
+
+    @property
+    def sketch_k(self) -> int:
+        return self.k if self.k is not None else DEFAULT_KLL_K
+
+    @property
+    def quantiles(self) -> tuple[float, ...]:
+        return tuple(self.q) if self.q is not None else DEFAULT_QUANTILES
+
+
+def _without_unset_where(value: dict[str, Any]) -> dict[str, Any]:
+    """A view's dump without ``where`` when it has none (fingerprints of views defined before
+    filters existed stay what they were)."""
+    return {k: v for k, v in value.items() if not (k == "where" and v is None)}
 
 
 class LatestView(Strict):
@@ -202,6 +274,12 @@ class LatestView(Strict):
     version: str
     #: Columns kept (default: every field of the reader schema).
     columns: list[str] | None = None
+    #: Only events this filter keeps count (:mod:`lambdalake.filters`); default every event.
+    where: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        return _without_unset_where(handler(self))
 
 
 class WindowedView(Strict):
@@ -214,6 +292,12 @@ class WindowedView(Strict):
     #: Event-time column windows are cut on (default: the event's time field).
     time: str | None = None
     aggregates: list[Aggregate] = Field(min_length=1)
+    #: Only events this filter keeps count (:mod:`lambdalake.filters`); default every event.
+    where: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        return _without_unset_where(handler(self))
 
     @field_validator("window")
     @classmethod
@@ -367,7 +451,11 @@ class Pipeline(Strict):
                         continue
                     where = f"view {view.name!r} aggregate {a.name!r}"
                     uses.append((where, a.column))
-                    problem = _aggregate_problem(types[a.column], a.fn) if a.column in types else None
+                    problem = (
+                        _aggregate_problem(types[a.column], a.fn, self.field_types[a.column])
+                        if a.column in types
+                        else None
+                    )
                     if problem is not None:
                         reason = problem.format(reader=reader)
                         raise ValueError(f"{where}: {a.fn} over {a.column!r}, {reason}")
@@ -395,6 +483,8 @@ class Pipeline(Strict):
         if len({v.name for v in self.views}) != len(self.views):
             raise ValueError("view names must be unique")
         for view in self.views:
+            self.view_filter(view)  # raises naming the position and the field
+        for view in self.views:
             # The longest of its tables' names: a batch version table (up to a million versions).
             longest = f"{self.name}__{view.name}__b999999"
             if len(longest) > MAX_TABLE_NAME:
@@ -417,6 +507,38 @@ class Pipeline(Strict):
     def reader_fields(self) -> list[str]:
         return [f["name"] for f in self.reader_schema["fields"]]
 
+    @cached_property
+    def field_types(self) -> dict[str, Any]:
+        """Each field of the reader schema and its Arrow type (as the layers hold it)."""
+        return {f.name: f.type for f in event_schema(self.reader_schema)}
+
+    @cached_property
+    def _filters(self) -> dict[str, Any]:
+        return {}
+
+    def view_filter(self, view: LatestView | WindowedView) -> Any:
+        """The parsed ``where`` of ``view`` (a :data:`lambdalake.filters.Node`), or None.
+
+        Raises:
+            ValueError: The filter does not parse or does not fit the reader schema (naming where).
+        """
+        if view.where is None:
+            return None
+        found = self._filters.get(view.where)
+        if found is None:
+            symbols = {
+                f["name"]: t["symbols"]
+                for f in self.reader_schema["fields"]
+                for t in (f["type"] if isinstance(f["type"], list) else [f["type"]])
+                if isinstance(t, dict) and t.get("type") == "enum"
+            }
+            try:
+                found = filters.parse(view.where, self.field_types, symbols=symbols)
+            except filters.FilterError as exc:
+                raise ValueError(f"view {view.name!r}: where {view.where!r}: {exc}") from None
+            self._filters[view.where] = found
+        return found
+
     def view(self, name: str) -> View:
         for v in self.views:
             if v.name == name:
@@ -430,11 +552,14 @@ class Pipeline(Strict):
 DECIMAL_SUM_DIGITS = 10
 
 
-def _aggregate_problem(avro_type: Any, fn: str) -> str | None:
-    """Why ``fn`` cannot aggregate a field of ``avro_type`` (a ``{reader}`` placeholder in it), or
-    None. Numbers and decimals can be summed, averaged and compared; a decimal's sum is
-    ``decimal(p + 10, s)``, so a decimal of more than 28 digits would leave its sum fewer than ten
-    digits to grow in (Spark keeps 38 at most) and is refused for ``sum`` and ``avg``."""
+def _aggregate_problem(avro_type: Any, fn: str, arrow: Any) -> str | None:
+    """Why ``fn`` cannot aggregate a field of ``avro_type`` (Arrow type ``arrow``; a ``{reader}``
+    placeholder in the reason), or None. Numbers and decimals can be summed, averaged, compared and
+    sketched for quantiles; a decimal's sum is ``decimal(p + 10, s)``, so a decimal of more than 28
+    digits would leave its sum fewer than ten digits to grow in (Spark keeps 38 at most) and is
+    refused for ``sum`` and ``avg``. ``distinct`` counts values of any plain type."""
+    if fn == "distinct":
+        return None if filters.value_kind(arrow) is not None else "which is not of one plain type in {reader}"
     if fn == "count" or _is_numeric(avro_type):
         return None
     branches = [t for t in avro_type if t != "null"] if isinstance(avro_type, list) else [avro_type]

@@ -12,11 +12,13 @@ import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import partial
 from typing import Any, Literal, TypeVar
 
+from lambdalake import filters, sketches
 from lambdalake.pipeline import Aggregate, LatestView, Pipeline, WindowedView
 
-Merge = Literal["add", "min", "max"]
+Merge = Literal["add", "min", "max", "hll", "kll"]
 
 #: Columns every speed row of a windowed view is keyed by besides the view's key.
 WINDOW_START = "window_start"
@@ -28,9 +30,13 @@ class Component:
     """One stored column of an aggregate and how two values of it combine."""
 
     column: str
-    fn: Literal["count", "sum", "min", "max"]
+    #: ``hll``: a ``distinct`` aggregate's HLL sketch; ``kll``: a ``quantiles`` aggregate's KLL sketch
+    #: (both stored as their DataSketches bytes).
+    fn: Literal["count", "sum", "min", "max", "hll", "kll"]
     source: str | None
     merge: Merge
+    #: The sketch's size parameter: ``lg_k`` of an HLL sketch, ``k`` of a KLL sketch.
+    size: int | None = None
 
 
 def components(agg: Aggregate) -> list[Component]:
@@ -39,6 +45,10 @@ def components(agg: Aggregate) -> list[Component]:
             Component(f"{agg.name}_sum", "sum", agg.column, "add"),
             Component(f"{agg.name}_count", "count", agg.column, "add"),
         ]
+    if agg.fn == "distinct":
+        return [Component(agg.name, "hll", agg.column, "hll", agg.sketch_lg_k)]
+    if agg.fn == "quantiles":
+        return [Component(agg.name, "kll", agg.column, "kll", agg.sketch_k)]
     merge: Merge = {"count": "add", "sum": "add", "min": "min", "max": "max"}[agg.fn]  # type: ignore[assignment]
     return [Component(agg.name, agg.fn, agg.column, merge)]  # type: ignore[arg-type]
 
@@ -48,9 +58,18 @@ def view_components(view: WindowedView) -> list[Component]:
 
 
 def windowed_inputs(pipeline: Pipeline, view: WindowedView) -> list[str]:
-    """The event columns a windowed view reads: its key, its time column and what it aggregates."""
+    """The event columns a windowed view reads: its key, its time column, what it aggregates and
+    what its filter reads."""
     sources = [c.source for c in view_components(view) if c.source]
-    return list(dict.fromkeys([*view.key, view.time or pipeline.event.time, *sources]))
+    return list(
+        dict.fromkeys([*view.key, view.time or pipeline.event.time, *sources, *filter_inputs(pipeline, view)])
+    )
+
+
+def filter_inputs(pipeline: Pipeline, view: LatestView | WindowedView) -> list[str]:
+    """The event columns a view's ``where`` reads (none without one)."""
+    node = pipeline.view_filter(view)
+    return filters.fields(node) if node is not None else []
 
 
 #: Decimal arithmetic wide enough for any sum of decimals of 38 digits, and trapping any rounding:
@@ -66,6 +85,14 @@ def _add(a: Any, b: Any) -> Any:
 
 #: How two non-null values of a component combine.
 _COMBINE = {"add": _add, "min": min, "max": max}
+
+
+def _combine(c: Component) -> Callable[[Any, Any], Any]:
+    if c.merge == "hll":
+        return partial(sketches.hll_merge, lg_k=c.size)
+    if c.merge == "kll":
+        return sketches.kll_merge
+    return _COMBINE[c.merge]
 
 
 def average(total: Any, n: int) -> Any:
@@ -89,12 +116,19 @@ class Merger:
     merged sum and count.
     """
 
-    def __init__(self, view: WindowedView) -> None:
+    def __init__(self, view: WindowedView, *, quantiles: Sequence[float] | None = None) -> None:
+        """``quantiles``: what every ``quantiles`` aggregate answers (default: each one's ``q``)."""
         comps = view_components(view)
         self.columns = tuple(c.column for c in comps)
-        self._ops = tuple(enumerate(_COMBINE[c.merge] for c in comps))
+        self._ops = tuple(enumerate(_combine(c) for c in comps))
         self._averages = tuple(
             (a.name, f"{a.name}_sum", f"{a.name}_count") for a in view.aggregates if a.fn == "avg"
+        )
+        self._distinct = tuple((a.name, a.sketch_lg_k) for a in view.aggregates if a.fn == "distinct")
+        self._quantiles = tuple(
+            (a.name, tuple(quantiles) if quantiles else a.quantiles)
+            for a in view.aggregates
+            if a.fn == "quantiles"
         )
 
     def components(self, row: Mapping[str, Any]) -> list[Any]:
@@ -122,6 +156,10 @@ class Merger:
         for name, total, count in self._averages:
             n = out[count]
             out[name] = average(out[total], n) if n else None
+        for name, lg_k in self._distinct:
+            out[name] = sketches.hll_answer(out[name], lg_k) if out[name] is not None else None
+        for name, qs in self._quantiles:
+            out[name] = sketches.kll_answer(out[name], qs) if out[name] is not None else None
         return out
 
 

@@ -167,6 +167,7 @@ class ServingClient:
         *,
         start: Moment | None = None,
         end: Moment | None = None,
+        quantiles: Sequence[float] | None = None,
     ) -> Answer:
         """The merged answer for ``key`` of ``view``.
 
@@ -177,6 +178,8 @@ class ServingClient:
                 string with the values separated by commas).
             start: Windows starting at or after this (windowed views; datetime, epoch ms or ISO-8601).
             end: Windows starting before this.
+            quantiles: What every ``quantiles`` aggregate answers (default: each one's own ``q``),
+                from the same merged sketch.
 
         Raises:
             NotFound: Unknown pipeline or view.
@@ -186,12 +189,12 @@ class ServingClient:
         values = key_values(p, v, key, types=self._types[p.name])
         try:
             sent = self._send(p, v, values, active, start, end)
-            return self._answer(p, view, v, values, active, *sent)
+            return self._answer(p, view, v, values, active, *sent, quantiles=quantiles)
         except InvalidRequest as exc:
             p, v, active = self._recover(exc, p, view, v, active)
             values = key_values(p, v, key, types=self._types[p.name])
             sent = self._send(p, v, values, active, start, end)
-            return self._answer(p, view, v, values, active, *sent)
+            return self._answer(p, view, v, values, active, *sent, quantiles=quantiles)
 
     async def aquery(
         self,
@@ -201,6 +204,7 @@ class ServingClient:
         *,
         start: Moment | None = None,
         end: Moment | None = None,
+        quantiles: Sequence[float] | None = None,
     ) -> Answer:
         """:meth:`query` for asyncio: waits for Cassandra without blocking the event loop (the
         active-batch row, cached, is read synchronously at most once per ``meta_ttl_s``)."""
@@ -209,13 +213,13 @@ class ServingClient:
         try:
             sent = self._send(p, v, values, active, start, end)
             await _completed(*sent)
-            return self._answer(p, view, v, values, active, *sent)
+            return self._answer(p, view, v, values, active, *sent, quantiles=quantiles)
         except InvalidRequest as exc:
             p, v, active = self._recover(exc, p, view, v, active)
             values = key_values(p, v, key, types=self._types[p.name])
             sent = self._send(p, v, values, active, start, end)
             await _completed(*sent)
-            return self._answer(p, view, v, values, active, *sent)
+            return self._answer(p, view, v, values, active, *sent, quantiles=quantiles)
 
     def _recover(
         self,
@@ -265,6 +269,8 @@ class ServingClient:
         active: ActiveBatch | None,
         speed_f: ResponseFuture,
         batch_f: ResponseFuture | None,
+        *,
+        quantiles: Sequence[float] | None = None,
     ) -> Answer:
         epoch_ms = active.epoch_ms if active else p.layers.epoch_ms
         horizon = active.horizon if active else None
@@ -287,7 +293,7 @@ class ServingClient:
         names, rows = _tuples(batch_f)
         if active is not None:
             rows = newest_cells(names, rows, cell=(WINDOW_START,), version=active.version)
-        windows = merge_windows((names, rows), _tuples(speed_f), v, horizon=horizon)
+        windows = merge_windows((names, rows), _tuples(speed_f), v, horizon=horizon, quantiles=quantiles)
         epochs = tuple(sorted({e for w in windows for e in w.speed_epochs}))
         return Answer(p.name, name, "windowed", key, _provenance(active, epoch_ms, epochs), windows=windows)
 
@@ -322,6 +328,27 @@ class ServingClient:
             with self._lock:
                 self._prepared[cql] = stmt
         return stmt
+
+
+def quantile_list(texts: Sequence[str]) -> list[float]:
+    """Quantiles asked as text (each value may hold several, comma-separated).
+
+    Raises:
+        BadQuery: One is not a number in [0, 1].
+    """
+    out = []
+    for text in texts:
+        for part in text.split(","):
+            try:
+                q = float(part)
+            except ValueError:
+                q = math.nan
+            if not 0.0 <= q <= 1.0:
+                raise BadQuery(
+                    f"quantile {part!r} is not a number between 0 and 1", fix="ask e.g. q=0.5,0.99"
+                )
+            out.append(q)
+    return out
 
 
 def newest_rows(rows: list[dict[str, Any]], active: ActiveBatch | None) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lambdalake.errors import LambdalakeError, ServiceUnavailable
 from lambdalake.settings import Settings
-from serving.client import BadQuery, NotDeployed, NotFound, ServingClient, _ms
+from serving.client import BadQuery, NotDeployed, NotFound, ServingClient, _ms, quantile_list
 from serving.contract import TIME_PARAMETER, AnswerBody, HealthBody, answers
 from serving.metrics import make_registry
 
@@ -125,12 +125,20 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
                 json_schema_extra=TIME_PARAMETER,
             ),
         ] = None,
+        q: Annotated[
+            list[str] | None,
+            Query(
+                description="Quantiles every `quantiles` aggregate answers instead of its own `q`: "
+                "numbers in [0, 1], repeated or comma-separated (`q=0.5,0.999`)",
+            ),
+        ] = None,
     ) -> Response:
         start, end = start or None, end or None  # an empty value is absent
         try:
             if start is not None and end is not None and _ms(start, "from") > _ms(end, "to"):
                 return JSONResponse({"detail": f"from ({start}) is after to ({end})"}, status_code=400)
-            answer = await client.aquery(pipeline, view, key, start=start, end=end)
+            wanted = quantile_list(q) if q else None
+            answer = await client.aquery(pipeline, view, key, start=start, end=end, quantiles=wanted)
         except NotFound as exc:
             return _error(404, exc)
         except BadQuery as exc:

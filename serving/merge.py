@@ -20,7 +20,12 @@ RowSet = tuple[Sequence[str], Iterable[Sequence[Any]]]
 
 
 def merge_windows(
-    batch: RowSet, speed: RowSet, view: WindowedView, *, horizon: int | None
+    batch: RowSet,
+    speed: RowSet,
+    view: WindowedView,
+    *,
+    horizon: int | None,
+    quantiles: Sequence[float] | None = None,
 ) -> list[WindowRow]:
     """Windows in start order: each the batch row combined with the speed rows of later epochs.
 
@@ -29,8 +34,9 @@ def merge_windows(
         speed: Speed rows of the same key (``window_start``, ``epoch`` plus components).
         view: The view (its components say how to merge).
         horizon: The batch's horizon epoch; None when no batch is published (every speed row counts).
+        quantiles: What ``quantiles`` aggregates answer (default: each one's ``q``).
     """
-    merger = Merger(view)
+    merger = Merger(view, quantiles=quantiles)
     acc: dict[datetime, list[Any]] = {}
     epochs: dict[datetime, list[int]] = {}
 

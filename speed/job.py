@@ -496,7 +496,12 @@ class SpeedJob:
     def main_stream(self) -> DataFrame:
         """The main query's plan: the archive pass (decoding included), then the first windowed view."""
         latest_sinks = tuple(
-            LatestSink(table=speed_table_def(self.pipeline, view), key=tuple(view.key), version=view.version)
+            LatestSink(
+                table=speed_table_def(self.pipeline, view),
+                key=tuple(view.key),
+                version=view.version,
+                where=self.pipeline.view_filter(view),
+            )
             for view in self.pipeline.views
             if isinstance(view, LatestView)
         )
@@ -562,6 +567,9 @@ class SpeedJob:
         self.compactor = _compactor(self.settings, self.master.path, staging_prefix=f"{self.run_id}-")
         trigger = {"processingTime": f"{self.options.trigger_seconds} seconds"}
         name = self.pipeline.name
+        # Before the main query starts: once it has, its checkpoint would make every other view of a
+        # new pipeline look like one added to a live pipeline (counted from the open epoch only).
+        starts = {v.name: self._view_start(v) for v in self.windowed_views if v is not self.primary}
         main = self.main_stream().writeStream.queryName(f"{name}-main")
         if self.primary is not None:
             main = main.outputMode("update")
@@ -578,7 +586,7 @@ class SpeedJob:
             def write(df: DataFrame, _batch_id: int, table: Any = table, cassandra: Any = cassandra) -> None:
                 upsert_view(df, table=table, cassandra=cassandra)
 
-            start = self._view_start(view)
+            start = starts[view.name]
             valid = self.valid_events(starting=start["offsets"] if start else None)
             first_deliveries = valid.mapInArrow(self._dedup(view.name), valid.schema)
             from_ms = start["from_ms"] if start is not None else None

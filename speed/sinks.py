@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame
 
 from lambdalake.cassandra.tables import TableDef
 from lambdalake.cassandra.writer import cassandra_values, upsert_arrow
+from lambdalake.filters import Node, arrow_expression
 from lambdalake.kafka import dlq
 from lambdalake.master_files import write_event_files
 from lambdalake.settings import CassandraSettings
@@ -129,11 +130,13 @@ def partition_reads(table: pa.Table) -> tuple[dict[str, list[int]], dict[str, in
 
 @dataclass(frozen=True)
 class LatestSink:
-    """A ``latest`` view's table, its key and its version column."""
+    """A ``latest`` view's table, its key, its version column and its filter."""
 
     table: TableDef
     key: tuple[str, ...]
     version: str
+    #: The view's parsed ``where`` (:mod:`lambdalake.filters`); None keeps every event.
+    where: Node | None = None
 
 
 def _int64s(col: pa.ChunkedArray, *, per: int = 1) -> np.ndarray:
@@ -242,11 +245,16 @@ class ArchiveSink:
             )
         )
         for sink in self.latest:
-            order = latest_order(events, sink.version)
-            keys = list(zip(*cassandra_values(events, list(sink.key)), strict=True))
+            kept = events
+            if sink.where is not None:
+                kept = events.filter(arrow_expression(sink.where, events.schema))
+            if kept.num_rows == 0:
+                continue
+            order = latest_order(kept, sink.version)
+            keys = list(zip(*cassandra_values(kept, list(sink.key)), strict=True))
             best = winners(keys, order)
             chosen = pa.array(best, type=pa.int64())
-            upsert_arrow(events.take(chosen), table=sink.table, settings=self.cassandra,
+            upsert_arrow(kept.take(chosen), table=sink.table, settings=self.cassandra,
                          write_timestamps=pa.array(order.data[best]))  # fmt: skip
         if self.passthrough:
             if self.dedup is not None:

@@ -9,16 +9,20 @@ ingest epoch).
 
 from __future__ import annotations
 
+import bisect
 import logging
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 from cassandra.cluster import Cluster
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from lambdalake import filters
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import batch_table_def
@@ -57,8 +61,50 @@ def first_deliveries(events: pd.DataFrame, pipeline: Pipeline) -> pd.DataFrame:
     return ordered.drop_duplicates(subset=list(pipeline.event.identity), keep="first")
 
 
-def latest_view(events: pd.DataFrame, view: LatestView) -> dict[tuple, dict[str, Any]]:
+@dataclass(frozen=True)
+class Distinct:
+    """A ``distinct`` aggregate's truth: the distinct values (the stored sketch must bound their number)."""
+
+    values: frozenset
+
+
+@dataclass(frozen=True)
+class Values:
+    """A ``quantiles`` aggregate's truth: the values, sorted."""
+
+    values: tuple[float, ...]
+
+
+def kept(events: pd.DataFrame, pipeline: Pipeline, view: LatestView | WindowedView) -> pd.DataFrame:
+    """The events the view's ``where`` keeps, judged by :func:`lambdalake.filters.keeps` on each event
+    as the producer sent it (times as aware datetimes)."""
+    node = pipeline.view_filter(view)
+    if node is None or events.empty:
+        return events
+    times = [c for c, t in pipeline.field_types.items() if pa.types.is_timestamp(t) and c in events]
+
+    def as_sent(row: dict[str, Any]) -> dict[str, Any]:
+        for c in times:
+            if row[c] is not None and not pd.isna(row[c]):
+                row[c] = datetime.fromtimestamp(row[c] / 1000, UTC)
+            else:
+                row[c] = None
+        return {
+            k: (None if not isinstance(v, list | tuple | bytes) and pd.isna(v) else v) for k, v in row.items()
+        }
+
+    mask = [filters.keeps(node, as_sent(r)) for r in events.to_dict("records")]
+    return events[mask]
+
+
+def latest_view(
+    events: pd.DataFrame, view: LatestView, pipeline: Pipeline | None = None
+) -> dict[tuple, dict[str, Any]]:
     # Highest version; among deliveries of one version the first (lowest ingest time, offset).
+    if pipeline is not None:
+        events = kept(events, pipeline, view)
+    if events.empty:
+        return {}
     ordered = events.sort_values(
         [view.version, "_ts", "_offset"], ascending=[True, False, False], kind="stable"
     )
@@ -84,7 +130,7 @@ def batch_views(events: pd.DataFrame, pipeline: Pipeline, horizon: int) -> dict[
     out: dict[str, dict[tuple, dict]] = {}
     for view in pipeline.views:
         if isinstance(view, LatestView):
-            out[view.name] = latest_view(covered, view)
+            out[view.name] = latest_view(covered, view, pipeline)
         else:
             out[view.name] = _aggregate(covered.copy(), pipeline, view, [])
     return out
@@ -93,6 +139,7 @@ def batch_views(events: pd.DataFrame, pipeline: Pipeline, horizon: int) -> dict[
 def _aggregate(
     df: pd.DataFrame, pipeline: Pipeline, view: WindowedView, extra: list[str]
 ) -> dict[tuple, dict]:
+    df = kept(df, pipeline, view).copy()
     time_col = view.time or pipeline.event.time
     size_ms = view.window_seconds * 1000
     df["window_start"] = df[time_col] // size_ms * size_ms
@@ -109,6 +156,12 @@ def _aggregate(
                 row[agg.name] = col.min()
             elif agg.fn == "max":
                 row[agg.name] = col.max()
+            elif agg.fn == "distinct":
+                row[agg.name] = Distinct(frozenset(v for v in col if v is not None and not pd.isna(v)))
+            elif agg.fn == "quantiles":
+                row[agg.name] = Values(
+                    tuple(sorted(float(v) for v in col if v is not None and not pd.isna(v)))
+                )
             else:
                 row[f"{agg.name}_sum"], row[f"{agg.name}_count"] = col.sum(), col.count()
         out[key] = row
@@ -144,7 +197,7 @@ def differences(settings: Settings, pipeline: Pipeline, events: pd.DataFrame) ->
     for view in pipeline.views:
         rows = cassandra_rows(settings, speed_table(pipeline, view))
         if isinstance(view, LatestView):
-            want = latest_view(events, view)
+            want = latest_view(events, view, pipeline)
         else:
             want = windowed_view(events, pipeline, view, pipeline.layers.epoch_seconds)
         problems += compare(pipeline, view, want, rows, epoch=True)
@@ -184,9 +237,17 @@ def compare(
         ]
     problems: list[str] = []
     bad = 0
+    aggregates = {a.name: a for a in view.aggregates} if isinstance(view, WindowedView) else {}
     for key, w in want.items():
         for c in cols:
             a, b = w[c], got[key][c]
+            if isinstance(a, Distinct | Values):
+                problem = sketch_problem(a, b, aggregates[c])
+                if problem:
+                    bad += 1
+                    if bad <= 3:
+                        problems.append(f"{view.name} {key} {c}: {problem}")
+                continue
             if isinstance(a, float) or isinstance(b, float):
                 same = a is not None and b is not None and abs(a - b) <= 1e-6 * max(1.0, abs(a))
                 same = same or (pd.isna(a) and (b is None or pd.isna(b)))
@@ -199,6 +260,44 @@ def compare(
     if bad:
         problems.append(f"{view.name}: {bad} values differ")
     return problems
+
+
+def sketch_problem(truth: Distinct | Values, got: Any, agg: Any) -> str | None:
+    """Why a stored sketch (bytes) or a merged answer (dict) is outside its stated bound of the
+    truth, or None. ``distinct``: the exact count within [lower, upper]; ``quantiles``: the count
+    exact and each answered quantile's value of a true rank within q plus or minus the rank error."""
+    from lambdalake import sketches
+
+    if isinstance(got, bytes | bytearray):
+        got = (
+            sketches.hll_answer(got, agg.sketch_lg_k)
+            if isinstance(truth, Distinct)
+            else sketches.kll_answer(got, agg.quantiles)
+        )
+    if got is None:
+        return None if not truth.values else f"no sketch for {len(truth.values)} values"
+    if isinstance(truth, Distinct):
+        n = len(truth.values)
+        if not got["lower"] <= n <= got["upper"]:
+            bounds = f"[{got['lower']:.1f}, {got['upper']:.1f}]"
+            return f"{n} distinct values, answered {got['estimate']:.1f} in {bounds}"
+        return None
+    values = truth.values
+    if got["count"] != len(values):
+        return f"{len(values)} values, the sketch counted {got['count']}"
+    eps = got["rank_error"]
+    for q_text, v in got["quantiles"].items():
+        if not values:
+            if v is not None:
+                return f"quantile {q_text} of no values answered {v}"
+            continue
+        q = float(q_text)
+        below = bisect.bisect_left(values, v) / len(values)
+        at_most = bisect.bisect_right(values, v) / len(values)
+        if not below - eps <= q <= at_most + eps:
+            rank = f"{below:.4f}-{at_most:.4f}"
+            return f"quantile {q_text} answered {v}, whose true rank is {rank} (error {eps:.4f})"
+    return None
 
 
 #: A horizon past every epoch: :func:`batch_views` over every event.

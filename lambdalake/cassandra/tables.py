@@ -112,6 +112,8 @@ def speed_table_def(
     for c in view_components(view):
         if c.fn == "count":
             cols.append((c.column, "bigint"))
+        elif c.fn in ("hll", "kll"):
+            cols.append((c.column, "blob"))
         elif c.fn == "sum":
             src = types[c.source]  # type: ignore[index]
             summed = "decimal" if pa.types.is_decimal(src) else "bigint"

@@ -46,13 +46,21 @@ def query(
         str | None, typer.Option("--to", help="Windows starting before this (ISO-8601 or epoch ms).")
     ] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    q: Annotated[
+        str | None,
+        typer.Option("--q", help="Quantiles `quantiles` aggregates answer instead of their own (0.5,0.999)."),
+    ] = None,
 ) -> None:
     """The merged answer for one key: the active batch version's row combined with the speed rows of
     later ingest epochs, with its provenance. Exits 1 when the key has no rows."""
     from serving import ServingClient
+    from serving.client import quantile_list
 
     settings = get_settings()
-    answer = ServingClient(settings=settings).query(pipeline, view, key, start=start, end=end)
+    wanted = quantile_list([q]) if q else None
+    answer = ServingClient(settings=settings).query(
+        pipeline, view, key, start=start, end=end, quantiles=wanted
+    )
     if fmt is Format.json:
         out.print_json(json.dumps(answer.to_dict()))
     elif fmt is Format.csv:
@@ -68,10 +76,25 @@ def answer_rows(answer: Answer) -> list[dict[str, Any]]:
     if answer.latest is not None:
         return [{**answer.latest.values, "_source": answer.latest.source, "_rank": answer.latest.rank}]
     return [
-        {"window_start": w.window_start.isoformat().replace("+00:00", "Z"), **w.values,
+        {"window_start": w.window_start.isoformat().replace("+00:00", "Z"), **flat(w.values),
          "_from_batch": w.from_batch, "_speed_epochs": " ".join(map(str, w.speed_epochs))}
         for w in answer.windows
     ]  # fmt: skip
+
+
+def flat(values: dict[str, Any]) -> dict[str, Any]:
+    """A sketch's answer as columns of their own (``vehicles.estimate``, ``speed.q0.95``)."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if not isinstance(value, dict):
+            out[name] = value
+            continue
+        for part, inner in value.items():
+            if isinstance(inner, dict):
+                out.update({f"{name}.q{q}": x for q, x in inner.items()})
+            else:
+                out[f"{name}.{part}"] = inner
+    return out
 
 
 def answer_csv(answer: Answer) -> str:
@@ -99,15 +122,16 @@ def print_answer(answer: Answer) -> None:
     if not answer.windows:
         out.print("(no rows for this key)")
         return
-    names = list(dict.fromkeys(n for w in answer.windows for n in w.values if not _component(n, w.values)))
+    rows = [flat(w.values) for w in answer.windows]
+    names = list(dict.fromkeys(n for values in rows for n in values if not _component(n, values)))
     table = Table("window (UTC)", *names, "from")
-    for w in answer.windows:
+    for w, values in zip(answer.windows, rows, strict=True):
         layers = (["batch"] if w.from_batch else []) + (
             [f"speed {', '.join(map(str, w.speed_epochs))}"] if w.speed_epochs else []
         )
         table.add_row(
             w.window_start.strftime("%Y-%m-%d %H:%M"),
-            *[cell_text(w.values.get(n)) for n in names],
+            *[cell_text(values.get(n)) for n in names],
             " + ".join(layers),
         )
     out.print(table)

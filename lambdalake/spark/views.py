@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType, TimestampType
 
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
+from lambdalake.spark.filters import column as filter_column
 from lambdalake.views import (
     EPOCH,
     WINDOW_START,
@@ -49,6 +50,7 @@ def latest(df: DataFrame, pipeline: Pipeline, view: LatestView, *, carry: tuple[
     """One row per key: the delivery ranked highest by :func:`latest_order` (among equals, the lowest
     offset), so the result never depends on arrival order. ``carry``: more columns of the winning
     delivery to keep (the batch layer keeps its offset, to merge two results as one)."""
+    df = only_kept(df, pipeline, view)
     cols = latest_columns(pipeline, view)
     keep = list(dict.fromkeys([*(c for c in cols if c not in view.key), INGEST_TS, INGEST_EPOCH, *carry]))
     # The rank's two parts compared in turn order exactly as the rank does (latest_tiebreak), in
@@ -66,10 +68,32 @@ def latest(df: DataFrame, pipeline: Pipeline, view: LatestView, *, carry: tuple[
     )
 
 
-def _component(c: Component) -> Column:
+def only_kept(df: DataFrame, pipeline: Pipeline, view: LatestView | WindowedView) -> DataFrame:
+    """``df``'s events the view's ``where`` keeps (all of them without one)."""
+    node = pipeline.view_filter(view)
+    return df if node is None else df.filter(filter_column(node))
+
+
+#: Types Spark's ``hll_sketch_agg`` takes as they are; a ``distinct`` of any other type counts the
+#: values' text (the same cast in both layers, so both build the same sketch).
+_HLL_TYPES = ("int", "bigint", "string", "binary")
+
+
+def _component(c: Component, types: dict[str, str]) -> Column:
     col = F.col(c.source) if c.source else F.lit(1)
     if c.fn == "count":
         return F.count(col).cast("long").alias(c.column)
+    if c.fn == "hll":
+        kind = types[c.source]  # type: ignore[index]
+        if kind.startswith("timestamp"):
+            col = F.unix_micros(col)  # not its text, which depends on the session's time zone
+        elif kind == "date":
+            col = F.unix_date(col)
+        elif kind not in _HLL_TYPES:
+            col = col.cast("string")
+        return F.hll_sketch_agg(col, c.size).alias(c.column)
+    if c.fn == "kll":
+        return F.kll_sketch_agg_double(col.cast("double"), c.size).alias(c.column)
     return {"sum": F.sum, "min": F.min, "max": F.max}[c.fn](col).alias(c.column)
 
 
@@ -85,7 +109,11 @@ def windowed(
         epoch: A grouping column for the ingest epoch (the speed layer's ``window`` on the
             watermarked ingest time). None aggregates across epochs (the batch layer).
     """
-    out = df.groupBy(*_cell(pipeline, view, epoch)).agg(*[_component(c) for c in view_components(view)])
+    df = only_kept(df, pipeline, view)
+    types = dict(df.dtypes)
+    out = df.groupBy(*_cell(pipeline, view, epoch)).agg(
+        *[_component(c, types) for c in view_components(view)]
+    )
     return _epoch_number(out) if epoch is not None else out
 
 

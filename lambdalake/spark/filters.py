@@ -1,0 +1,41 @@
+"""A view's ``where`` (:mod:`lambdalake.filters`) as a Spark column: the speed job, the batch and
+``replay`` filter with the same tree the reference evaluates."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from functools import reduce
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from lambdalake.filters import And, Compare, In, IsNull, Node, Not
+
+
+def _literal(value: object) -> Column:
+    if isinstance(value, bytes):
+        return F.lit(bytearray(value))
+    if isinstance(value, Decimal):
+        # Its own digits: Spark widens both sides to a common decimal, so the comparison is exact.
+        _sign, digits, exponent = value.as_tuple()
+        scale = max(-exponent, 0)  # type: ignore[operator]
+        precision = len(digits) + max(exponent, 0) if exponent >= 0 else max(len(digits), scale)  # type: ignore[operator]
+        return F.lit(str(value)).cast(f"decimal({precision},{scale})")
+    return F.lit(value)
+
+
+def column(node: Node) -> Column:
+    """The filter as a boolean column (null where SQL's logic says unknown: ``filter`` drops it)."""
+    if isinstance(node, Compare):
+        field, value = F.col(node.field), _literal(node.value)
+        return {"=": field == value, "!=": field != value, "<": field < value, "<=": field <= value,
+                ">": field > value, ">=": field >= value}[node.op]  # fmt: skip
+    if isinstance(node, In):
+        found = F.col(node.field).isin(*[_literal(v) for v in node.values])
+        return ~found if node.negated else found
+    if isinstance(node, IsNull):
+        return F.col(node.field).isNotNull() if node.negated else F.col(node.field).isNull()
+    if isinstance(node, Not):
+        return ~column(node.operand)
+    parts = [column(child) for child in node.operands]
+    return reduce(lambda a, b: a & b, parts) if isinstance(node, And) else reduce(lambda a, b: a | b, parts)
