@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
+from functools import reduce
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -387,41 +388,55 @@ def keeps(node: Node | None, row: Mapping[str, Any]) -> bool:
     return node is None or evaluate(node, row) is True
 
 
-def arrow_expression(node: Node, schema: pa.Schema) -> Any:
-    """The filter as a ``pyarrow.compute`` expression over a table of ``schema`` (Kleene logic, as
-    Spark's: ``Table.filter`` keeps the rows where it is true)."""
-    import pyarrow.compute as pc
+def lower(
+    node: Node,
+    *,
+    field: Callable[[str], Any],
+    literal: Callable[[str, Any], Any],
+    is_null: Callable[[Any], Any],
+) -> Any:
+    """The filter built from an engine's expressions: Spark's columns and Arrow's compute
+    expressions both overload the comparison operators and ``&``, ``|``, ``~`` with SQL's
+    three-valued logic, so one walk of the tree serves both.
 
-    def literal(name: str, value: Any) -> pa.Scalar:
-        t = schema.field(name).type
-        if isinstance(value, Decimal):
-            return pa.scalar(value)  # its own precision: Arrow compares decimals of two scales exactly
-        return pa.scalar(value, type=t)
+    Args:
+        node: The filter.
+        field: A field's expression.
+        literal: The expression of a literal compared with a field (its name, the value).
+        is_null: Whether an expression is null.
+    """
 
     def build(n: Node) -> Any:
         if isinstance(n, Compare):
-            field, value = pc.field(n.field), literal(n.field, n.value)
-            return {"=": field == value, "!=": field != value, "<": field < value, "<=": field <= value,
-                    ">": field > value, ">=": field >= value}[n.op]  # fmt: skip
+            f, value = field(n.field), literal(n.field, n.value)
+            return {"=": f == value, "!=": f != value, "<": f < value, "<=": f <= value,
+                    ">": f > value, ">=": f >= value}[n.op]  # fmt: skip
         if isinstance(n, In):
-            # One equality per value, or-ed: unknown for a null field, as SQL's `in` (Arrow's isin
-            # says false there, and wants one type where decimal literals have several).
-            equal = [pc.field(n.field) == literal(n.field, v) for v in n.values]
-            found = equal[0]
-            for e in equal[1:]:
-                found = found | e
+            # One equality per value, or-ed: SQL's `in` exactly (unknown for a null), where Arrow's
+            # isin says false for a null and wants one type where decimal literals have several.
+            found = reduce(operator.or_, [field(n.field) == literal(n.field, v) for v in n.values])
             return ~found if n.negated else found
         if isinstance(n, IsNull):
-            return pc.field(n.field).is_valid() if n.negated else pc.field(n.field).is_null()
+            null = is_null(field(n.field))
+            return ~null if n.negated else null
         if isinstance(n, Not):
             return ~build(n.operand)
-        parts = [build(child) for child in n.operands]
-        out = parts[0]
-        for part in parts[1:]:
-            out = (out & part) if isinstance(n, And) else (out | part)
-        return out
+        return reduce(operator.and_ if isinstance(n, And) else operator.or_, [build(c) for c in n.operands])
 
     return build(node)
+
+
+def arrow_expression(node: Node, schema: pa.Schema) -> Any:
+    """The filter as a ``pyarrow.compute`` expression over a table of ``schema`` (``Table.filter``
+    keeps the rows where it is true)."""
+    import pyarrow.compute as pc
+
+    def literal(name: str, value: Any) -> pa.Scalar:
+        if isinstance(value, Decimal):
+            return pa.scalar(value)  # its own precision: Arrow compares decimals of two scales exactly
+        return pa.scalar(value, type=schema.field(name).type)
+
+    return lower(node, field=pc.field, literal=literal, is_null=lambda e: e.is_null())
 
 
 def to_text(node: Node) -> str:

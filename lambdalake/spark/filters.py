@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from functools import reduce
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from lambdalake.filters import And, Compare, In, IsNull, Node, Not
+from lambdalake.filters import Node, lower
 
 
 def _literal(value: object) -> Column:
@@ -26,16 +25,4 @@ def _literal(value: object) -> Column:
 
 def column(node: Node) -> Column:
     """The filter as a boolean column (null where SQL's logic says unknown: ``filter`` drops it)."""
-    if isinstance(node, Compare):
-        field, value = F.col(node.field), _literal(node.value)
-        return {"=": field == value, "!=": field != value, "<": field < value, "<=": field <= value,
-                ">": field > value, ">=": field >= value}[node.op]  # fmt: skip
-    if isinstance(node, In):
-        found = F.col(node.field).isin(*[_literal(v) for v in node.values])
-        return ~found if node.negated else found
-    if isinstance(node, IsNull):
-        return F.col(node.field).isNotNull() if node.negated else F.col(node.field).isNull()
-    if isinstance(node, Not):
-        return ~column(node.operand)
-    parts = [column(child) for child in node.operands]
-    return reduce(lambda a, b: a & b, parts) if isinstance(node, And) else reduce(lambda a, b: a | b, parts)
+    return lower(node, field=F.col, literal=lambda _name, value: _literal(value), is_null=Column.isNull)
