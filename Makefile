@@ -90,6 +90,8 @@ bench: setup
 	$(BIN)/python -m bench.peers
 	$(BIN)/python -m bench.batch
 	$(BIN)/python -m bench.serving
+# distinct and quantiles aggregates against count and sum: batch, speed job, serving.
+	$(BIN)/python -m bench.sketches
 
 clean: down
 	rm -rf .lambdalake

@@ -219,14 +219,17 @@ def test_speed_status_reports_every_query(speed_run: dict) -> None:
     import json
 
     queries = json.loads(result.stdout)
+    # Each pipeline's main query, and a query of its own for its second windowed view.
     assert set(queries) == {
         "offers-main",
+        "offers-merchant_active_hourly",
         "telemetry-main",
+        "telemetry-engine_state_minute",
     }
     for name, stats in queries.items():
         # Every record read (copies and records that fail decoding too), not what the archive pass
         # passed on to the windowed view: the source of the main query yields the latter.
-        topic = speed_run["pipelines"][name.removesuffix("-main")].topic.name
+        topic = speed_run["pipelines"][name.split("-")[0]].topic.name
         assert stats["rows"] == records_in(settings, topic), (name, stats)
         assert stats["last_batch"]["lag"] == 0 and stats["dropped_behind_watermark"] == 0
         # The driver's process and its JVM at least (Spark's Python workers when they run).
@@ -234,8 +237,8 @@ def test_speed_status_reports_every_query(speed_run: dict) -> None:
 
 
 def test_a_second_windowed_view_gets_a_query_of_its_own(services: Settings, spark, tmp_path: Path) -> None:
-    """The shipped pipelines have one windowed view each; a pipeline with two runs the second in a
-    query of its own (decoding again) and both equal the reference."""
+    """A windowed view after the first runs in a query of its own (decoding again), and every view
+    equals the reference."""
     unique = os.urandom(4).hex()
     settings = isolated(services, tmp_path, unique)
     base = pipeline_named(settings, "telemetry", topic=f"telemetry2-{unique}")
@@ -253,7 +256,9 @@ def test_a_second_windowed_view_gets_a_query_of_its_own(services: Settings, spar
     job.start()
     try:
         job.catch_up()
-        assert [q.name for q in job.queries] == ["telemetry_two-main", f"telemetry_two-{hourly.name}"]
+        assert [q.name for q in job.queries] == [
+            "telemetry_two-main", "telemetry_two-engine_state_minute", f"telemetry_two-{hourly.name}",
+        ]  # fmt: skip
         events, _ = topic_events(settings, pipeline)
         problems = differences(settings, pipeline, events)
         assert problems == [], problems[:10]
