@@ -182,6 +182,7 @@ def test_sketches_and_filters_match_the_reference_across_both_layers(
     assert any(v["_speed"] and v["_batch"] for v in after.values())  # merged cells, not read alone
     found = problems(settings, pipeline)
     assert found == [], found[:10]
+    asked_later(settings, pipeline)
 
     # Copies of archived events, far apart in ingest time (the speed layer counts them until the
     # next batch, README "Serving"): after it, they count nowhere.
@@ -192,3 +193,33 @@ def test_sketches_and_filters_match_the_reference_across_both_layers(
     assert run.outcome == "published", run
     found = problems(settings, pipeline)
     assert found == [], found[:10]
+
+
+def asked_later(settings: Settings, pipeline: Pipeline) -> None:
+    """Quantiles the definition does not list, asked at query time (``?q=``), from the same merged
+    sketches: each within the rank error of the truth."""
+    from serving.client import quantile_list
+
+    view = pipeline.view("account_5m")
+    events = pd.DataFrame(read_back(settings, pipeline.topic.name))
+    want = reference.batch_views(events, pipeline, reference.EVERYTHING)[view.name]
+    client = ServingClient(settings=settings, meta_ttl_s=0)
+    asked = quantile_list(["0.001,0.999", "0.25"])
+    checked = 0
+    for key in sorted({k[0] for k in want})[:10]:
+        for w in client.query(pipeline.name, view.name, key, quantiles=asked).windows:
+            answer = w.values["amounts"]
+            assert set(answer["quantiles"]) == {"0.001", "0.999", "0.25"}, answer
+            truth = want[(key, round(w.window_start.timestamp() * 1000))]["amounts"]
+            assert reference.sketch_problem(truth, answer, view.aggregates[3]) is None
+            checked += 1
+    assert checked >= 10
+
+
+def test_quantiles_asked_at_query_time_are_numbers_between_0_and_1() -> None:
+    from serving.client import BadQuery, quantile_list
+
+    assert quantile_list(["0.5,0.95", "1"]) == [0.5, 0.95, 1.0]
+    for bad in ("1.5", "-0.1", "nan", "p99", ""):
+        with pytest.raises(BadQuery, match="between 0 and 1"):
+            quantile_list([bad])
