@@ -513,7 +513,7 @@ class Pipeline(Strict):
         return {f.name: f.type for f in event_schema(self.reader_schema)}
 
     @cached_property
-    def _filters(self) -> dict[str, Any]:
+    def _filters(self) -> dict[tuple[str, str], Any]:
         return {}
 
     def view_filter(self, view: LatestView | WindowedView) -> Any:
@@ -524,7 +524,9 @@ class Pipeline(Strict):
         """
         if view.where is None:
             return None
-        found = self._filters.get(view.where)
+        # Keyed by the reader schema too: a copy of this model (``model_copy``) shares the cache.
+        cache_key = (view.where, self.schema_.versions[-1])
+        found = self._filters.get(cache_key)
         if found is None:
             symbols = {
                 f["name"]: t["symbols"]
@@ -536,7 +538,7 @@ class Pipeline(Strict):
                 found = filters.parse(view.where, self.field_types, symbols=symbols)
             except filters.FilterError as exc:
                 raise ValueError(f"view {view.name!r}: where {view.where!r}: {exc}") from None
-            self._filters[view.where] = found
+            self._filters[cache_key] = found
         return found
 
     def view(self, name: str) -> View:

@@ -54,13 +54,13 @@ def test_mistakes_name_the_position_and_the_field() -> None:
 
 def test_a_bad_filter_is_refused_when_the_pipeline_loads(tmp_path: Path) -> None:
     shipped = Path("pipelines/offers.toml").read_text()
-    text = shipped.replace('window = "1 hour"', 'window = "1 hour"\nwhere = "stauts = \'active\'"')
+    text = shipped.replace('window = "1 hour"', 'window = "1 hour"\nwhere = "stauts = \'active\'"', 1)
     (tmp_path / "offers.toml").write_text(text)
     with pytest.raises(ConfigurationError) as caught:
         load(tmp_path / "offers.toml", schemas_dir=Path("schemas"))
     message = str(caught.value)
     assert "merchant_offers_hourly" in message and "position 1: unknown field 'stauts'" in message
-    text = shipped.replace('window = "1 hour"', 'window = "1 hour"\nwhere = "status = \'sold\'"')
+    text = shipped.replace('window = "1 hour"', 'window = "1 hour"\nwhere = "status = \'sold\'"', 1)
     (tmp_path / "offers.toml").write_text(text)
     with pytest.raises(ConfigurationError, match="'sold' is not one of them"):
         load(tmp_path / "offers.toml", schemas_dir=Path("schemas"))
