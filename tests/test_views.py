@@ -110,3 +110,28 @@ def test_merged_windows_count_each_epoch_once_from_query_tuples() -> None:
         assert w.values == {**row(xs), "avg": sum(xs) / len(xs)}
     alone = merge_windows(((), ()), (speed_names, speed), VIEW, horizon=None)
     assert [w.values["n"] for w in alone] == [2, 2] and alone[0].speed_epochs == (7, 8)
+
+
+def test_a_float_promoted_to_double_keeps_its_distinct_values(spark) -> None:
+    """The same values as float (before a promotion) and as double (bronze read after it) build
+    sketches that count them as the same values: their union counts each once."""
+    from lambdalake import sketches
+    from lambdalake.pipeline import configured_pipeline
+    from lambdalake.settings import Settings
+    from lambdalake.spark.views import windowed
+
+    pipeline = configured_pipeline("telemetry", Settings())
+    view = WindowedView.model_validate({
+        "name": "v", "kind": "windowed", "key": ["vehicle_id"], "window": "1 hour",
+        "aggregates": [{"name": "speeds", "fn": "distinct", "column": "speed_kmh"}],
+    })  # fmt: skip
+    values = [0.1, 1.7, 33.3, 88.8, 120.25]
+    rows = [("v1", v, 0) for v in values]
+    as_float = spark.createDataFrame(rows, "vehicle_id string, speed_kmh float, t long")
+    as_double = as_float.withColumn("speed_kmh", as_float["speed_kmh"].cast("double"))
+    sketch = []
+    for df in (as_float, as_double):
+        df = df.selectExpr("vehicle_id", "speed_kmh", "timestamp_seconds(t) AS event_time")
+        sketch.append(windowed(df, pipeline, view).first()["speeds"])
+    merged = sketches.hll_merge(sketch[0], sketch[1], 12)
+    assert sketches.hll_answer(merged, 12)["estimate"] == pytest.approx(len(values))

@@ -89,6 +89,9 @@ def _component(c: Component, types: dict[str, str]) -> Column:
             col = F.unix_micros(col)  # not its text, which depends on the session's time zone
         elif kind == "date":
             col = F.unix_date(col)
+        elif kind == "float":
+            # As the double it widens to: a float field promoted to double keeps its values' text.
+            col = col.cast("double").cast("string")
         elif kind not in _HLL_TYPES:
             col = col.cast("string")
         return F.hll_sketch_agg(col, c.size).alias(c.column)
