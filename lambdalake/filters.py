@@ -437,30 +437,3 @@ def arrow_expression(node: Node, schema: pa.Schema) -> Any:
         return pa.scalar(value, type=schema.field(name).type)
 
     return lower(node, field=pc.field, literal=literal, is_null=lambda e: e.is_null())
-
-
-def to_text(node: Node) -> str:
-    """The filter written back (canonical: for messages and documentation)."""
-    if isinstance(node, Compare):
-        return f"{node.field} {node.op} {_literal_text(node.value)}"
-    if isinstance(node, In):
-        values = ", ".join(_literal_text(v) for v in node.values)
-        return f"{node.field} {'not in' if node.negated else 'in'} ({values})"
-    if isinstance(node, IsNull):
-        return f"{node.field} is {'not null' if node.negated else 'null'}"
-    if isinstance(node, Not):
-        return f"not ({to_text(node.operand)})"
-    joiner = " and " if isinstance(node, And) else " or "
-    return joiner.join(f"({to_text(child)})" for child in node.operands)
-
-
-def _literal_text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, bytes):
-        value = value.decode()
-    if isinstance(value, datetime | date):
-        value = value.isoformat()
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    return str(value)
