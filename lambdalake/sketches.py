@@ -21,16 +21,31 @@ DISTINCT_STD_DEVS = 3
 DISTINCT_CONFIDENCE = 0.997
 
 
-def hll_merge(a: Any, b: bytes, lg_k: int) -> Any:
-    """``a`` (a stored sketch, or a union built by an earlier merge) with the sketch ``b`` added."""
+def _union(value: Any, lg_k: int) -> Any:
+    """``value`` as an HLL union: a stored sketch's bytes read into a new one, a union as it is."""
     from datasketches import hll_sketch, hll_union
 
-    if not isinstance(a, hll_union):
-        union = hll_union(lg_k)
-        union.update(hll_sketch.deserialize(bytes(a)))
-        a = union
-    a.update(hll_sketch.deserialize(bytes(b)))
-    return a
+    if isinstance(value, hll_union):
+        return value
+    union = hll_union(lg_k)
+    union.update(hll_sketch.deserialize(bytes(value)))
+    return union
+
+
+def _kll(value: Any) -> Any:
+    """``value`` as a KLL sketch of doubles: a stored sketch's bytes read, a sketch as it is."""
+    from datasketches import kll_doubles_sketch
+
+    return value if isinstance(value, kll_doubles_sketch) else kll_doubles_sketch.deserialize(bytes(value))
+
+
+def hll_merge(a: Any, b: bytes, lg_k: int) -> Any:
+    """``a`` (a stored sketch, or a union built by an earlier merge) with the sketch ``b`` added."""
+    from datasketches import hll_sketch
+
+    union = _union(a, lg_k)
+    union.update(hll_sketch.deserialize(bytes(b)))
+    return union
 
 
 def hll_answer(value: Any, lg_k: int) -> dict[str, Any]:
@@ -43,14 +58,9 @@ def hll_answer(value: Any, lg_k: int) -> dict[str, Any]:
     several). Merging the union's result into itself (idempotent) makes every path estimate from the
     registers (measured: four build paths of 30 values, one answer).
     """
-    from datasketches import hll_sketch, hll_union
-
-    if not isinstance(value, hll_union):
-        union = hll_union(lg_k)
-        union.update(hll_sketch.deserialize(bytes(value)))
-        value = union
-    value.update(value.get_result())
-    sketch = value.get_result()
+    union = _union(value, lg_k)
+    union.update(union.get_result())
+    sketch = union.get_result()
     return {
         "estimate": sketch.get_estimate(),
         "lower": sketch.get_lower_bound(DISTINCT_STD_DEVS),
@@ -61,20 +71,15 @@ def hll_answer(value: Any, lg_k: int) -> dict[str, Any]:
 
 def kll_merge(a: Any, b: bytes) -> Any:
     """``a`` (a stored sketch, or one merged before) with the sketch ``b`` merged in."""
-    from datasketches import kll_doubles_sketch
-
-    if not isinstance(a, kll_doubles_sketch):
-        a = kll_doubles_sketch.deserialize(bytes(a))
-    a.merge(kll_doubles_sketch.deserialize(bytes(b)))
-    return a
+    merged = _kll(a)
+    merged.merge(_kll(b))
+    return merged
 
 
 def kll_answer(value: Any, quantiles: Sequence[float]) -> dict[str, Any]:
     """What a merged ``quantiles`` answers: ``quantiles`` (each asked one by its text, null with no
     values), ``count`` and ``rank_error``."""
-    from datasketches import kll_doubles_sketch
-
-    sketch = value if isinstance(value, kll_doubles_sketch) else kll_doubles_sketch.deserialize(bytes(value))
+    sketch = _kll(value)
     empty = sketch.is_empty()
     return {
         "quantiles": {_q_text(q): None if empty else sketch.get_quantile(q) for q in quantiles},
