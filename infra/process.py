@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -58,15 +57,12 @@ class ManagedProcess:
         run_dir: Folder of PID files.
         log_dir: Folder of log files.
         marker: A string the process's command line contains; guards against a recycled PID.
-        pid_json: For a program that daemonizes itself: a JSON file where it records ``{"pid": ...}``
-            of the process that really serves, used when the PID we spawned has gone.
     """
 
     name: str
     run_dir: Path
     log_dir: Path
     marker: str
-    pid_json: Path | None = None
 
     @property
     def pid_file(self) -> Path:
@@ -78,20 +74,13 @@ class ManagedProcess:
 
     def pid(self) -> int | None:
         """The PID of our running process, or None (a stale PID file is removed)."""
-        candidates = []
+        pid = None
         with contextlib.suppress(OSError, ValueError):
-            candidates.append(int(self.pid_file.read_text().strip()))
-        if self.pid_json is not None:
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                candidates.append(int(json.loads(self.pid_json.read_text())["pid"]))
-        for pid in candidates:
-            # An unreadable command line (a race with the process starting) is not evidence of a
-            # recycled PID; only a readable one without our marker is.
-            cmdline = _cmdline(pid)
-            if pid_alive(pid) and (not cmdline or self.marker in cmdline):
-                if pid != candidates[0]:
-                    self.pid_file.write_text(str(pid))
-                return pid
+            pid = int(self.pid_file.read_text().strip())
+        # An unreadable command line (a race with the process starting) is not evidence of a
+        # recycled PID; only a readable one without our marker is.
+        if pid is not None and pid_alive(pid) and (not (cmdline := _cmdline(pid)) or self.marker in cmdline):
+            return pid
         self.pid_file.unlink(missing_ok=True)
         return None
 
@@ -123,8 +112,7 @@ class ManagedProcess:
         child = _SPAWNED.get(str(self.pid_file))
         while time.monotonic() < deadline:
             # Gone means: the process we spawned has exited (not merely a PID-file glitch) and no PID
-            # on record runs. A self-daemonizing program has no PID on record for a moment: allow it
-            # a grace period.
+            # on record runs, for a moment (a process started by another CLI has no child here).
             spawned_alive = child is not None and child.poll() is None
             gone = not spawned_alive and self.pid() is None
             gone_since = (gone_since or time.monotonic()) if gone else None

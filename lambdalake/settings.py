@@ -72,6 +72,13 @@ class KafkaSettings(BaseModel):
     extra: dict[str, str] = Field(default_factory=dict)
     #: Seconds to wait for the cluster before a command gives up with an error naming the fix.
     connect_timeout_s: float = Field(5.0, gt=0, description="seconds, above 0", examples=["10"])
+    #: Embedded broker only: the port of its KRaft controller. None: the broker's port plus one, so
+    #: two platforms on one machine with other broker ports never clash.
+    controller_port: int | None = Field(
+        None, ge=1, le=65535, description="a port number 1-65535", examples=["9093"]
+    )
+    #: Embedded broker only: its JVM heap (Kafka's own launcher uses 1G).
+    heap: str = "1G"
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -81,6 +88,11 @@ class KafkaSettings(BaseModel):
         if not addresses or bad:
             raise ValueError(f"{bad or value!r} is not a list of host:port with ports 1-65535")
         return ",".join(addresses)
+
+    def embedded_controller_port(self, broker_port: int) -> int:
+        if self.controller_port is not None:
+            return self.controller_port
+        return broker_port + 1 if broker_port < 65535 else broker_port - 1
 
     def client_config(self) -> dict[str, Any]:
         """librdkafka configuration shared by every producer, consumer and admin client."""
@@ -145,8 +157,10 @@ class CassandraSettings(BaseModel):
     )
     port: int = Field(9042, ge=1, le=65535, description="a port number 1-65535", examples=["9042"])
     keyspace: str = "lambdalake"
-    #: v3 is the newest protocol Cassandra 2.1 speaks, and 4.x/5.x still accept it.
-    protocol_version: int = Field(3, ge=3, le=6, description="a CQL protocol version 3-6", examples=["4"])
+    #: None: the newest version both the cluster and the driver speak (v5 with Cassandra 4.x/5.x).
+    protocol_version: int | None = Field(
+        None, ge=3, le=6, description="a CQL protocol version 3-6", examples=["4"]
+    )
     username: str | None = None
     password: SecretStr | None = None
     #: CQL replication map used when the deploy step creates the keyspace.
@@ -163,10 +177,16 @@ class CassandraSettings(BaseModel):
     #: Seconds a writer's lease (lambdalake.lease) lasts without a renewal: how long a writer killed
     #: with -9 blocks the next one at most. Renewed every third of it.
     lease_ttl_s: int = Field(default=30, ge=3, le=3600, description="seconds, 3-3600", examples=["30"])
-    #: Embedded server only. Memtables get a quarter of it: at 512M a bulk publish flushed twice a
-    #: second and Cassandra's CPU per row was twice what it is at 3G (measured on 2 cores).
+    #: Embedded server only. Memtables (off the heap) get a quarter of it: at 512M a bulk publish
+    #: flushed twice a second and Cassandra's CPU per row was twice what it is at 3G (measured on 2
+    #: cores, Cassandra 2.1).
     heap: str = "3G"
     storage_port: int = Field(7000, ge=1, le=65535, description="a port number 1-65535", examples=["7000"])
+
+    def driver_options(self) -> dict[str, Any]:
+        """``Cluster`` arguments every session shares: the protocol version when one is pinned (the
+        driver negotiates the newest otherwise)."""
+        return {} if self.protocol_version is None else {"protocol_version": self.protocol_version}
 
 
 class SparkSettings(BaseModel):

@@ -172,7 +172,7 @@ def cassandra_rows(settings: Settings, table: str) -> list[dict[str, Any]]:
     cluster = Cluster(
         settings.cassandra.contact_points,
         port=settings.cassandra.port,
-        protocol_version=settings.cassandra.protocol_version,
+        **settings.cassandra.driver_options(),
     )
     try:
         session = cluster.connect(settings.cassandra.keyspace)

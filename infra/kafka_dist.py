@@ -1,0 +1,110 @@
+"""Apache Kafka as the embedded broker: one KRaft node (broker and controller in one JVM).
+
+The server JARs come from Maven Central (``infra/jars.py``); this module writes the node's
+``server.properties`` and log4j2 config, formats its log folder once (as ``kafka-storage format``
+does) and builds the java command line that ``kafka-server-start`` would run.
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import uuid
+from pathlib import Path
+
+from infra import jars
+from lambdalake.errors import LambdalakeError
+from lambdalake.settings import KafkaSettings
+
+LOG4J2 = """status = warn
+appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = STDOUT
+# Every request and partition state change at INFO would fill the log.
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.state.name = state.change.logger
+logger.state.level = WARN
+"""
+
+
+def server_properties(settings: KafkaSettings, *, host: str, port: int, log_dir: Path) -> dict[str, str]:
+    """One node, every internal topic at replication factor 1 (there is one broker to hold it)."""
+    controller = settings.embedded_controller_port(port)
+    return {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@{host}:{controller}",
+        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": str(log_dir),
+        "num.partitions": "1",
+        "offsets.topic.replication.factor": "1",
+        # 50 partitions by default: each a log folder and file handles, for one consumer group at a time.
+        "offsets.topic.num.partitions": "8",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "8",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        # A consumer group of one member need not wait 3 s for others to join.
+        "group.initial.rebalance.delay.ms": "0",
+        # The cleaner looks for dirty compacted logs every second instead of every 15 (cheap on a node
+        # this small, and a compaction a test asks for happens while it waits).
+        "log.cleaner.backoff.ms": "1000",
+    }
+
+
+def write_config(home: Path, settings: KafkaSettings, *, host: str, port: int) -> Path:
+    """Write ``server.properties`` and ``log4j2.properties`` under ``home``; returns the first."""
+    home.mkdir(parents=True, exist_ok=True)
+    props = server_properties(settings, host=host, port=port, log_dir=log_dir(home))
+    path = home / "server.properties"
+    path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    (home / "log4j2.properties").write_text(LOG4J2)
+    return path
+
+
+def log_dir(home: Path) -> Path:
+    return home / "data"
+
+
+def _java(home: Path, cache_dir: Path, heap: str) -> list[str]:
+    cp = ":".join(str(j) for j in jars.classpath(cache_dir, "kafka"))
+    return [
+        "java", f"-Xms{heap}", f"-Xmx{heap}",
+        # Kafka's own launcher's GC settings (kafka-run-class.sh).
+        "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
+        "-XX:+ExplicitGCInvokesConcurrent", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
+        f"-Dkafka.logs.dir={home / 'logs'}",
+        "-cp", cp,
+    ]  # fmt: skip
+
+
+def format_once(home: Path, cache_dir: Path) -> None:
+    """Format the log folder for KRaft, unless it was (``kafka-storage format``; ~5 s)."""
+    if (log_dir(home) / "meta.properties").exists():
+        return
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    argv = [
+        *_java(home, cache_dir, "256m"), "kafka.tools.StorageTool", "format",
+        "-t", cluster_id, "-c", str(home / "server.properties"), "--ignore-formatted",
+    ]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if out.returncode != 0:
+        tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-8:])
+        raise LambdalakeError(
+            f"formatting the embedded Kafka broker's log folder {log_dir(home)} failed:\n{tail}",
+            fix=f"remove {log_dir(home)} if it holds nothing you need, then `lambdalake up`",
+        )
+
+
+def java_argv(home: Path, cache_dir: Path, *, heap: str) -> list[str]:
+    return [*_java(home, cache_dir, heap), "kafka.Kafka", str(home / "server.properties")]
