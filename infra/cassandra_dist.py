@@ -83,7 +83,7 @@ def write_config(home: Path, settings: CassandraSettings, *, host: str) -> Path:
 @functools.cache
 def _java_base_packages() -> tuple[str, ...]:
     out = subprocess.run(
-        ["java", "--describe-module", "java.base"], capture_output=True, text=True, check=True
+        [jars.java(), "--describe-module", "java.base"], capture_output=True, text=True, check=True
     )
     pkgs = set()
     for line in out.stdout.splitlines():
@@ -100,7 +100,7 @@ def java_argv(home: Path, cache_dir: Path, *, heap: str) -> list[str]:
     jamm = next((j for j in lib if j.name.startswith("jamm-")), None)
     opens = [f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _java_base_packages()]
     return [
-        "java",
+        jars.java(),
         f"-Xms{heap}", f"-Xmx{heap}", "-Xss512k",
         "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError",
         *([f"-javaagent:{jamm}"] if jamm else []),

@@ -8,6 +8,7 @@ so a later ``make setup`` finds it and asks no registry.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
 import subprocess
@@ -83,6 +84,21 @@ def fetch(cache_dir: Path, bundle: Bundle) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
     return target
+
+
+def java() -> str:
+    """The ``java`` that runs the bundles: ``$JAVA_HOME/bin/java``, else the one on ``PATH``."""
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(Path(home) / "bin" / "java", os.X_OK):
+        return str(Path(home) / "bin" / "java")
+    found = shutil.which("java")
+    if found is None:
+        raise LambdalakeError(
+            "Java is needed to run the embedded Kafka broker and Cassandra, and no `java` was found "
+            "(neither $JAVA_HOME/bin/java nor on PATH)",
+            fix="apt-get install -y openjdk-17-jre-headless (or set JAVA_HOME), then `lambdalake up`",
+        )
+    return found
 
 
 def _missing(output: str) -> str:

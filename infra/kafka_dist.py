@@ -78,7 +78,7 @@ def log_dir(home: Path) -> Path:
 def _java(home: Path, cache_dir: Path, heap: str) -> list[str]:
     cp = ":".join(str(j) for j in jars.classpath(cache_dir, "kafka"))
     return [
-        "java", f"-Xms{heap}", f"-Xmx{heap}",
+        jars.java(), f"-Xms{heap}", f"-Xmx{heap}",
         # Kafka's own launcher's GC settings (kafka-run-class.sh).
         "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
         "-XX:+ExplicitGCInvokesConcurrent", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 
 from infra.services import CassandraService
 from lambdalake.compaction import OPERATION
@@ -119,6 +120,19 @@ def test_kill_minus_nine_three_times(services: Settings, tmp_path: Path, unique:
             job = start_job(settings, "offers", log)
         producer.join(120)
         assert not producer.is_alive() and not producer.errors, producer.errors
+        # The job compacts after every third micro-batch; on a slow machine micro-batches are fewer
+        # and larger, so more input is fed (not a longer sleep) until the rounds this test is about
+        # have run, within a bound.
+        deadline = time.monotonic() + 300
+        more = 0
+        while compaction_rounds(settings, pipeline) < 3:
+            assert time.monotonic() < deadline, (
+                f"bronze saw {compaction_rounds(settings, pipeline)} compaction rounds, not 3, within 300 s "
+                f"of {more} more small waves of input (a round every 3 micro-batches)"
+            )
+            more += 1
+            produce_steadily(settings, pipeline, 200, rate=1000, seed=100 + more).join(60)
+            time.sleep(3)
         problems = wait_equal(settings, pipeline, timeout=300)
         assert problems == [], problems[:10]
     finally:
@@ -128,8 +142,15 @@ def test_kill_minus_nine_three_times(services: Settings, tmp_path: Path, unique:
     # A kill mid-write leaves a half-written file in _staging/; the next start clears it.
     staging = Path(table_path(settings.storage_root, pipeline.name)) / "_staging"
     assert not staging.exists() or sorted(staging.iterdir()) == []
-    history = DeltaTable(table_path(settings.storage_root, pipeline.name)).history()
-    assert sum(1 for e in history if e.get(OPERATION) == "compact") >= 3, "bronze was not compacted"
+    assert compaction_rounds(settings, pipeline) >= 3, "bronze was not compacted"
+
+
+def compaction_rounds(settings: Settings, pipeline) -> int:
+    try:
+        history = DeltaTable(table_path(settings.storage_root, pipeline.name)).history()
+    except TableNotFoundError:  # no micro-batch committed yet
+        return 0
+    return sum(1 for e in history if e.get(OPERATION) == "compact")
 
 
 def test_cassandra_stopped_for_30s(services: Settings, spark, tmp_path: Path, unique: str) -> None:
