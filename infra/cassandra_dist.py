@@ -47,10 +47,11 @@ def write_config(home: Path, settings: CassandraSettings, *, host: str) -> Path:
         "num_tokens": 16,
         "partitioner": "org.apache.cassandra.dht.Murmur3Partitioner",
         "endpoint_snitch": "SimpleSnitch",
-        # Written to the commit log (in the OS's page cache) before a write is acknowledged; synced
-        # to disk every 10 s: a killed process loses nothing, a lost machine up to 10 s.
-        "commitlog_sync": "periodic",
-        "commitlog_sync_period": "10000ms",
+        # A write is acknowledged once its commit log section is synced (concurrent writes share a
+        # sync). In periodic mode (Cassandra's default, which a cluster's replicas make safe) a
+        # kill -9 lost the writes acknowledged since the last sync: replay stops at the last synced
+        # section. Measured here: batch mode writes at ~0.67x periodic's rate (concurrent or not).
+        "commitlog_sync": "batch",
         "commitlog_segment_size": "32MiB",
         "seed_provider": [
             {"class_name": "org.apache.cassandra.locator.SimpleSeedProvider", "parameters": [{"seeds": host}]}

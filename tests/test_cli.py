@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from lambdalake.settings import Settings
-from tests.conftest import pipeline_named, run_cli, settings_for
+from tests.conftest import env_for, pipeline_named, run_cli, settings_for
 from tests.helpers import REFERENCE_VALID, kcat_count
 
 
@@ -134,6 +136,32 @@ def test_up_refuses_a_port_taken_by_someone_else(tmp_path) -> None:
     err = result.stderr.decode()
     assert result.returncode == 2 and f"127.0.0.1:{port} is already in use" in err
     assert "LAMBDALAKE_KAFKA__BOOTSTRAP_SERVERS" in err
+
+
+@pytest.mark.slow
+def test_up_names_a_service_that_exits_while_starting_with_its_log(tmp_path) -> None:
+    own = settings_for(tmp_path, {"broker": 29392, "registry": 1, "cassandra": 1, "storage": 1})
+    own = own.model_copy(update={"kafka": own.kafka.model_copy(update={"heap": "lots"})})
+    result = run_cli(own, "up", "--only", "broker", timeout=180)
+    err = result.stderr.decode()
+    assert result.returncode == 2, err
+    assert "broker exited while starting" in err and str(tmp_path / "logs" / "broker.log") in err, err
+    assert "Invalid initial heap size: -Xmslots" in err, err  # the JVM's own reason, from the log's tail
+    assert "Traceback" not in err
+
+
+def test_up_without_java_says_so(tmp_path) -> None:
+    own = settings_for(tmp_path, {"broker": 29392, "registry": 1, "cassandra": 1, "storage": 1})
+    env = {**env_for(own), "PATH": str(Path(sys.executable).parent), "JAVA_HOME": str(tmp_path / "nojava")}
+    result = subprocess.run(
+        [sys.executable, "-m", "lambdalake", "up", "--only", "broker"],
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    err = result.stderr.decode()
+    assert result.returncode == 2 and "no `java` was found" in err and "openjdk-17" in err, err
+    assert "Traceback" not in err
 
 
 def test_config_masks_secrets(tmp_path) -> None:

@@ -19,6 +19,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from infra.registry import compatibility
+from lambdalake.kafka.offsets import while_electing
 
 log = logging.getLogger("lambdalake.registry")
 
@@ -200,7 +201,10 @@ class KafkaBackedStore:
         """Apply everything the topic holds now."""
         with self._lock:
             try:
-                _low, high = self._consumer.get_watermark_offsets(self._tp, timeout=self.timeout_s)
+                _low, high = while_electing(
+                    lambda: self._consumer.get_watermark_offsets(self._tp, timeout=self.timeout_s),
+                    timeout=self.timeout_s,
+                )
             except KafkaException as exc:
                 raise RegistryError(
                     500, 50002, f"cannot read the end of {self.topic} (is the Kafka broker up?): {exc}"

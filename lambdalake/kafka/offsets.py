@@ -4,15 +4,35 @@ at or after a moment, the same on every call."""
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from lambdalake.errors import ConfigurationError, LambdalakeError, ServiceUnavailable
 from lambdalake.settings import Settings
+
+#: How long a request waits out a partition without a leader: one just created, or a broker that is
+#: starting again (Kafka answers NOT_LEADER_FOR_PARTITION until its controller has elected one).
+LEADER_WAIT_S = 30.0
+
+T = TypeVar("T")
+
+
+def while_electing(call: Callable[[], T], timeout: float = LEADER_WAIT_S) -> T:
+    """``call()``, asked again while Kafka answers with a retriable error, for ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            if not exc.args[0].retriable() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 @contextmanager
@@ -47,7 +67,9 @@ def partitions(consumer: Consumer, topic: str, timeout: float = 30) -> list[int]
 def watermarks(consumer: Consumer, topic: str, timeout: float = 30) -> dict[int, tuple[int, int]]:
     """Each partition's (first offset, end offset)."""
     return {
-        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+        p: while_electing(
+            lambda p=p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+        )
         for p in partitions(consumer, topic, timeout)
     }
 
