@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from lambdalake.errors import ConfigurationError, LambdalakeError, ServiceUnavailable
 from lambdalake.settings import Settings
@@ -22,6 +22,14 @@ LEADER_WAIT_S = 30.0
 
 T = TypeVar("T")
 
+#: What a partition answers while it has no leader yet (librdkafka marks none of them retriable).
+_ELECTING = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_PARTITION,
+}
+
 
 def while_electing(call: Callable[[], T], timeout: float = LEADER_WAIT_S) -> T:
     """``call()``, asked again while Kafka answers with a retriable error, for ``timeout`` seconds."""
@@ -30,7 +38,8 @@ def while_electing(call: Callable[[], T], timeout: float = LEADER_WAIT_S) -> T:
         try:
             return call()
         except KafkaException as exc:
-            if not exc.args[0].retriable() or time.monotonic() > deadline:
+            err = exc.args[0]
+            if not (err.retriable() or err.code() in _ELECTING) or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
 
