@@ -21,3 +21,27 @@ def test_topic_prefix_names_every_pipeline_topic_and_its_dlq(monkeypatch: pytest
     pipeline = configured_pipeline("offers", Settings())
     assert (pipeline.topic.name, pipeline.topic.dlq) == ("staging.offers", "staging.offers.dlq")
     assert pipeline.schema_.subject == "offers-value"  # subjects are not prefixed
+
+
+def test_the_embedded_controller_port_moves_with_the_broker_port(tmp_path) -> None:
+    from infra.kafka_dist import server_properties
+
+    def listeners(**kafka: object) -> str:
+        settings = Settings(kafka=kafka)
+        port = int(settings.kafka.bootstrap_servers.rsplit(":", 1)[1])
+        props = server_properties(settings.kafka, host="127.0.0.1", port=port, log_dir=tmp_path)
+        assert props["controller.quorum.voters"] == "1@" + props["listeners"].split("CONTROLLER://")[1]
+        return props["listeners"]
+
+    assert listeners() == "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093"
+    assert listeners(bootstrap_servers="127.0.0.1:19092") == (
+        "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    )
+    assert listeners(bootstrap_servers="127.0.0.1:29092", controller_port=31000) == (
+        "PLAINTEXT://127.0.0.1:29092,CONTROLLER://127.0.0.1:31000"
+    )
+
+
+def test_the_cql_protocol_is_negotiated_unless_pinned() -> None:
+    assert Settings().cassandra.driver_options() == {}
+    assert Settings(cassandra={"protocol_version": 4}).cassandra.driver_options() == {"protocol_version": 4}
