@@ -92,7 +92,9 @@ def load_rows(settings: Settings, pipeline) -> None:
         for w in range(WINDOWS):
             ws = (start_hour + w * 3600) * 1000
             n = rng.randint(1, 50)
-            batch_rows.append([key, ws, n, n * 1000, 100, 5000, n * 1000, n, n * 10])
+            # The last column: the batch version that wrote the cell (serving reads the newest not above
+            # the active one).
+            batch_rows.append([key, ws, n, n * 1000, 100, 5000, n * 1000, n, n * 10, VERSION])
             for e in range(SPEED_EPOCHS):
                 k = rng.randint(1, 5)
                 speed_rows.append([key, ws, horizon + 1 + e, k, k * 900, 90, 4000, k * 900, k, k * 3])
