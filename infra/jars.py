@@ -43,6 +43,11 @@ def lib_dir(cache_dir: Path, bundle: Bundle) -> Path:
     return cache_dir / "jars" / f"{bundle}-{version(bundle)}"
 
 
+def cached(cache_dir: Path, bundle: Bundle) -> bool:
+    """Whether the bundle's folder is complete in the cache (a later ``fetch`` asks no registry)."""
+    return (lib_dir(cache_dir, bundle) / ".complete").exists()
+
+
 def classpath(cache_dir: Path, bundle: Bundle) -> list[Path]:
     """The bundle's JARs, fetched first if they are not in the cache."""
     return sorted(fetch(cache_dir, bundle).glob("*.jar"))
@@ -51,7 +56,7 @@ def classpath(cache_dir: Path, bundle: Bundle) -> list[Path]:
 def fetch(cache_dir: Path, bundle: Bundle) -> Path:
     """Copy the bundle and its dependencies into the cache (idempotent). Returns its folder."""
     target = lib_dir(cache_dir, bundle)
-    if (target / ".complete").exists():
+    if cached(cache_dir, bundle):
         return target
     if shutil.which("mvn") is None:
         raise LambdalakeError(

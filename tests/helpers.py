@@ -20,6 +20,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
+from infra.process import port_open
 from lambdalake.master import MasterDataset
 from lambdalake.master_files import table_path
 from lambdalake.pipeline import Pipeline, configured_pipeline
@@ -297,3 +298,15 @@ def assert_schemathesis_passes(
     output = result.stdout.decode() + result.stderr.decode()
     assert result.returncode == 0, f"seed {seed}:\n{output[-6000:]}"
     assert "failed" not in output.split("SUMMARY")[-1], f"seed {seed}:\n{output[-3000:]}"
+
+
+def kill_minus_nine(service: Any) -> None:
+    """kill -9 an embedded service (``infra.services``) and wait until it no longer listens (its
+    listening socket outlives the process for a moment)."""
+    pid = service.proc.pid()
+    assert pid is not None, f"{service.name} is not running"
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while service.proc.pid() is not None or port_open(service.host, service.port):
+        assert time.monotonic() < deadline, f"the killed {service.name} still listens"
+        time.sleep(0.05)

@@ -8,9 +8,7 @@ does not disturb the session's services; Cassandra and Spark are the session's.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -21,14 +19,20 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.process import port_open
 from infra.services import BrokerService, RegistryService, running
 from lambdalake.errors import LambdalakeError
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer, ProducerFailed
 from lambdalake.settings import PROJECT_ROOT, Settings
 from tests.conftest import env_for, isolated, pipeline_named
-from tests.helpers import bronze_coordinates, consume_all, run_speed_once, send_generated, stop_job
+from tests.helpers import (
+    bronze_coordinates,
+    consume_all,
+    kill_minus_nine,
+    run_speed_once,
+    send_generated,
+    stop_job,
+)
 from tests.reference import differences, topic_events
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -56,14 +60,7 @@ def own_kafka(services: Settings, tmp_path: Path, unique: str) -> Iterator[Setti
 
 def kill_broker(settings: Settings, *, restart: bool = True) -> None:
     broker = BrokerService(settings)
-    pid = broker.proc.pid()
-    assert pid is not None, "the broker is not running"
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    # The listening socket outlives the process for a moment.
-    while broker.proc.pid() is not None or port_open(broker.host, broker.port):
-        assert time.monotonic() < deadline, "the killed broker still listens"
-        time.sleep(0.05)
+    kill_minus_nine(broker)
     if restart:
         broker.start()
 

@@ -9,7 +9,6 @@ broker and a Cassandra of their own (ports of their own), so the session's servi
 from __future__ import annotations
 
 import os
-import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,11 +22,11 @@ from cassandra.query import SimpleStatement
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from infra.process import port_open
 from infra.services import BrokerService, CassandraService, running
 from lambdalake.kafka.admin import ensure_topic
 from lambdalake.settings import Settings
 from tests.conftest import _OFFSET, pipeline_named, settings_for
+from tests.helpers import kill_minus_nine
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -106,16 +105,6 @@ def own_broker(tmp_path: Path) -> Iterator[Settings]:
     settings = settings_for(tmp_path / "state", OWN_PORTS)
     with running(settings, only=["broker"]):
         yield settings
-
-
-def kill_minus_nine(service: BrokerService | CassandraService) -> None:
-    pid = service.proc.pid()
-    assert pid is not None, f"{service.name} is not running"
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while service.proc.pid() is not None or port_open(service.host, service.port):
-        assert time.monotonic() < deadline, f"the killed {service.name} still listens"
-        time.sleep(0.05)
 
 
 #: Seconds between the producer's flush returning and the kill -9 (the README's loss table).

@@ -52,7 +52,7 @@ def install() -> None:
     for bundle in ("kafka", "cassandra"):
         t0 = time.monotonic()
         with console.status(f"fetching {bundle} {jars.version(bundle)} with Maven..."):
-            done = (jars.lib_dir(settings.cache_dir, bundle) / ".complete").exists()
+            done = jars.cached(settings.cache_dir, bundle)
             folder = jars.fetch(settings.cache_dir, bundle)
         took = "cached" if done else f"fetched in {time.monotonic() - t0:.0f}s"
         console.print(f"[green]✔[/] {bundle} {jars.version(bundle)} in {folder} ({took})")
