@@ -62,12 +62,14 @@ test: setup
 	$(BIN)/python -m pytest
 
 # The seeded operations schedule, long (make test runs a short one), and views changed ROUNDS times
-# on a live pipeline: STEPS=40 SEED=123 ROUNDS=6 make soak.
+# on a live pipeline, and the engines' property tests with more examples:
+# STEPS=40 SEED=123 ROUNDS=6 PROPERTY_EXAMPLES=500 make soak.
 soak: setup
 	LAMBDALAKE_SCHEDULE_STEPS=$${STEPS:-40} LAMBDALAKE_SCHEDULE_SEED=$${SEED:-} \
 		LAMBDALAKE_VIEW_SOAK_ROUNDS=$${ROUNDS:-6} LAMBDALAKE_INCREMENTAL_EXAMPLES=$${EXAMPLES:-5} \
+		LAMBDALAKE_PROPERTY_EXAMPLES=$${PROPERTY_EXAMPLES:-500} \
 		$(BIN)/python -m pytest -s tests/test_operations_schedule.py tests/test_view_versions.py \
-		tests/test_incremental_batch.py
+		tests/test_incremental_batch.py tests/test_filters.py tests/test_latest_rule.py
 
 lint: setup
 	$(BIN)/ruff check .

@@ -124,7 +124,7 @@ class Deployer:
 
         sr = client(self.settings)
         for p in pipelines:
-            self._plan_views(p)  # a view version refused (a name too long) is refused here
+            self._check_tables(p)
             bronze = MasterDataset(table_path(self.settings.storage_root, p.name), event_time=p.event.time)
             bronze.check_layers(p.layers, pipeline=p.name)
             if not self.apply_topic_configs:  # else the topic step sets it
@@ -162,6 +162,21 @@ class Deployer:
                         fix="make the new version compatible (give new fields a default, keep field "
                         "types), or register it under a new subject",
                     )
+
+    def _check_tables(self, p: Pipeline) -> None:
+        """What the view step records and the table step creates, judged before either runs: a view
+        version refused (a name too long), a column no Cassandra type holds, an existing column of
+        another type. A refused deploy records nothing, so the corrected file deploys."""
+        from lambdalake.cassandra.session import connect
+        from lambdalake.cassandra.tables import require_columns_fit, speed_table_def
+        from lambdalake.view_versions import deployed_pipeline
+
+        _meta, registry, _planned = self._plan_views(p)
+        deployed = deployed_pipeline(p, registry)
+        session = connect(self.settings.cassandra)
+        session.cluster.refresh_schema_metadata()
+        for view in deployed.views:
+            require_columns_fit(session, self.settings.cassandra.keyspace, speed_table_def(deployed, view))
 
     def deploy(self, pipelines: list[Pipeline]) -> list[Change]:
         """Deploy ``pipelines`` (each step idempotent); returns every change, unchanged ones too."""

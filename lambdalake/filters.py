@@ -26,8 +26,10 @@ mistake; :func:`evaluate` runs it on a Python row (the reference tests, Python c
 
 from __future__ import annotations
 
+import math
 import operator
 import re
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -252,8 +254,8 @@ class _Parser:
                         raise FilterError(f"{where}: {token.text} is out of its range")
                     return value
                 if kind == "float":
-                    return float(token.text)
-                return Decimal(token.text)
+                    return _float_literal(float(token.text), t, f"{where}: {token.text} is out of its range")
+                return _decimal_literal(Decimal(token.text), f"{where}: {token.text}")
             if kind == "boolean":
                 if token.kind != "keyword" or token.text not in ("true", "false"):
                     raise ValueError
@@ -276,6 +278,43 @@ class _Parser:
             if isinstance(exc, FilterError):
                 raise
             raise FilterError(f"{where}: write it as {_EXAMPLES[kind or '']}, not {_shown(token)}") from None
+
+
+#: Spark's decimals hold at most this many digits (a literal with more cannot be compared there).
+MAX_DECIMAL_DIGITS = 38
+
+
+def _float_literal(value: float, t: pa.DataType, out_of_range: str) -> float:
+    """The literal as the field's type reads it: a 32-bit field's nearest 32-bit float (so
+    ``temp = 0.1`` holds for a sensor's 0.1, and every engine compares the same two numbers)."""
+    if not math.isfinite(value):
+        raise FilterError(out_of_range)
+    if t.bit_width == 32:
+        try:
+            return struct.unpack("<f", struct.pack("<f", value))[0]
+        except OverflowError:
+            raise FilterError(out_of_range) from None
+    return value
+
+
+def _decimal_literal(value: Decimal, where: str) -> Decimal:
+    if not value.is_finite():
+        raise ValueError
+    if decimal_digits(value)[0] > MAX_DECIMAL_DIGITS:
+        raise FilterError(
+            f"{where} has more than {MAX_DECIMAL_DIGITS} digits, the most a decimal comparison can hold "
+            "(write a literal within the field's range)"
+        )
+    return value
+
+
+def decimal_digits(value: Decimal) -> tuple[int, int]:
+    """The (precision, scale) a decimal literal is written with: ``19.99`` is (4, 2), ``1e3`` (4, 0)."""
+    _sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    scale = max(-exponent, 0)
+    precision = len(digits) + exponent if exponent >= 0 else max(len(digits), scale)
+    return precision, scale
 
 
 _EXAMPLES = {
@@ -351,12 +390,21 @@ _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
 }  # fmt: skip
 
 
+#: What holds of a NaN compared with any number: NaN sorts above every number, infinity included,
+#: and equals only NaN (Spark's order; a literal is never NaN).
+_ABOVE_ANY = frozenset({"!=", ">", ">="})
+
+
 def evaluate(node: Node, row: Mapping[str, Any]) -> bool | None:
     """The filter on one row, in SQL's three-valued logic (None: unknown). A view keeps the row when
     this is True."""
     if isinstance(node, Compare):
         value = row.get(node.field)
-        return None if value is None else _COMPARE[node.op](_comparable(value), node.value)
+        if value is None:
+            return None
+        if isinstance(value, float) and math.isnan(value):
+            return node.op in _ABOVE_ANY
+        return _COMPARE[node.op](_comparable(value), node.value)
     if isinstance(node, In):
         value = row.get(node.field)
         if value is None:
@@ -394,6 +442,7 @@ def lower(
     field: Callable[[str], Any],
     literal: Callable[[str, Any], Any],
     is_null: Callable[[Any], Any],
+    is_nan: Callable[[Any], Any],
 ) -> Any:
     """The filter built from an engine's expressions: Spark's columns and Arrow's compute
     expressions both overload the comparison operators and ``&``, ``|``, ``~`` with SQL's
@@ -404,13 +453,18 @@ def lower(
         field: A field's expression.
         literal: The expression of a literal compared with a field (its name, the value).
         is_null: Whether an expression is null.
+        is_nan: Whether a floating-point expression is NaN (null for a null).
     """
 
     def build(n: Node) -> Any:
         if isinstance(n, Compare):
             f, value = field(n.field), literal(n.field, n.value)
-            return {"=": f == value, "!=": f != value, "<": f < value, "<=": f <= value,
-                    ">": f > value, ">=": f >= value}[n.op]  # fmt: skip
+            out = {"=": f == value, "!=": f != value, "<": f < value, "<=": f <= value,
+                   ">": f > value, ">=": f >= value}[n.op]  # fmt: skip
+            if isinstance(n.value, float) and n.op in (">", ">="):
+                # IEEE says false for NaN, Spark true: or-ing NaN in gives every engine Spark's order.
+                out = out | is_nan(f)
+            return out
         if isinstance(n, In):
             # One equality per value, or-ed: SQL's `in` exactly (unknown for a null), where Arrow's
             # isin says false for a null and wants one type where decimal literals have several.
@@ -431,9 +485,26 @@ def arrow_expression(node: Node, schema: pa.Schema) -> Any:
     keeps the rows where it is true)."""
     import pyarrow.compute as pc
 
+    def compared_as(name: str) -> pa.DataType:
+        # Fixed-size bytes as bytes (a literal of another length compares, as in Spark and Python);
+        # timestamps to the microsecond a literal may carry.
+        t = schema.field(name).type
+        if pa.types.is_fixed_size_binary(t):
+            return pa.binary()
+        if pa.types.is_timestamp(t) and t.unit in ("s", "ms"):
+            return pa.timestamp("us", tz=t.tz)
+        return t
+
+    def field(name: str) -> pc.Expression:
+        t = compared_as(name)
+        return pc.field(name) if t == schema.field(name).type else pc.field(name).cast(t)
+
     def literal(name: str, value: Any) -> pa.Scalar:
         if isinstance(value, Decimal):
             return pa.scalar(value)  # its own precision: Arrow compares decimals of two scales exactly
-        return pa.scalar(value, type=schema.field(name).type)
+        # A 32-bit field's literal is already a 32-bit float (parse), so float32 holds it exactly.
+        return pa.scalar(value, type=compared_as(name))
 
-    return lower(node, field=pc.field, literal=literal, is_null=lambda e: e.is_null())
+    return lower(
+        node, field=field, literal=literal, is_null=lambda e: e.is_null(), is_nan=lambda e: e.is_nan()
+    )

@@ -28,7 +28,7 @@ from lambdalake.pipeline import (
     RequiredRule,
     Rule,
 )
-from lambdalake.views import TIEBREAK_BITS
+from lambdalake.views import NULL_VERSION, TIEBREAK_BITS
 
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
@@ -214,10 +214,10 @@ def compile_rule(rule: Rule | RankRule) -> Check:
 
             def fits_rank(r: Mapping[str, Any], _now: float) -> Rejection | None:
                 v = r.get(field)
-                if type(v) is int and -RANK_VERSION_LIMIT < v < RANK_VERSION_LIMIT:
+                if type(v) is int and NULL_VERSION < v < RANK_VERSION_LIMIT:
                     return None  # the common case, cheaply
                 ms = int(v.timestamp() * 1000) if isinstance(v, datetime) else v
-                if isinstance(ms, int | float) and not -RANK_VERSION_LIMIT < ms < RANK_VERSION_LIMIT:
+                if isinstance(ms, int | float) and not NULL_VERSION < ms < RANK_VERSION_LIMIT:
                     return Rejection(
                         name,
                         f"{field}={v} is beyond +-2^43 ({RANK_VERSION_LIMIT:,}): view {view!r} ranks "

@@ -182,11 +182,21 @@ def merge(
 #: Low bits of a ``latest`` rank that order deliveries of one version (2^20 s: about 12 days).
 TIEBREAK_BITS = 20
 
+#: The version a delivery without one (a null version field) ranks with: below every version a
+#: record may carry (validation keeps versions in ``(NULL_VERSION, 2^43)``), so a key whose versions
+#: are all null still has a row, its first delivery's, and any delivery with a version outranks it.
+#: Its rank stays above ``-2^63``, the value Cassandra reserves for "no write timestamp".
+NULL_VERSION = -(1 << (63 - TIEBREAK_BITS)) + 1
+
 Numeric = TypeVar("Numeric")
 
 
 def latest_rank(version: Numeric, ingest_seconds: Numeric) -> Numeric:
     """How ``latest`` ranks deliveries of a key, as one long: the version, then the earlier delivery.
+
+    The latest rule, in every layer: the highest version wins (a null version is :data:`NULL_VERSION`,
+    below all others); between deliveries of one version the earlier ingest second; then the lower
+    offset. Callers put :data:`NULL_VERSION` in place of a null version before calling this.
 
     ``version * 2^20 + (2^20 - 1 - ingest second mod 2^20)``: the highest version wins, and between
     two deliveries of one version the first wins when they are less than 2^20 s apart. The speed

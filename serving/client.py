@@ -24,15 +24,32 @@ from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_pipeline, list_pipelines
 from lambdalake.settings import Settings
-from lambdalake.views import CELL_VERSION, RANK, WINDOW_START, batch_table, newest_cells, speed_table
+from lambdalake.views import (
+    CELL_VERSION,
+    NULL_VERSION,
+    RANK,
+    WINDOW_START,
+    batch_table,
+    latest_rank,
+    newest_cells,
+    speed_table,
+)
 from serving.answers import Answer, LatestRow, Provenance
 from serving.contract import EARLIEST_MS, LATEST_MS
-from serving.merge import RowSet, aware_utc_values, merge_windows, pick_latest
+from serving.merge import RowSet, aware_utc, aware_utc_values, merge_windows, pick_latest
 
 #: Window bounds when a query gives none (Cassandra timestamps are epoch milliseconds).
 
 #: The ``latest`` speed row's rank is the write timestamp of a column every row has.
 RANKED_COLUMN = "_ingest_ts"
+
+
+def _batch_rank(data: dict[str, Any]) -> int:
+    """A batch row's rank; a row published before null versions had one ranks as they do now."""
+    if data[RANK] is not None:
+        return int(data[RANK])
+    ingest = aware_utc(data[RANKED_COLUMN])
+    return latest_rank(NULL_VERSION, math.floor(ingest.timestamp()))
 
 
 class NotFound(LambdalakeError):
@@ -284,7 +301,9 @@ class ServingClient:
                 speed = LatestRow(data, int(rank), "speed")
             for data in newest_rows(batch_rows, active):
                 batch = LatestRow(
-                    {k: x for k, x in data.items() if k not in (RANK, CELL_VERSION)}, int(data[RANK]), "batch"
+                    {k: x for k, x in data.items() if k not in (RANK, CELL_VERSION)},
+                    _batch_rank(data),
+                    "batch",
                 )
             winner = pick_latest(batch, speed)
             epochs = (winner.values.get("_epoch"),) if winner is speed and winner is not None else ()

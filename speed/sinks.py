@@ -27,7 +27,7 @@ from lambdalake.master_files import write_event_files
 from lambdalake.settings import CassandraSettings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decoder
 from lambdalake.spark.views import INGEST_TS
-from lambdalake.views import latest_rank
+from lambdalake.views import NULL_VERSION, latest_rank
 from speed.dedup import DedupLog
 
 _producers: dict[str, Any] = {}
@@ -148,12 +148,14 @@ def _int64s(col: pa.ChunkedArray, *, per: int = 1) -> np.ndarray:
 
 
 def latest_order(table: pa.Table, version: str) -> np.ma.MaskedArray:
-    """:func:`lambdalake.views.latest_rank` of each row (masked where version or ingest time is
-    null), computed as :func:`lambdalake.spark.views.latest_order` computes it in Spark."""
+    """:func:`lambdalake.views.latest_rank` of each row (a null version as :data:`NULL_VERSION`;
+    masked where the ingest time is null), computed as :func:`lambdalake.spark.views.latest_order`
+    computes it in Spark."""
     v, ingest = table.column(version), table.column(INGEST_TS)
     millis = _int64s(v, per=1000) if pa.types.is_timestamp(v.type) else _int64s(v)
+    millis = np.where(pc.is_null(v).to_numpy(zero_copy_only=False), NULL_VERSION, millis)
     rank = latest_rank(millis, _int64s(ingest, per=1_000_000))
-    mask = pc.or_(pc.is_null(v), pc.is_null(ingest)).to_numpy(zero_copy_only=False)
+    mask = pc.is_null(ingest).to_numpy(zero_copy_only=False)
     return np.ma.masked_array(rank, mask=mask)
 
 

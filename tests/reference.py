@@ -100,13 +100,14 @@ def kept(events: pd.DataFrame, pipeline: Pipeline, view: LatestView | WindowedVi
 def latest_view(
     events: pd.DataFrame, view: LatestView, pipeline: Pipeline | None = None
 ) -> dict[tuple, dict[str, Any]]:
-    # Highest version; among deliveries of one version the first (lowest ingest time, offset).
+    # Highest version (a null one below every version); among deliveries of one version the first
+    # (lowest ingest time, offset).
     if pipeline is not None:
         events = kept(events, pipeline, view)
     if events.empty:
         return {}
     ordered = events.sort_values(
-        [view.version, "_ts", "_offset"], ascending=[True, False, False], kind="stable"
+        [view.version, "_ts", "_offset"], ascending=[True, False, False], na_position="first", kind="stable"
     )
     winners = ordered.groupby(view.key, sort=False).tail(1)
     return {tuple(r[k] for k in view.key): r for r in winners.to_dict("records")}

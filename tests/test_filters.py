@@ -3,6 +3,8 @@ rows kept by each engine that runs it (Python, Spark, Arrow) on rows with nulls,
 
 from __future__ import annotations
 
+import os
+import struct
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -26,6 +28,10 @@ TYPES = {
     "day": pa.date32(),
     "flag": pa.bool_(),
     "tag": pa.binary(),
+    "temp": pa.float32(),
+    "load": pa.float64(),
+    "code": pa.binary(4),
+    "tiny": pa.decimal128(38, 30),
 }
 SCHEMA = pa.schema([pa.field(n, t) for n, t in TYPES.items()])
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -43,6 +49,9 @@ def test_mistakes_name_the_position_and_the_field() -> None:
         "(attempt = 1": "position 13: expected ')'",
         "status = null": "position 10: compare with null as `status is null`",
         "status ~ 'x'": "position 8: unexpected \"~ 'x'\"",
+        "amount < 1e50": "position 10: field 'amount' is a decimal(12, 2): 1e50 has more than 38 digits",
+        "temp < 1e39": "position 8: field 'temp' is a floating-point number: 1e39 is out of its range",
+        "load > 1e400": "position 8: field 'load' is a floating-point number: 1e400 is out of its range",
     }
     for text, message in cases.items():
         with pytest.raises(filters.FilterError) as caught:
@@ -76,6 +85,15 @@ def test_a_filter_is_part_of_the_definition_and_absent_filters_keep_fingerprints
     assert fingerprint(filtered) != fingerprint(view)
 
 
+#: Floats at the edges: 0.1 as double and as 32-bit float, signed zeros, infinities, NaN, extremes.
+_EDGES = [0.1, 0.10000000149011612, 0.09999999403953552, 0.0, -0.0, 100.0, 100.5, float("inf"),
+          float("-inf"), float("nan"), 3.4028234663852886e38, -1e308, 5e-324]  # fmt: skip
+
+
+def _float32(value: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", value))[0] if abs(value) < 3.5e38 else value
+
+
 rows = st.fixed_dictionaries(
     {
         "status": st.none() | st.sampled_from(["active", "withdrawn", "it's"]),
@@ -86,6 +104,10 @@ rows = st.fixed_dictionaries(
         "day": st.none() | st.integers(0, 4).map(lambda d: date(2026, 1, 1) + timedelta(days=d)),
         "flag": st.none() | st.booleans(),
         "tag": st.none() | st.sampled_from([b"a", b"b"]),
+        "temp": st.none() | st.sampled_from(_EDGES).map(_float32) | st.floats(width=32),
+        "load": st.none() | st.sampled_from(_EDGES) | st.floats(),
+        "code": st.none() | st.sampled_from([b"abcd", b"abce", b"\x00\xff\x00\x01", b"ab\x00\x00"]),
+        "tiny": st.none() | st.integers(-(10**8), 10**8).map(lambda c: Decimal(c).scaleb(-30)),
     }
 )
 comparisons = st.sampled_from(
@@ -96,6 +118,11 @@ comparisons = st.sampled_from(
         "score > 0.25", "score <= -1e0", "paid_at < '2026-01-02T00:00:00Z'",
         "paid_at >= '2026-01-01T12:00:00+02:00'", "day = '2026-01-03'", "day > '2026-01-02'",
         "flag = true", "flag != false", "flag is not null", "tag = 'a'", "tag in ('b')",
+        "temp <= 0.1", "temp = 0.1", "temp != 0.1", "temp > 100", "temp >= 3.4028234e38", "temp < -0.0",
+        "temp in (0.1, 100.5)", "temp is null", "load > 100", "load <= 0.1", "load = 0", "load >= -0.0",
+        "load < 1e308", "load not in (0.1, 100)", "load != 5e-324", "code = 'abcd'", "code < 'abcdz'",
+        "code >= 'ab'", "code in ('abce', 'x')", "code != 'ab'", "tiny > 0.000000000000000000000000000001",
+        "tiny <= -0.000000000000000000000012345678", "tiny = 0",
     ]
 )  # fmt: skip
 
@@ -112,18 +139,43 @@ def _combined(draw: st.DrawFn, depth: int = 0) -> str:
 expressions = st.composite(_combined)()
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=int(os.environ.get("LAMBDALAKE_PROPERTY_EXAMPLES", "40")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(text=expressions, data=st.lists(rows, min_size=1, max_size=30))
 def test_python_spark_and_arrow_keep_the_same_rows(spark, text: str, data: list[dict]) -> None:
+    _same_rows_everywhere(spark, text, data)
+
+
+def test_a_32_bit_float_and_a_nan_filter_the_same_in_every_engine(spark) -> None:
+    """The report's sensors view: a 32-bit 0.1 is <= 0.1 (the literal is read as the field's type) and
+    a NaN load is above 100 (NaN sorts above every number), in Python, Arrow and Spark alike."""
+    none = dict.fromkeys(TYPES)
+    data = [
+        {**none, "temp": _float32(0.1), "load": float("nan")},
+        {**none, "temp": _float32(0.1), "load": 100.0},
+        {**none, "temp": _float32(0.10000001), "load": float("inf")},
+        {**none, "temp": float("nan"), "load": 101.0},
+    ]
+    assert _same_rows_everywhere(spark, "temp <= 0.1 and load > 100", data) == [0]
+    assert _same_rows_everywhere(spark, "temp = 0.1", data) == [0, 1]
+    assert _same_rows_everywhere(spark, "temp > 1e38 or load >= 1e308", data) == [0, 2, 3]
+
+
+def _same_rows_everywhere(spark, text: str, data: list[dict]) -> list[int]:
+    """The rows of ``data`` the filter keeps, asserted the same in Python, Arrow and Spark."""
     node = filters.parse(text, TYPES)
     table = pa.Table.from_pylist(data, schema=SCHEMA).append_column("i", pa.array(range(len(data))))
     want = [i for i, row in enumerate(data) if filters.keeps(node, row)]
     arrow = table.filter(filters.arrow_expression(node, SCHEMA)).column("i").to_pylist()
     spark_schema = (
         "status string, amount decimal(12,2), attempt int, score double, paid_at timestamp, day date, "
-        "flag boolean, tag binary, i long"
+        "flag boolean, tag binary, temp float, load double, code binary, tiny decimal(38,30), i long"
     )
     df = spark.createDataFrame([(*[row[c] for c in TYPES], i) for i, row in enumerate(data)], spark_schema)
     got = sorted(r["i"] for r in df.filter(column(node)).select("i").collect())
     assert arrow == want, (text, arrow, want)
     assert got == want, (text, got, want)
+    return want

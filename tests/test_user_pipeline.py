@@ -5,6 +5,7 @@ client."""
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import shutil
@@ -287,6 +288,48 @@ def test_deploy_refuses_a_change_the_layers_cannot_apply_before_anything_changes
 
     registry = SchemaRegistryClient(base.registry.client_config())
     assert registry.get_versions(f"{topic}-value") == [1]  # v2 was not registered
+
+
+def test_a_refused_deploy_records_nothing_and_the_corrected_file_deploys(
+    services: Settings, tmp_path: Path
+) -> None:
+    """Every check runs before anything is recorded: a latest view keeping a field no Cassandra column
+    holds (a date) is refused with nothing deployed, and the file corrected as the error says deploys.
+    A ``fixed`` field is kept as a blob."""
+    from lambdalake.cassandra.active import read_meta
+    from lambdalake.cassandra.session import connect
+    from tests.conftest import run_cli
+
+    unique = os.urandom(4).hex()
+    base = isolated(services, tmp_path, unique).model_copy(update={"state_dir": tmp_path / "state"})
+    topic = f"payments-{unique}"
+    schema = copy.deepcopy(SCHEMA_V1)
+    schema["fields"] += [
+        {"name": "card_bin", "type": {"type": "fixed", "name": "Bin", "size": 4}},
+        {"name": "settled_on", "type": ["null", {"type": "int", "logicalType": "date"}], "default": None},
+    ]
+    refused = run_cli(
+        write_pipeline(base, tmp_path / "bad", topic, [schema]), "deploy", "payments", "--no-jobs"
+    )
+    text = " ".join((refused.stdout + refused.stderr).decode().split())
+    assert refused.returncode == 2 and "Traceback" not in text, text
+    assert "keeps field 'settled_on'" in text and "fix: list the fields the view keeps without it" in text, (
+        text
+    )
+    session = connect(base.cassandra)
+    assert read_meta(session, base.cassandra.keyspace, "payments").registry.empty, "view versions recorded"
+    keyspace = session.cluster.metadata.keyspaces.get(base.cassandra.keyspace)
+    assert keyspace is None or not keyspace.tables, "tables created by a refused deploy"
+
+    kept = [f["name"] for f in schema["fields"] if f["name"] not in ("payment_id", "settled_on")]
+    fixed = write_pipeline(base, tmp_path / "good", topic, [schema], latest_columns=kept)
+    done = run_cli(fixed, "deploy", "payments", "--no-jobs")
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+    session.cluster.refresh_schema_metadata()
+    table = session.cluster.metadata.keyspaces[base.cassandra.keyspace].tables[
+        "payments__payment_latest__speed"
+    ]
+    assert table.columns["card_bin"].cql_type == "blob" and "settled_on" not in table.columns
 
 
 def test_produce_generate_works_for_a_pipeline_of_ones_own(services: Settings, tmp_path: Path) -> None:

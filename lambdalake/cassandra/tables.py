@@ -37,6 +37,7 @@ CQL_TYPES = (
     (pa.types.is_float32, "float"),
     (pa.types.is_boolean, "boolean"),
     (pa.types.is_binary, "blob"),
+    (pa.types.is_fixed_size_binary, "blob"),  # an Avro fixed: its length is the schema's to keep
     (pa.types.is_timestamp, "timestamp"),
     (pa.types.is_decimal, "decimal"),
 )
@@ -183,20 +184,30 @@ def ensure_table(session: Session, keyspace: str, table: TableDef) -> list[str]:
             f'ALTER TABLE "{keyspace}"."{table.name}" WITH default_time_to_live = {table.ttl_seconds}',
             timeout=60,
         )
-    existing = meta.columns
+    require_columns_fit(session, keyspace, table)
     added = []
     for name, cql in table.columns:
-        have = existing.get(name)
-        if have is None:
+        if name not in meta.columns:
             session.execute(f'ALTER TABLE "{keyspace}"."{table.name}" ADD "{name}" {cql}', timeout=60)
             added.append(name)
-        elif have.cql_type != cql:
+    return added
+
+
+def require_columns_fit(session: Session, keyspace: str, table: TableDef) -> None:
+    """Refuse ``table`` if it exists with a column of another type (Cassandra cannot change it in
+    place); a missing table or column is fine (``ensure_table`` adds it). Changes nothing."""
+    ks = session.cluster.metadata.keyspaces.get(keyspace)
+    meta = ks.tables.get(table.name) if ks is not None else None
+    if meta is None:
+        return
+    for name, cql in table.columns:
+        have = meta.columns.get(name)
+        if have is not None and have.cql_type != cql:
             raise ConfigurationError(
                 f"column {keyspace}.{table.name}.{name} is {have.cql_type}, the pipeline needs {cql}",
                 fix="a field's type cannot change in place: give the field a new name in a new schema "
                 "version, or drop the table and let the job write it again",
             )
-    return added
 
 
 def deploy_speed_tables(session: Session, settings: CassandraSettings, pipeline: Pipeline) -> list[TableDef]:

@@ -8,7 +8,7 @@ from decimal import Decimal
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from lambdalake.filters import Node, lower
+from lambdalake.filters import Node, decimal_digits, lower
 
 
 def _literal(value: object) -> Column:
@@ -16,13 +16,13 @@ def _literal(value: object) -> Column:
         return F.lit(bytearray(value))
     if isinstance(value, Decimal):
         # Its own digits: Spark widens both sides to a common decimal, so the comparison is exact.
-        _sign, digits, exponent = value.as_tuple()
-        scale = max(-exponent, 0)  # type: ignore[operator]
-        precision = len(digits) + max(exponent, 0) if exponent >= 0 else max(len(digits), scale)  # type: ignore[operator]
+        precision, scale = decimal_digits(value)
         return F.lit(str(value)).cast(f"decimal({precision},{scale})")
     return F.lit(value)
 
 
 def column(node: Node) -> Column:
     """The filter as a boolean column (null where SQL's logic says unknown: ``filter`` drops it)."""
-    return lower(node, field=F.col, literal=lambda _name, value: _literal(value), is_null=Column.isNull)
+    return lower(
+        node, field=F.col, literal=lambda _name, value: _literal(value), is_null=Column.isNull, is_nan=F.isnan
+    )

@@ -18,6 +18,7 @@ from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.spark.filters import column as filter_column
 from lambdalake.views import (
     EPOCH,
+    NULL_VERSION,
     WINDOW_START,
     Component,
     latest_columns,
@@ -34,9 +35,10 @@ FILE = "_file"
 
 
 def _version(df: DataFrame, view: LatestView) -> Column:
-    """The version as an integer (a timestamp as epoch milliseconds)."""
+    """The version as an integer (a timestamp as epoch milliseconds; a null as :data:`NULL_VERSION`)."""
     v = F.col(view.version)
-    return F.unix_millis(v) if isinstance(df.schema[view.version].dataType, TimestampType) else v.cast("long")
+    v = F.unix_millis(v) if isinstance(df.schema[view.version].dataType, TimestampType) else v.cast("long")
+    return F.coalesce(v, F.lit(NULL_VERSION))
 
 
 def latest_order(df: DataFrame, view: LatestView) -> Column:
@@ -54,12 +56,9 @@ def latest(df: DataFrame, pipeline: Pipeline, view: LatestView, *, carry: tuple[
     cols = latest_columns(pipeline, view)
     keep = list(dict.fromkeys([*(c for c in cols if c not in view.key), INGEST_TS, INGEST_EPOCH, *carry]))
     # The rank's two parts compared in turn order exactly as the rank does (latest_tiebreak), in
-    # longs: the rank itself is a 38-digit decimal, costly to compute for every delivery. A null
-    # version has a null rank; its tiebreak is nulled too, so such deliveries tie and the offset
-    # decides, as before.
-    v = _version(df, view)
-    tiebreak = F.when(v.isNotNull(), latest_tiebreak(F.unix_seconds(F.col(INGEST_TS))))
-    order = F.struct(v, tiebreak, -F.col("_offset"))
+    # longs: the rank itself is a 38-digit decimal, costly to compute for every delivery.
+    tiebreak = latest_tiebreak(F.unix_seconds(F.col(INGEST_TS)))
+    order = F.struct(_version(df, view), tiebreak, -F.col("_offset"))
     winner = F.max_by(F.struct(*[F.col(c) for c in keep]), order)
     return (
         df.groupBy(*view.key)
