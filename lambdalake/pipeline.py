@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import fastavro
+import pyarrow as pa
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -511,6 +512,17 @@ class Pipeline(Strict):
     def field_types(self) -> dict[str, Any]:
         """Each field of the reader schema and its Arrow type (as the layers hold it)."""
         return {f.name: f.type for f in event_schema(self.reader_schema)}
+
+    @cached_property
+    def once_integers(self) -> frozenset[str]:
+        """Fields some schema version gives a plain integer type (Avro ``int`` or ``long``): a
+        ``distinct`` over one promoted to a float counts a whole number as the integer it was."""
+        found: set[str] = set()
+        for i in range(1, len(self.schema_.versions) + 1):
+            for f in event_schema(json.loads(self.schema_text(i))):
+                if pa.types.is_int32(f.type) or pa.types.is_int64(f.type):
+                    found.add(f.name)
+        return frozenset(found)
 
     @cached_property
     def _filters(self) -> dict[tuple[str, str], Any]:

@@ -136,3 +136,36 @@ def test_a_float_promoted_to_double_keeps_its_distinct_values(spark) -> None:
         sketch.append(windowed(df, pipeline, view).first()["speeds"])
     merged = sketches.hll_merge(sketch[0], sketch[1], 12)
     assert sketches.hll_answer(merged, 12)["estimate"] == pytest.approx(len(values))
+
+
+def test_an_int_promoted_to_double_keeps_its_distinct_values(spark, tmp_path) -> None:
+    """A ``distinct`` over an int later promoted to double: the sketches built before the promotion
+    (ints) and after it (doubles, bronze's old ints read as doubles too) count 5 and 5.0 once."""
+    import json
+
+    from lambdalake import sketches
+    from lambdalake.pipeline import load
+    from lambdalake.spark.views import windowed
+
+    at = {"type": "long", "logicalType": "timestamp-millis"}
+    fields = [{"name": "id", "type": "string"}, {"name": "at", "type": at}]
+    for i, level in enumerate(["int", "double"], start=1):
+        schema = {"type": "record", "name": "R", "fields": [*fields, {"name": "level", "type": level}]}
+        (tmp_path / f"v{i}.avsc").write_text(json.dumps(schema))
+    (tmp_path / "levels.toml").write_text(
+        'name = "levels"\n[topic]\nname = "levels"\n[schema]\nsubject = "levels-value"\n'
+        'versions = ["v1.avsc", "v2.avsc"]\n[event]\nkey = "id"\ntime = "at"\nidentity = ["id", "at"]\n'
+        '[[views]]\nname = "v"\nkind = "windowed"\nkey = ["id"]\nwindow = "1 hour"\n'
+        'aggregates = [{ name = "levels", fn = "distinct", column = "level" }]\n'
+    )
+    pipeline = load(tmp_path / "levels.toml", schemas_dir=tmp_path)
+    assert pipeline.once_integers == {"level"}
+    before, after = [5, 7, -3, 0], [5.0, 7.0, 2.5, float("nan"), -0.0, 1e300]
+    sketch = []
+    for values, kind in ((before, "int"), (after, "double")):
+        df = spark.createDataFrame([("a", v, 0) for v in values], f"id string, level {kind}, t long")
+        df = df.selectExpr("id", "level", "timestamp_seconds(t) AS at")
+        sketch.append(windowed(df, pipeline, pipeline.views[0]).first()["levels"])
+    distinct = {5, 7, -3, 0, 2.5, "nan", 1e300}
+    merged = sketches.hll_merge(sketch[0], sketch[1], 12)
+    assert sketches.hll_answer(merged, 12)["estimate"] == pytest.approx(len(distinct))

@@ -78,13 +78,19 @@ def only_kept(df: DataFrame, pipeline: Pipeline, view: LatestView | WindowedView
 _HLL_TYPES = ("int", "bigint", "string", "binary")
 
 
-def _component(c: Component, types: dict[str, str]) -> Column:
+def _component(c: Component, types: dict[str, str], once_integers: frozenset[str]) -> Column:
     col = F.col(c.source) if c.source else F.lit(1)
     if c.fn == "count":
         return F.count(col).cast("long").alias(c.column)
     if c.fn == "hll":
         kind = types[c.source]  # type: ignore[index]
-        if kind.startswith("timestamp"):
+        if kind in ("float", "double") and c.source in once_integers:
+            # Promoted from an integer: a whole number as the long it was hashed as before (5.0 is
+            # 5), any other value as a 64-bit hash of its text, so old and new sketches unite exactly.
+            d = col.cast("double")
+            whole = (d == F.floor(d)) & (F.abs(d) < F.lit(2.0**63))
+            col = F.when(whole, d.cast("long")).otherwise(F.xxhash64(d.cast("string")))
+        elif kind.startswith("timestamp"):
             col = F.unix_micros(col)  # not its text, which depends on the session's time zone
         elif kind == "date":
             col = F.unix_date(col)
@@ -114,7 +120,7 @@ def windowed(
     df = only_kept(df, pipeline, view)
     types = dict(df.dtypes)
     out = df.groupBy(*_cell(pipeline, view, epoch)).agg(
-        *[_component(c, types) for c in view_components(view)]
+        *[_component(c, types, pipeline.once_integers) for c in view_components(view)]
     )
     return _epoch_number(out) if epoch is not None else out
 
