@@ -223,13 +223,10 @@ class Deployer:
         """The view registry as deployed, and as this deploy leaves it (``lambdalake.view_versions``)."""
         from lambdalake.cassandra.active import read_meta
         from lambdalake.cassandra.session import connect
-        from lambdalake.delta import open_table
-        from lambdalake.master_files import table_path
         from lambdalake.view_versions import plan
 
         meta = read_meta(connect(self.settings.cassandra), self.settings.cassandra.keyspace, p.name)
-        live = open_table(table_path(self.settings.storage_root, p.name)) is not None
-        return meta, *plan(p, meta.registry, live=live)
+        return meta, *plan(p, meta.registry)
 
     def _views(self, p: Pipeline) -> tuple[Pipeline, list[Change]]:
         """Record the views' versions: a view changed, or added to a live pipeline, gets a version

@@ -169,14 +169,17 @@ class ViewChange:
     detail: str = ""
 
 
-def plan(pipeline: Pipeline, registry: Registry, *, live: bool) -> tuple[Registry, list[ViewChange]]:
+def plan(pipeline: Pipeline, registry: Registry) -> tuple[Registry, list[ViewChange]]:
     """The registry after deploying ``pipeline``'s views, and what changed.
+
+    On a pipeline's first deploy (an empty registry) every view is active at once. Later, a view
+    added or changed is built beside, even when bronze is empty: what bronze holds can change until
+    the speed job restarts with the view (a read of it before the registry's write would be
+    trusted after it), and the build reads bronze only once the job counts the view.
 
     Args:
         pipeline: The pipeline as its file defines it.
         registry: The registry as deployed.
-        live: Whether the pipeline has data already (bronze has commits): a view of a pipeline
-            without data is active at once, since there is nothing to build it from.
     """
     new = Registry.parse(registry.to_text())
     changes: list[ViewChange] = []
@@ -199,7 +202,7 @@ def plan(pipeline: Pipeline, registry: Registry, *, live: bool) -> tuple[Registr
         candidate = ViewVersion.of(view, version)
         _check_name_length(pipeline, candidate)
         state.last = version
-        if first or (state.active is None and not live):
+        if first:
             state.active, state.building = candidate, None
             kind: ChangeKind = "registered" if first else "added"
             changes.append(ViewChange(view.name, kind, version, "active"))

@@ -81,13 +81,13 @@ def test_deploy_plans_versions_for_changed_added_and_removed_views(
     settings: Settings, tmp_path: Path
 ) -> None:
     old, new = _pipelines(tmp_path, settings)
-    registry, changes = plan(old, Registry(), live=False)
+    registry, changes = plan(old, Registry())
     assert {(c.view, c.kind, c.version) for c in changes} == {
         ("payment_latest", "registered", 1), ("account_region_5m", "registered", 1)
     }  # fmt: skip
-    assert plan(old, registry, live=True)[1] == []  # the same definitions: nothing to do
+    assert plan(old, registry)[1] == []  # the same definitions: nothing to do
 
-    changed, changes = plan(new, Registry.parse(registry.to_text()), live=True)
+    changed, changes = plan(new, Registry.parse(registry.to_text()))
     kinds = {c.view: (c.kind, c.version, c.detail) for c in changes}
     assert kinds == {
         "account_region_5m": ("changed", 2, "building"),
@@ -101,20 +101,21 @@ def test_deploy_plans_versions_for_changed_added_and_removed_views(
     assert jobs.views[2].window == "1 minute" and jobs.views[1].window == "5 minutes"
 
     # Taken back before the build finished: the build is dropped, v1 stays.
-    reverted, changes = plan(old, changed, live=True)
+    reverted, changes = plan(old, changed)
     assert {(c.view, c.kind) for c in changes} == {
         ("account_region_5m", "reverted"),
         ("region_status_1m", "removed"),
     }
     assert set(reverted.retired) == {"account_region_5m__v2", "region_status_1m"}
     # ...and changed again later: a new number, never a name used before.
-    again, _ = plan(new, reverted, live=True)
+    again, _ = plan(new, reverted)
     assert again.views["account_region_5m"].building.name == "account_region_5m__v3"
     assert again.views["region_status_1m"].building.name == "region_status_1m__v2"
 
-    # A view added before the pipeline has data is active at once (nothing to build it from).
-    quiet, changes = plan(new, registry, live=False)
-    assert quiet.active("region_status_1m") is not None and quiet.views["account_region_5m"].building
+    # A view added after the first deploy is built beside even while bronze is empty: records the
+    # running job archives before it restarts with the view would be missed by a view active at once.
+    quiet, changes = plan(new, registry)
+    assert quiet.active("region_status_1m") is None and quiet.views["region_status_1m"].building
 
 
 # --- the whole path -------------------------------------------------------------------------
