@@ -3,9 +3,11 @@
 The registry judges a new version by Avro's resolution rules alone; the layers hold more than Avro
 does. The event's key, time and identity partition the topic, window the views and deduplicate
 every layer: a value of another type would not be the same key, window or identity as before. A
-column a view stores keeps its Cassandra type for the table's life (Cassandra changes no column
-type in place), so a change that gives it another one (``int`` to ``long``, ``float`` to
-``double``, ``string`` to ``bytes``) cannot reach the stored view either. Bronze's Parquet files
+column keeps its Cassandra type for the table's life (Cassandra changes no column type in place): a
+``latest`` view keeps a promoted field in a column per type it has had
+(:class:`lambdalake.cassandra.tables.StoredField`), but a view's key and a windowed view's
+``min``/``max`` of a field cannot take another type (``int`` to ``long``, ``float`` to ``double``,
+``string`` to ``bytes``). Bronze's Parquet files
 keep the type each was written with, and Spark's Parquet reader widens only ``int`` to ``long`` or
 ``double``, ``float`` to ``double``, ``string`` to ``bytes`` and back, and a decimal to more digits
 at the same scale (measured: ``int`` to ``float`` and ``long`` to ``float``/``double`` fail the
@@ -58,7 +60,8 @@ def unappliable_changes(pipeline: Pipeline, deployed: dict[str, Any]) -> list[st
             if column in stored and stored[column] != cql:
                 problems.append(
                     f"view {view.name!r} stores {column!r} as Cassandra {stored[column]}, and the new "
-                    f"schema makes it {cql}: Cassandra changes no column's type in place"
+                    f"schema makes it {cql}: Cassandra changes no column's type in place (a latest "
+                    "view keeps a promoted field beside its old values; a key or a min/max cannot)"
                 )
     return problems
 

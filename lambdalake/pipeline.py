@@ -514,15 +514,23 @@ class Pipeline(Strict):
         return {f.name: f.type for f in event_schema(self.reader_schema)}
 
     @cached_property
+    def field_type_history(self) -> dict[str, list[pa.DataType]]:
+        """Each field's Arrow type in every schema version that has it, oldest first."""
+        out: dict[str, list[pa.DataType]] = {}
+        for i in range(1, len(self.schema_.versions) + 1):
+            for f in event_schema(json.loads(self.schema_text(i))):
+                out.setdefault(f.name, []).append(f.type)
+        return out
+
+    @cached_property
     def once_integers(self) -> frozenset[str]:
         """Fields some schema version gives a plain integer type (Avro ``int`` or ``long``): a
         ``distinct`` over one promoted to a float counts a whole number as the integer it was."""
-        found: set[str] = set()
-        for i in range(1, len(self.schema_.versions) + 1):
-            for f in event_schema(json.loads(self.schema_text(i))):
-                if pa.types.is_int32(f.type) or pa.types.is_int64(f.type):
-                    found.add(f.name)
-        return frozenset(found)
+        return frozenset(
+            name
+            for name, kinds in self.field_type_history.items()
+            if any(pa.types.is_int32(t) or pa.types.is_int64(t) for t in kinds)
+        )
 
     @cached_property
     def _filters(self) -> dict[tuple[str, str], Any]:

@@ -19,7 +19,7 @@ from cassandra.query import PreparedStatement, tuple_factory
 
 from lambdalake.cassandra.active import ActiveBatch, PipelineMeta, read_meta
 from lambdalake.cassandra.session import connect
-from lambdalake.cassandra.tables import speed_table_def
+from lambdalake.cassandra.tables import TableDef, read_stored, speed_table_def
 from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_pipeline, list_pipelines
@@ -93,6 +93,7 @@ class ServingClient:
         self._types: dict[str, dict[str, pa.DataType]] = {}
         self._meta: dict[str, tuple[float, PipelineMeta]] = {}
         self._prepared: dict[str, PreparedStatement] = {}
+        self._tables: dict[tuple[str, str, str], TableDef] = {}
         self._lock = threading.Lock()
         self._profile: ExecutionProfile | None = None
 
@@ -296,10 +297,12 @@ class ServingClient:
             speed_rows = _rows(speed_f)
             batch_rows = _rows(batch_f) if batch_f is not None else []
             speed = batch = None
+            table = self._table_def(p, v)
             for data in speed_rows:
                 rank = data.pop(list(data)[-1])  # the WRITETIME column, selected last
-                speed = LatestRow(data, int(rank), "speed")
+                speed = LatestRow(read_stored(data, table), int(rank), "speed")
             for data in newest_rows(batch_rows, active):
+                read_stored(data, table)
                 batch = LatestRow(
                     {k: x for k, x in data.items() if k not in (RANK, CELL_VERSION)},
                     _batch_rank(data),
@@ -325,6 +328,14 @@ class ServingClient:
             self._statement(p, v, generation), params, execution_profile=self.profile
         )
 
+    def _table_def(self, p: Pipeline, v: LatestView | WindowedView) -> TableDef:
+        """The view's speed table (computed once per pipeline, view and reader schema)."""
+        key = (p.name, v.name, p.schema_.versions[-1])
+        found = self._tables.get(key)
+        if found is None:
+            found = self._tables[key] = speed_table_def(p, v)
+        return found
+
     def _statement(
         self, p: Pipeline, v: LatestView | WindowedView, generation: int | None
     ) -> PreparedStatement:
@@ -335,7 +346,7 @@ class ServingClient:
             cql = f'SELECT * FROM "{self.keyspace}"."{table}" WHERE {where} AND {window}'
         elif generation is None:
             # CQL 2.1 takes no `*` beside a function: the columns by name.
-            cols = ", ".join(f'"{c}"' for c in speed_table_def(p, v).column_names)
+            cols = ", ".join(f'"{c}"' for c in self._table_def(p, v).column_names)
             rank = f'WRITETIME("{RANKED_COLUMN}")'
             cql = f'SELECT {cols}, {rank} FROM "{self.keyspace}"."{table}" WHERE {where}'
         else:

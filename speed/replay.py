@@ -476,7 +476,7 @@ def _upsert_latest(
     higher rank keeps winning)."""
     rows = latest(events, pipeline, view)
     rows = rows.withColumn(RANK, latest_order(rows, view).cast("long"))
-    columns = [*table.column_names, RANK]
+    columns = [*table.source_columns, RANK]
 
     bulk = bulk_options(cassandra)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from cassandra.cluster import Session
@@ -53,6 +54,26 @@ def cql_type(t: pa.DataType) -> str:
 
 
 @dataclass(frozen=True)
+class StoredField:
+    """A field a ``latest`` view keeps whose Cassandra type a schema promotion changed (``int`` to
+    ``long`` or ``double``, ``float`` to ``double``, ``string`` to ``bytes`` and back): Cassandra
+    changes no column's type in place, so each type the field has had keeps a column of its own,
+    the first named as the field, later ones ``<field>__<type>``. A row is written in the current
+    type's column (the others null, so an older row's value never shows through); a reader takes
+    the one set, as the current type (:func:`stored_value`)."""
+
+    field: str
+    #: (column, CQL type), oldest first.
+    columns: tuple[tuple[str, str], ...]
+    #: The column of the field's current type.
+    current: str
+
+    @property
+    def cql(self) -> str:
+        return dict(self.columns)[self.current]
+
+
+@dataclass(frozen=True)
 class TableDef:
     """A Cassandra table: columns in order, partition key, clustering columns."""
 
@@ -62,10 +83,18 @@ class TableDef:
     clustering: tuple[str, ...] = ()
     #: Rows expire this long after they were written (Cassandra's ``default_time_to_live``).
     ttl_seconds: int | None = None
+    #: Fields kept in a column per type they have had (a ``latest`` view's promoted fields).
+    stored: tuple[StoredField, ...] = ()
 
     @property
     def column_names(self) -> list[str]:
         return [c for c, _ in self.columns]
+
+    @property
+    def source_columns(self) -> list[str]:
+        """The columns of the rows written to it: a stored field's columns as the field itself."""
+        named = {c: s.field for s in self.stored for c, _ in s.columns}
+        return list(dict.fromkeys(named.get(c, c) for c in self.column_names))
 
     @property
     def timestamp_columns(self) -> list[str]:
@@ -90,6 +119,42 @@ def _field_types(pipeline: Pipeline) -> dict[str, pa.DataType]:
     return {f.name: f.type for f in event_schema(pipeline.reader_schema)}
 
 
+def _cql_history(pipeline: Pipeline, field: str) -> list[str]:
+    """The Cassandra types ``field`` has had across the pipeline's schema versions, oldest first
+    (versions giving it a type no column holds are passed over)."""
+    out = []
+    for t in pipeline.field_type_history.get(field, []):
+        try:
+            out.append(cql_type(t))
+        except ConfigurationError:
+            continue
+    return list(dict.fromkeys(out))
+
+
+def stored_value(value: Any, cql: str) -> Any:
+    """A value read from one of a stored field's columns, as the field's current CQL type holds it
+    (every promotion Avro allows converts exactly, or as Avro itself does)."""
+    if value is None:
+        return None
+    if cql in ("double", "float"):
+        return float(value)
+    if cql == "text" and isinstance(value, bytes | bytearray):
+        return bytes(value).decode()
+    if cql == "blob" and isinstance(value, str):
+        return value.encode()
+    return value
+
+
+def read_stored(row: dict[str, Any], table: TableDef) -> dict[str, Any]:
+    """``row`` (by column) with each stored field's columns folded into the field (in place)."""
+    for s in table.stored:
+        values = {c: row.pop(c, None) for c, _ in s.columns}
+        # One is set (a row's write nulls the others); a row from before the promotion set the first.
+        found = next((v for c, v in [(s.current, values[s.current]), *values.items()] if v is not None), None)
+        row[s.field] = stored_value(found, s.cql)
+    return row
+
+
 def speed_table_def(
     pipeline: Pipeline, view: LatestView | WindowedView, *, types: Mapping[str, pa.DataType] | None = None
 ) -> TableDef:
@@ -97,17 +162,26 @@ def speed_table_def(
     schema's; ``deploy`` passes the deployed schema's to compare the two)."""
     types = _field_types(pipeline) if types is None else types
     if isinstance(view, LatestView):
-        cols = []
+        cols: list[tuple[str, str]] = []
+        stored = []
         for c in latest_columns(pipeline, view):
             try:
-                cols.append((c, cql_type(types[c])))
+                cql = cql_type(types[c])
             except ConfigurationError as exc:
                 kept = [k for k in latest_columns(pipeline, view) if k not in view.key and k != c]
                 raise ConfigurationError(
                     f"view {view.name!r} of pipeline {pipeline.name!r} keeps field {c!r}: {exc.message}",
                     fix=f"list the fields the view keeps without it: columns = {json.dumps(kept)}",
                 ) from None
-        return TableDef(speed_table(pipeline, view), tuple(cols + INGEST_COLUMNS), tuple(view.key))
+            past = [] if c in view.key else _cql_history(pipeline, c)
+            kinds = list(dict.fromkeys([*past, cql]))
+            named = tuple((c if i == 0 else f"{c}__{t}", t) for i, t in enumerate(kinds))
+            cols += named
+            if len(named) > 1:
+                stored.append(StoredField(c, named, current=dict((t, n) for n, t in named)[cql]))
+        return TableDef(
+            speed_table(pipeline, view), tuple(cols + INGEST_COLUMNS), tuple(view.key), stored=tuple(stored)
+        )
     cols = [(k, cql_type(types[k])) for k in view.key]
     cols += [(WINDOW_START, "timestamp"), (EPOCH, "bigint")]
     for c in view_components(view):
@@ -137,7 +211,7 @@ def batch_table_def(pipeline: Pipeline, view: LatestView | WindowedView, generat
     name = batch_table(pipeline, view, generation)
     if isinstance(view, LatestView):
         cols = (*speed.columns, (RANK, "bigint"), (CELL_VERSION, "bigint"))
-        return TableDef(name, cols, speed.partition_key, (CELL_VERSION,))
+        return TableDef(name, cols, speed.partition_key, (CELL_VERSION,), stored=speed.stored)
     cols = (*(c for c in speed.columns if c[0] != EPOCH), (CELL_VERSION, "bigint"))
     return TableDef(name, cols, speed.partition_key, (WINDOW_START, CELL_VERSION))
 

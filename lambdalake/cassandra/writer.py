@@ -22,7 +22,7 @@ from cassandra.concurrent import execute_concurrent
 from cassandra.protocol import RequestValidationException
 from cassandra.query import BatchStatement, BatchType, BoundStatement, PreparedStatement
 
-from lambdalake.cassandra.encode import encode_rows, to_arrow
+from lambdalake.cassandra.encode import arrow_type, encode_rows, to_arrow
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import TableDef
 from lambdalake.errors import LambdalakeError
@@ -150,6 +150,7 @@ def upsert_arrow(
         return 0
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
+    data = _stored_columns(data, table)
     order = pc.sort_indices(data, sort_keys=[(k, "ascending") for k in table.partition_key])
     data = data.take(order)
     columns = list(table.columns)
@@ -172,6 +173,22 @@ def upsert_arrow(
             give_up_after_s,
         )
     return len(params)
+
+
+def _stored_columns(data: pa.Table, table: TableDef) -> pa.Table:
+    """``data`` with each stored field (:class:`lambdalake.cassandra.tables.StoredField`) in the
+    column of its current type and a null in the columns of the types it had before."""
+    for s in table.stored:
+        if s.field not in data.column_names or all(c in data.column_names for c, _ in s.columns):
+            continue  # not written, or in the table's own shape already
+        values = data.column(s.field)
+        data = data.drop_columns([s.field])
+        for column, cql in s.columns:
+            if column == s.current:
+                data = data.append_column(column, values)
+            else:
+                data = data.append_column(column, pa.nulls(data.num_rows, type=arrow_type(cql)))
+    return data
 
 
 def _request(stmt: PreparedStatement, group: list[Encoded]) -> BoundStatement | BatchStatement:

@@ -42,4 +42,4 @@ def upsert_view(
             release_freed_memory()
         yield pa.RecordBatch.from_pydict({"rows": [written]})
 
-    return sum(r["rows"] for r in df.select(*table.column_names).mapInArrow(write, "rows long").collect())
+    return sum(r["rows"] for r in df.select(*table.source_columns).mapInArrow(write, "rows long").collect())
