@@ -65,18 +65,24 @@ def refresh_metadata(
     """Read the schema of ``keyspace`` (or of one ``table`` in it) again from the cluster.
 
     The driver's control connection may still be coming back after a Cassandra restart (measured in
-    the tests: a job deployed right after one failed with "Table metadata was not refreshed"): the
-    refresh is asked again until ``wait_s`` has passed, then its error is raised.
+    the tests: a job deployed right after one failed with "Table metadata was not refreshed"), and a
+    table just created may not show yet when the schema agreement wait ran out on a loaded machine
+    (seen: a KeyError right after CREATE TABLE): the refresh is asked again until ``wait_s`` has
+    passed, then its error is raised.
     """
     deadline = time.monotonic() + wait_s
     while True:
         try:
             if table is None:
                 session.cluster.refresh_keyspace_metadata(keyspace)
-            else:
-                session.cluster.refresh_table_metadata(keyspace, table)
-            return
+                return
+            session.cluster.refresh_table_metadata(keyspace, table)
+            ks = session.cluster.metadata.keyspaces.get(keyspace)
+            if ks is not None and table in ks.tables:
+                return
+            if time.monotonic() > deadline:
+                raise DriverException(f"{keyspace}.{table} is not in the cluster's schema after {wait_s:g}s")
         except DriverException:
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.5)
+        time.sleep(0.5)
