@@ -76,7 +76,10 @@ def refresh_metadata(
             if table is None:
                 session.cluster.refresh_keyspace_metadata(keyspace)
                 return
-            session.cluster.refresh_table_metadata(keyspace, table)
+            if keyspace in session.cluster.metadata.keyspaces:
+                session.cluster.refresh_table_metadata(keyspace, table)
+            else:  # created by another process since this session read the schema
+                session.cluster.refresh_keyspace_metadata(keyspace)
             ks = session.cluster.metadata.keyspaces.get(keyspace)
             if ks is not None and table in ks.tables:
                 return
