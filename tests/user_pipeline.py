@@ -99,11 +99,13 @@ def write_pipeline(
     schemas: list[dict[str, Any]],
     *,
     sums: tuple[str, ...] = (),
+    distincts: tuple[str, ...] = (),
     latest_columns: list[str] | None = None,
 ) -> Settings:
     """Settings whose pipelines and schemas folders (under ``root``) hold the payments pipeline with
     ``schemas`` as its versions, oldest first; the windowed view also sums ``sums`` (each as
-    ``<field>_total``), and the latest view keeps ``latest_columns`` (default: every field)."""
+    ``<field>_total``) and counts the distinct values of ``distincts`` (as ``<field>_kinds``), and the
+    latest view keeps ``latest_columns`` (default: every field)."""
     (root / "pipelines").mkdir(parents=True, exist_ok=True)
     (root / "schemas" / "payments").mkdir(parents=True, exist_ok=True)
     versions = []
@@ -111,6 +113,7 @@ def write_pipeline(
         (root / "schemas" / "payments" / f"v{i}.avsc").write_text(json.dumps(schema, indent=2))
         versions.append(f"payments/v{i}.avsc")
     extra = "".join(f'\n  {{ name = "{f}_total", fn = "sum", column = "{f}" }},' for f in sums)
+    extra += "".join(f'\n  {{ name = "{f}_kinds", fn = "distinct", column = "{f}" }},' for f in distincts)
     columns = f"\ncolumns = {json.dumps(latest_columns)}" if latest_columns is not None else ""
     text = PIPELINE.format(topic=topic, versions=json.dumps(versions), extra=extra, columns=columns)
     (root / "pipelines" / "payments.toml").write_text(text)
