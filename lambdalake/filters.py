@@ -402,7 +402,7 @@ def evaluate(node: Node, row: Mapping[str, Any]) -> bool | None:
         value = row.get(node.field)
         if value is None:
             return None
-        if isinstance(value, float) and math.isnan(value):
+        if value != value:  # NaN, of any float type (numpy's too): the one value unequal to itself
             return node.op in _ABOVE_ANY
         return _COMPARE[node.op](_comparable(value), node.value)
     if isinstance(node, In):
