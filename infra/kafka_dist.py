@@ -92,7 +92,9 @@ def format_once(home: Path, cache_dir: Path) -> None:
     """Format the log folder for KRaft, unless it was (``kafka-storage format``; ~5 s)."""
     if (log_dir(home) / "meta.properties").exists():
         return
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    cluster_id = "-"
+    while cluster_id.startswith("-"):  # one in 64 would be read as an option (Kafka's own ids avoid it)
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
     argv = [
         *_java(home, cache_dir, "256m"), "kafka.tools.StorageTool", "format",
         "-t", cluster_id, "-c", str(home / "server.properties"), "--ignore-formatted",

@@ -301,12 +301,13 @@ def assert_schemathesis_passes(
 
 
 def kill_minus_nine(service: Any) -> None:
-    """kill -9 an embedded service (``infra.services``) and wait until it no longer listens (its
-    listening socket outlives the process for a moment)."""
+    """kill -9 an embedded service (``infra.services``) and wait until none of its ports listens (its
+    sockets outlive the process for a moment, one after another: the broker's controller port was
+    seen still open after its broker port had closed)."""
     pid = service.proc.pid()
     assert pid is not None, f"{service.name} is not running"
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while service.proc.pid() is not None or port_open(service.host, service.port):
+    while service.proc.pid() is not None or any(port_open(service.host, p) for p in service.ports()):
         assert time.monotonic() < deadline, f"the killed {service.name} still listens"
         time.sleep(0.05)
