@@ -48,7 +48,7 @@ from batch.incremental import (
     old_epochs,
     plan,
 )
-from batch.merge import OFFSET, TOUCHED, merge_latest, merge_windowed, read_view, same_columns
+from batch.merge import OFFSET, PARTITION, TOUCHED, merge_latest, merge_windowed, read_view, same_columns
 from batch.run import RUN_ID, BatchRun, views_path
 from lambdalake.delta import commit_files, open_table
 from lambdalake.errors import ConfigurationError
@@ -321,7 +321,7 @@ class BatchJob:
     def compute(self, covered: DataFrame, view) -> DataFrame:
         """One view's batch rows (the speed layer's view functions; ``latest`` rows with their rank)."""
         if isinstance(view, LatestView):
-            out = latest(covered, self.pipeline, view, carry=(OFFSET,))
+            out = latest(covered, self.pipeline, view, carry=(PARTITION, OFFSET))
             return out.withColumn(RANK, latest_order(out, view).cast("long"))
         return windowed(covered, self.pipeline, view)
 

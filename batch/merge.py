@@ -14,8 +14,9 @@ from lambdalake.delta import open_table
 from lambdalake.pipeline import LatestView, WindowedView
 from lambdalake.views import RANK, WINDOW_START, view_components
 
-#: The ``latest`` rows' column the merge breaks a tie of ranks with (the lower offset wins, as in
-#: :func:`lambdalake.spark.views.latest`).
+#: The ``latest`` rows' columns the merge breaks a tie of ranks with (the lower Kafka partition, then
+#: offset wins, as in :func:`lambdalake.spark.views.latest`).
+PARTITION = "_partition"
 OFFSET = "_offset"
 #: The merged rows' column marking the cells the new events touched.
 TOUCHED = "_touched"
@@ -63,10 +64,11 @@ def merge_windowed(previous: DataFrame, new: DataFrame, view: WindowedView) -> D
 
 def merge_latest(previous: DataFrame, new: DataFrame, view: LatestView) -> DataFrame:
     """The base's ``latest`` rows with the new events' rows merged in: per key the higher rank, then
-    the lower offset (:func:`lambdalake.spark.views.latest`'s order); :data:`TOUCHED` marks the keys
-    whose row the new events replaced."""
+    the lower partition and offset (:func:`lambdalake.spark.views.latest`'s order); :data:`TOUCHED`
+    marks the keys whose row the new events replaced."""
     both = previous.withColumn(TOUCHED, F.lit(False)).unionByName(new.withColumn(TOUCHED, F.lit(True)))
     rest = [c for c in both.columns if c not in view.key]
-    winner = F.max_by(F.struct(*[F.col(c) for c in rest]), F.struct(F.col(RANK), -F.col(OFFSET)))
+    order = F.struct(F.col(RANK), -F.col(PARTITION), -F.col(OFFSET))
+    winner = F.max_by(F.struct(*[F.col(c) for c in rest]), order)
     out = both.groupBy(*view.key).agg(winner.alias("_w")).select(*view.key, *[F.col(f"_w.{c}") for c in rest])
     return out.select(*previous.columns, TOUCHED)

@@ -147,12 +147,14 @@ def _ms(value: Any) -> Any:
     return round(value.timestamp() * 1000) if hasattr(value, "timestamp") else value
 
 
-def _rows(session: Any, table: str, column: str, keys: list[str]) -> list[dict]:
+def _rows(session: Any, table: str, column: str, keys: list[str], *, first: bool = False) -> list[dict]:
+    """Rows of ``keys`` (``first``: only each key's first row, a ranked latest table's winner)."""
     out = []
+    limit = " PER PARTITION LIMIT 1" if first else ""
     for i in range(0, len(keys), 100):
         chunk = keys[i : i + 100]
         marks = ", ".join(["%s"] * len(chunk))
-        query = f"SELECT * FROM {table} WHERE {column} IN ({marks})"
+        query = f"SELECT * FROM {table} WHERE {column} IN ({marks}){limit}"
         out += [
             {k: _ms(v) for k, v in r._asdict().items()} for r in session.execute(query, chunk, timeout=60)
         ]
@@ -264,7 +266,7 @@ class Lambdalake(Side):
 
     def views(self, offers: list[str], merchants: list[str]) -> tuple[list[dict], dict]:
         ks = self.settings.cassandra.keyspace
-        latest = _rows(self.session, f"{ks}.{self.tables['offer_latest']}", "offer_id", offers)
+        latest = _rows(self.session, f"{ks}.{self.tables['offer_latest']}", "offer_id", offers, first=True)
         windowed = _rows(
             self.session, f"{ks}.{self.tables['merchant_offers_hourly']}", "merchant_id", merchants
         )

@@ -223,7 +223,17 @@ def latest_tiebreak(ingest_seconds: Numeric) -> Numeric:
 
 def speed_table(pipeline: Pipeline, view: LatestView | WindowedView) -> str:
     """The Cassandra table of a view's speed rows: named per pipeline, so two pipelines may each
-    have a view called ``hourly``, and told apart from the batch table by its suffix."""
+    have a view called ``hourly``, and told apart from the batch table by its suffix. A ``latest``
+    view's table holds ranked candidates (:data:`CANDIDATE`): a name of its own, since the table it
+    replaced (:func:`legacy_latest_table`) had another primary key."""
+    if isinstance(view, LatestView):
+        return f"{pipeline.name}__{view.name}__speed_ranked"
+    return f"{pipeline.name}__{view.name}__speed"
+
+
+def legacy_latest_table(pipeline: Pipeline, view: LatestView) -> str:
+    """The speed table a ``latest`` view had before candidates were ranked: one row per key, the rank
+    its write timestamp (two deliveries of one rank mixed their cells there)."""
     return f"{pipeline.name}__{view.name}__speed"
 
 
@@ -262,9 +272,15 @@ def newest_cells(
     return list(best.values())
 
 
-#: The ``latest`` batch rows' column holding their :func:`latest_rank` (serving compares it with the
-#: speed row's write timestamp).
+#: The ``latest`` rows' column holding their :func:`latest_rank` (batch rows and speed candidates).
 RANK = "_rank"
+
+#: A ``latest`` speed row's clustering columns: per key, candidates in the rule's order (the highest
+#: rank, then the lowest Kafka partition and offset: the first delivery) so the first row is the
+#: winner, whatever order micro-batches and tasks wrote them in; a write also deletes the key's
+#: candidates of lower rank (a range tombstone at the rank as write timestamp, so a lower candidate
+#: written later stays deleted). Two deliveries of one rank are two rows, never one row of mixed cells.
+CANDIDATE = (RANK, "_partition", "_offset")
 
 
 def latest_columns(pipeline: Pipeline, view: LatestView) -> list[str]:

@@ -25,6 +25,7 @@ from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_pipeline, list_pipelines
 from lambdalake.settings import Settings
 from lambdalake.views import (
+    CANDIDATE,
     CELL_VERSION,
     NULL_VERSION,
     RANK,
@@ -40,7 +41,7 @@ from serving.merge import RowSet, aware_utc, aware_utc_values, merge_windows, pi
 
 #: Window bounds when a query gives none (Cassandra timestamps are epoch milliseconds).
 
-#: The ``latest`` speed row's rank is the write timestamp of a column every row has.
+#: The ingest time of a ``latest`` row (a batch row published without a rank is ranked by it).
 RANKED_COLUMN = "_ingest_ts"
 
 
@@ -298,8 +299,10 @@ class ServingClient:
             batch_rows = _rows(batch_f) if batch_f is not None else []
             speed = batch = None
             table = self._table_def(p, v)
-            for data in speed_rows:
-                rank = data.pop(list(data)[-1])  # the WRITETIME column, selected last
+            for data in speed_rows:  # the first candidate: the winner (LIMIT 1)
+                rank = data[RANK]
+                for c in CANDIDATE:
+                    data.pop(c)
                 speed = LatestRow(read_stored(data, table), int(rank), "speed")
             for data in newest_rows(batch_rows, active):
                 read_stored(data, table)
@@ -345,10 +348,9 @@ class ServingClient:
             window = f'"{WINDOW_START}" >= ? AND "{WINDOW_START}" < ?'
             cql = f'SELECT * FROM "{self.keyspace}"."{table}" WHERE {where} AND {window}'
         elif generation is None:
-            # CQL 2.1 takes no `*` beside a function: the columns by name.
+            # Candidates in the latest rule's order: the first is the winner.
             cols = ", ".join(f'"{c}"' for c in self._table_def(p, v).column_names)
-            rank = f'WRITETIME("{RANKED_COLUMN}")'
-            cql = f'SELECT {cols}, {rank} FROM "{self.keyspace}"."{table}" WHERE {where}'
+            cql = f'SELECT {cols} FROM "{self.keyspace}"."{table}" WHERE {where} LIMIT 1'
         else:
             cql = f'SELECT * FROM "{self.keyspace}"."{table}" WHERE {where}'
         with self._lock:

@@ -38,6 +38,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
+from lambdalake.cassandra.legacy_latest import adopt_legacy_latest
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import deploy_speed_tables, speed_table_def
 from lambdalake.compaction import CompactionPolicy, Compactor
@@ -324,9 +325,12 @@ class SpeedJob:
     # --- building blocks ----------------------------------------------------------------------
 
     def deploy(self) -> None:
-        """Create the pipeline's Cassandra tables (idempotent DDL)."""
+        """Create the pipeline's Cassandra tables (idempotent DDL); a ``latest`` view's rows of the
+        old speed table layout are adopted and that table dropped (the job holds its lease: no other
+        speed job writes it)."""
         session = connect(self.settings.cassandra)
         deploy_speed_tables(session, self.settings.cassandra, self.pipeline)
+        adopt_legacy_latest(session, self.settings.cassandra, self.pipeline, drop=True)
 
     def _archived(self) -> dict[int, int]:
         """Per partition, the highest offset before which bronze has covered every offset (what a

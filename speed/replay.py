@@ -474,9 +474,9 @@ def _upsert_latest(
 ) -> int:
     """The epochs' winners per key, written with their rank as the write timestamp (a stored row of a
     higher rank keeps winning)."""
-    rows = latest(events, pipeline, view)
+    rows = latest(events, pipeline, view, carry=("_partition", "_offset"))
     rows = rows.withColumn(RANK, latest_order(rows, view).cast("long"))
-    columns = [*table.source_columns, RANK]
+    columns = list(dict.fromkeys([*table.source_columns, RANK]))
 
     bulk = bulk_options(cassandra)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 
 from lambdalake.cassandra.active import active_batch
+from lambdalake.cassandra.legacy_latest import adopt_legacy_latest
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import deploy_speed_tables
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, watermarks
@@ -65,7 +66,9 @@ def reset_speed(
         # of a record delivered just before is known as one (the windowed views count from it).
         early = offsets_at(consumer, topic, first_open * layers.epoch_ms - layers.dedup_delay_seconds * 1000)
         lows = {p: low for p, (low, _) in watermarks(consumer, topic).items()}
-    for table in deploy_speed_tables(session, settings.cassandra, pipeline):
+    tables = deploy_speed_tables(session, settings.cassandra, pipeline)
+    adopt_legacy_latest(session, settings.cassandra, pipeline, drop=True)  # emptied below anyway
+    for table in tables:
         session.execute(f'TRUNCATE "{settings.cassandra.keyspace}"."{table.name}"', timeout=120)
     checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
     delete_folder(checkpoints)

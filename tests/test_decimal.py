@@ -83,6 +83,7 @@ def test_a_decimal_field_is_exact_from_json_to_bronze_and_the_latest_view(
     session = connect(settings.cassandra)
     rows = session.execute(
         f'SELECT offer_id, discount FROM "{settings.cassandra.keyspace}"."{speed_table(pipeline, view)}"'
+        " PER PARTITION LIMIT 1"
     )
     assert {r.offer_id: r.discount for r in rows} == want
 

@@ -1,7 +1,8 @@
 """The latest rule, one definition in every layer: the highest version wins, a null version below all
-others; between deliveries of one version the earlier ingest second, then the lower offset. The same
-deliveries split any way between the batch (whole epochs) and the speed layer's micro-batches give
-the same whole winning row as Spark's batch over all of them, null versions included."""
+others; between deliveries of one version the earlier ingest second, then the lower Kafka partition
+and offset. The same deliveries split any way between the batch (whole epochs) and the speed layer's
+micro-batches and tasks give the same whole winning row as Spark's batch over all of them, null
+versions included."""
 
 from __future__ import annotations
 
@@ -89,8 +90,9 @@ def _table(rows: list[dict]) -> pa.Table:
 
 def _speed(rows: list[dict], cuts: list[int]) -> dict[str, LatestRow]:
     """The speed layer: per micro-batch and partition (a task) the winners of
-    :func:`speed.sinks.winners`, stored as Cassandra stores them (the highest write timestamp)."""
-    stored: dict[str, LatestRow] = {}
+    :func:`speed.sinks.winners`, kept as the ranked table keeps candidates (the first by rank, then
+    partition and offset; tests/test_latest_candidates.py checks that table on Cassandra)."""
+    stored: dict[str, tuple[tuple[int, int, int], LatestRow]] = {}
     for part in range(3):
         mine = [r for r in rows if r["_partition"] == part]
         bounds = [0, *sorted({c % (len(mine) + 1) for c in cuts}), len(mine)]
@@ -102,10 +104,11 @@ def _speed(rows: list[dict], cuts: list[int]) -> dict[str, LatestRow]:
             order = latest_order(table, "rev")
             for i in winners([(d,) for d in table.column("device").to_pylist()], order):
                 row = LatestRow({c: task[i][c] for c in COLUMNS}, int(order[i]), "speed")
+                first = (row.rank, -part, -task[i]["_offset"])
                 seen = stored.get(row.values["device"])
-                if seen is None or row.rank > seen.rank:
-                    stored[row.values["device"]] = row
-    return stored
+                if seen is None or first > seen[0]:
+                    stored[row.values["device"]] = (first, row)
+    return {device: row for device, (_, row) in stored.items()}
 
 
 @settings(
@@ -126,12 +129,12 @@ def test_any_split_between_batch_and_micro_batches_gives_the_same_whole_row(
 
     view = pipeline.views[0]
     # Offsets follow ingest time within a partition, as the broker's append time does; deliveries
-    # of one version in one ingest second share a partition (see the module's note on ties).
+    # of one version in one ingest second may be in any partition and micro-batch.
     drawn = sorted(drawn, key=lambda d: (d[2], d[3]))
     offsets = [0, 0, 0]
     rows = []
     for i, (device, rev, second, milli, level, note) in enumerate(drawn):
-        part = zlib.crc32(repr((device, rev, second)).encode()) % 3
+        part = zlib.crc32(repr((device, rev, second, milli, i)).encode()) % 3
         rows.append({
             "device": device, "rev": rev, "level": level, "note": note, "id": f"e{i}",
             "_ingest_ts": datetime.fromtimestamp(BASE_S + second + milli / 1000, UTC),

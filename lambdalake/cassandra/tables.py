@@ -16,6 +16,7 @@ from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import CassandraSettings
 from lambdalake.views import (
+    CANDIDATE,
     CELL_VERSION,
     EPOCH,
     RANK,
@@ -27,6 +28,8 @@ from lambdalake.views import (
 )
 
 INGEST_COLUMNS = [("_ingest_ts", "timestamp"), ("_epoch", "bigint")]
+#: A ``latest`` speed row's candidate columns (:data:`lambdalake.views.CANDIDATE`), as typed.
+CANDIDATE_COLUMNS = [(RANK, "bigint"), ("_partition", "int"), ("_offset", "bigint")]
 
 
 #: Arrow type test -> CQL type (only types Cassandra 2.1 has).
@@ -85,6 +88,14 @@ class TableDef:
     ttl_seconds: int | None = None
     #: Fields kept in a column per type they have had (a ``latest`` view's promoted fields).
     stored: tuple[StoredField, ...] = ()
+    #: Clustering columns sorted descending (the others ascending).
+    descending: tuple[str, ...] = ()
+
+    @property
+    def ranked(self) -> bool:
+        """Whether rows are ``latest`` candidates (:data:`lambdalake.views.CANDIDATE`): written with
+        the rank as write timestamp, each write deleting the key's lower-ranked candidates."""
+        return self.clustering == CANDIDATE
 
     @property
     def column_names(self) -> list[str]:
@@ -105,8 +116,20 @@ class TableDef:
         pk = "(" + ", ".join(f'"{c}"' for c in self.partition_key) + ")"
         if self.clustering:
             pk += ", " + ", ".join(f'"{c}"' for c in self.clustering)
-        ttl = f" WITH default_time_to_live = {self.ttl_seconds}" if self.ttl_seconds else ""
-        return f'CREATE TABLE IF NOT EXISTS "{keyspace}"."{self.name}" ({cols}, PRIMARY KEY ({pk})){ttl}'
+        options = []
+        if self.descending:
+            order = ", ".join(f'"{c}" {"DESC" if c in self.descending else "ASC"}' for c in self.clustering)
+            options.append(f"CLUSTERING ORDER BY ({order})")
+        if self.ttl_seconds:
+            options.append(f"default_time_to_live = {self.ttl_seconds}")
+        with_ = f" WITH {' AND '.join(options)}" if options else ""
+        return f'CREATE TABLE IF NOT EXISTS "{keyspace}"."{self.name}" ({cols}, PRIMARY KEY ({pk})){with_}'
+
+    def delete_lower_cql(self, keyspace: str) -> str:
+        """A ranked table's delete of a key's candidates ranked below the one written (values: the
+        write timestamp, the partition key, the rank)."""
+        where = " AND ".join(f'"{k}" = ?' for k in self.partition_key)
+        return f'DELETE FROM "{keyspace}"."{self.name}" USING TIMESTAMP ? WHERE {where} AND "{RANK}" < ?'
 
     def insert_cql(self, keyspace: str, *, with_timestamp: bool = False) -> str:
         cols = ", ".join(f'"{c}"' for c in self.column_names)
@@ -180,8 +203,9 @@ def speed_table_def(
             if len(named) > 1:
                 stored.append(StoredField(c, named, current=dict((t, n) for n, t in named)[cql]))
         return TableDef(
-            speed_table(pipeline, view), tuple(cols + INGEST_COLUMNS), tuple(view.key), stored=tuple(stored)
-        )
+            speed_table(pipeline, view), tuple(cols + INGEST_COLUMNS + CANDIDATE_COLUMNS), tuple(view.key),
+            CANDIDATE, stored=tuple(stored), descending=(RANK,),
+        )  # fmt: skip
     cols = [(k, cql_type(types[k])) for k in view.key]
     cols += [(WINDOW_START, "timestamp"), (EPOCH, "bigint")]
     for c in view_components(view):
@@ -210,7 +234,8 @@ def batch_table_def(pipeline: Pipeline, view: LatestView | WindowedView, generat
     speed = speed_table_def(pipeline, view)
     name = batch_table(pipeline, view, generation)
     if isinstance(view, LatestView):
-        cols = (*speed.columns, (RANK, "bigint"), (CELL_VERSION, "bigint"))
+        values = [c for c in speed.columns if c[0] not in CANDIDATE]
+        cols = (*values, (RANK, "bigint"), (CELL_VERSION, "bigint"))
         return TableDef(name, cols, speed.partition_key, (CELL_VERSION,), stored=speed.stored)
     cols = (*(c for c in speed.columns if c[0] != EPOCH), (CELL_VERSION, "bigint"))
     return TableDef(name, cols, speed.partition_key, (WINDOW_START, CELL_VERSION))

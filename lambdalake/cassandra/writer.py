@@ -27,6 +27,7 @@ from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import TableDef
 from lambdalake.errors import LambdalakeError
 from lambdalake.settings import CassandraSettings
+from lambdalake.views import RANK
 
 log = logging.getLogger("lambdalake.cassandra")
 
@@ -109,9 +110,12 @@ def upsert(
         data = to_arrow(list(rows), layout)
     except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
         raise WriteRefused(table, exc) from exc
+    stamps = None
+    if write_timestamp_index is not None:
+        stamps = data.column(_WRITE_TS)
+        data = data.drop_columns([_WRITE_TS])
     return upsert_arrow(
-        data, table=table, settings=settings,
-        write_timestamps=data.column(_WRITE_TS) if write_timestamp_index is not None else None,
+        data, table=table, settings=settings, write_timestamps=stamps,
         batch_rows=batch_rows, concurrency=concurrency, give_up_after_s=give_up_after_s,
     )  # fmt: skip
 
@@ -151,6 +155,11 @@ def upsert_arrow(
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     data = _stored_columns(data, table)
+    if table.ranked:
+        if write_timestamps is None:
+            raise ValueError(f"{table.name} holds ranked candidates: each row needs its rank")
+        ranks = pc.cast(write_timestamps, pa.int64())
+        data = data.drop_columns([c for c in (RANK,) if c in data.column_names]).append_column(RANK, ranks)
     order = pc.sort_indices(data, sort_keys=[(k, "ascending") for k in table.partition_key])
     data = data.take(order)
     columns = list(table.columns)
@@ -191,11 +200,14 @@ def _stored_columns(data: pa.Table, table: TableDef) -> pa.Table:
     return data
 
 
-def _request(stmt: PreparedStatement, group: list[Encoded]) -> BoundStatement | BatchStatement:
-    """One request for ``group``'s rows, whose values are already encoded (never bound again)."""
+def _request(
+    stmt: PreparedStatement, group: list[Encoded], lower: tuple[PreparedStatement, list[int]] | None = None
+) -> BoundStatement | BatchStatement:
+    """One request for ``group``'s rows, whose values are already encoded (never bound again).
+    ``lower``: for a ranked table, the delete of lower candidates and where its values are in a row."""
     bound = BoundStatement(stmt)
     bound.values = list(group[0])
-    if len(group) == 1:
+    if len(group) == 1 and lower is None:
         return bound
     batch = BatchStatement(batch_type=BatchType.UNLOGGED)
     batch.add(bound)  # sets the batch's routing key and keyspace from the first row
@@ -203,6 +215,11 @@ def _request(stmt: PreparedStatement, group: list[Encoded]) -> BoundStatement | 
     # (prepared?, query id, encoded values) for a bound statement, which would cost one per row.
     # cassandra-driver is pinned below 4; every writer test reads rows written this way back.
     batch._statements_and_parameters.extend((True, stmt.query_id, values) for values in group[1:])
+    if lower is not None:
+        delete, at = lower
+        batch._statements_and_parameters.extend(
+            (True, delete.query_id, [values[i] for i in at]) for values in group
+        )
     return batch
 
 
@@ -221,9 +238,15 @@ def _write_groups(
         try:
             session = connect(settings)
             stmt = _prepare(session, table.insert_cql(settings.keyspace, with_timestamp=with_timestamp))
+            lower = None
+            if table.ranked:
+                # The delete's values from the row's: its write timestamp (last), key, rank.
+                names = [*table.column_names, _WRITE_TS]
+                at = [len(names) - 1, *(names.index(k) for k in table.partition_key), names.index(RANK)]
+                lower = (_prepare(session, table.delete_lower_cql(settings.keyspace)), at)
             results = execute_concurrent(
                 session,
-                [(_request(stmt, g), None) for g in pending],
+                [(_request(stmt, g, lower), None) for g in pending],
                 concurrency=concurrency,
                 raise_on_first_error=False,
             )

@@ -50,15 +50,16 @@ def latest_order(df: DataFrame, view: LatestView) -> Column:
 
 def latest(df: DataFrame, pipeline: Pipeline, view: LatestView, *, carry: tuple[str, ...] = ()) -> DataFrame:
     """One row per key: the delivery ranked highest by :func:`latest_order` (among equals, the lowest
-    offset), so the result never depends on arrival order. ``carry``: more columns of the winning
-    delivery to keep (the batch layer keeps its offset, to merge two results as one)."""
+    Kafka partition, then offset), so the result never depends on arrival order. ``carry``: more
+    columns of the winning delivery to keep (the batch layer keeps its coordinates, to merge two
+    results as one)."""
     df = only_kept(df, pipeline, view)
     cols = latest_columns(pipeline, view)
     keep = list(dict.fromkeys([*(c for c in cols if c not in view.key), INGEST_TS, INGEST_EPOCH, *carry]))
     # The rank's two parts compared in turn order exactly as the rank does (latest_tiebreak), in
     # longs: the rank itself is a 38-digit decimal, costly to compute for every delivery.
     tiebreak = latest_tiebreak(F.unix_seconds(F.col(INGEST_TS)))
-    order = F.struct(_version(df, view), tiebreak, -F.col("_offset"))
+    order = F.struct(_version(df, view), tiebreak, -F.col("_partition"), -F.col("_offset"))
     winner = F.max_by(F.struct(*[F.col(c) for c in keep]), order)
     return (
         df.groupBy(*view.key)
