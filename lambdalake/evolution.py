@@ -6,13 +6,17 @@ every layer: a value of another type would not be the same key, window or identi
 column keeps its Cassandra type for the table's life (Cassandra changes no column type in place): a
 ``latest`` view keeps a promoted field in a column per type it has had
 (:class:`lambdalake.cassandra.tables.StoredField`), but a view's key and a windowed view's
-``min``/``max`` of a field cannot take another type (``int`` to ``long``, ``float`` to ``double``,
-``string`` to ``bytes``). Bronze's Parquet files keep the type each was written with: Spark's
-Parquet reader widens ``int`` to ``long`` or ``double``, ``float`` to ``double``, ``string`` to
-``bytes`` and back, and a decimal to more digits at the same scale; ``int`` to ``float`` and
-``long`` to ``float``/``double`` are read as written and cast (:mod:`lambdalake.spark.bronze`). Any
-other change of a field's column type (a union branch added, which makes the column a struct of
-members) would leave files the batch cannot read. Everything else the registry accepts (a field
+``sum``/``min``/``max`` of a field cannot take another type (``int`` to ``long``, ``float`` to
+``double``, ``string`` to ``bytes``): the key is the primary key, and the speed job's aggregation
+state keeps the aggregate's type (Spark refuses a query whose state value schema changed:
+measured, STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE).
+
+Bronze's Parquet files keep the type each was written with: Spark's Parquet reader widens ``int``
+to ``long`` or ``double``, ``float`` to ``double``, ``string`` to ``bytes`` and back, and a decimal
+to more digits at the same scale; ``int`` to ``float`` and ``long`` to ``float``/``double`` are read
+as written and cast (:mod:`lambdalake.spark.bronze`). Any other change of a field's column type (a
+union branch added, which makes the column a struct of members) would leave files the batch cannot
+read. Everything else the registry accepts (a field
 added or removed with a default, an enum symbol added, the widenings above of a field no view
 stores) the layers take as it comes.
 """
