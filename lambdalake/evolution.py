@@ -6,15 +6,19 @@ every layer: a value of another type would not be the same key, window or identi
 column keeps its Cassandra type for the table's life (Cassandra changes no column type in place): a
 ``latest`` view keeps a promoted field in a column per type it has had
 (:class:`lambdalake.cassandra.tables.StoredField`), but a view's key and a windowed view's
-``min``/``max`` of a field cannot take another type (``int`` to ``long``, ``float`` to ``double``,
-``string`` to ``bytes``). Bronze's Parquet files
-keep the type each was written with, and Spark's Parquet reader widens only ``int`` to ``long`` or
-``double``, ``float`` to ``double``, ``string`` to ``bytes`` and back, and a decimal to more digits
-at the same scale (measured: ``int`` to ``float`` and ``long`` to ``float``/``double`` fail the
-read): any other change of a field's column type (those promotions, a union branch added, which
-makes the column a struct of members) would leave files the batch cannot read. Everything else the
-registry accepts (a field added or removed with a default, an enum symbol added, the widenings above
-of a field no view stores) the layers take as it comes.
+``sum``/``min``/``max`` of a field cannot take another type (``int`` to ``long``, ``float`` to
+``double``, ``string`` to ``bytes``): the key is the primary key, and the speed job's aggregation
+state keeps the aggregate's type (Spark refuses a query whose state value schema changed:
+measured, STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE).
+
+Bronze's Parquet files keep the type each was written with: Spark's Parquet reader widens ``int``
+to ``long`` or ``double``, ``float`` to ``double``, ``string`` to ``bytes`` and back, and a decimal
+to more digits at the same scale; ``int`` to ``float`` and ``long`` to ``float``/``double`` are read
+as written and cast (:mod:`lambdalake.spark.bronze`). Any other change of a field's column type (a
+union branch added, which makes the column a struct of members) would leave files the batch cannot
+read. Everything else the registry accepts (a field
+added or removed with a default, an enum symbol added, the widenings above of a field no view
+stores) the layers take as it comes.
 """
 
 from __future__ import annotations
@@ -51,8 +55,9 @@ def unappliable_changes(pipeline: Pipeline, deployed: dict[str, Any]) -> list[st
         if old is not None and not old.equals(new) and not _reads_as(old, new):
             problems.append(
                 f"field {name!r} changes its column type from {old} to {new}: bronze's files hold it "
-                "as before, and Spark's Parquet reader widens only int to long or double, float to "
-                "double, string to bytes and back, and a decimal to more digits at the same scale"
+                "as before, and the batch reads them only as int to long, float or double, long to "
+                "float or double, float to double, string to bytes and back, and a decimal to more "
+                "digits at the same scale"
             )
     for view in pipeline.views:
         stored = dict(speed_table_def(pipeline, view, types={**new_types, **old_types}).columns)
@@ -66,9 +71,11 @@ def unappliable_changes(pipeline: Pipeline, deployed: dict[str, Any]) -> list[st
     return problems
 
 
-#: Column type changes Spark's Parquet reader makes when it reads a file of the first type as the second.
+#: Column type changes the batch makes when it reads a bronze file of the first type as the second
+#: (Spark's Parquet reader's own widenings, and the numeric promotions read as written and cast).
 _READ_WIDENS = {
     ("int32", "int64"), ("int32", "float64"), ("float32", "float64"),
+    ("int32", "float32"), ("int64", "float32"), ("int64", "float64"),
     ("string", "binary"), ("binary", "string"),
 }  # fmt: skip
 

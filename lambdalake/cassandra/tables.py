@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from cassandra.cluster import Session
 
@@ -159,6 +160,10 @@ def stored_value(value: Any, cql: str) -> Any:
     (every promotion Avro allows converts exactly, or as Avro itself does)."""
     if value is None:
         return None
+    if cql == "float" and isinstance(value, int):
+        # Rounded once to the nearest 32-bit float, as the speed layer's decode (Arrow's cast),
+        # Spark's cast and Avro's Java resolver round an int or long read as a float.
+        return float(np.array(value, np.int64).astype(np.float32))
     if cql in ("double", "float"):
         return float(value)
     if cql == "text" and isinstance(value, bytes | bytearray):
