@@ -16,9 +16,8 @@ to ``long`` or ``double``, ``float`` to ``double``, ``string`` to ``bytes`` and 
 to more digits at the same scale; ``int`` to ``float`` and ``long`` to ``float``/``double`` are read
 as written and cast (:mod:`lambdalake.spark.bronze`). Any other change of a field's column type (a
 union branch added, which makes the column a struct of members) would leave files the batch cannot
-read. Everything else the registry accepts (a field
-added or removed with a default, an enum symbol added, the widenings above of a field no view
-stores) the layers take as it comes.
+read. Everything else the registry accepts (a field added or removed with a default, an enum symbol
+added, the widenings above of a field no view stores) the layers take as it comes.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ from lambdalake.spark.views import (
     window_cells,
     windowed,
 )
-from lambdalake.views import EPOCH, RANK, WINDOW_START
+from lambdalake.views import CANDIDATE, EPOCH, RANK, WINDOW_START
 from speed.sinks import send_dead_letters
 
 log = logging.getLogger("lambdalake.replay")
@@ -474,7 +474,7 @@ def _upsert_latest(
 ) -> int:
     """The epochs' winners per key, written with their rank as the write timestamp (a stored row of a
     higher rank keeps winning)."""
-    rows = latest(events, pipeline, view, carry=("_partition", "_offset"))
+    rows = latest(events, pipeline, view, carry=CANDIDATE[1:])
     rows = rows.withColumn(RANK, latest_order(rows, view).cast("long"))
     columns = list(dict.fromkeys([*table.source_columns, RANK]))
 

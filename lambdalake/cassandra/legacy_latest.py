@@ -56,7 +56,7 @@ def adopt_legacy_latest(
         for found in session.execute(cql, timeout=120):
             values = dict(zip(have, found, strict=False))
             rank = found[-1]
-            values.update({RANK: rank, "_partition": -1, "_offset": -1})
+            values.update({RANK: rank, **dict.fromkeys(CANDIDATE[1:], -1)})
             rows.append([*(values.get(c) for c in table.column_names), rank])
         upsert(rows, table=table, settings=settings, write_timestamp_index=len(table.column_names))
         copied[name] = len(rows)

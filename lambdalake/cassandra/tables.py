@@ -30,7 +30,7 @@ from lambdalake.views import (
 
 INGEST_COLUMNS = [("_ingest_ts", "timestamp"), ("_epoch", "bigint")]
 #: A ``latest`` speed row's candidate columns (:data:`lambdalake.views.CANDIDATE`), as typed.
-CANDIDATE_COLUMNS = [(RANK, "bigint"), ("_partition", "int"), ("_offset", "bigint")]
+CANDIDATE_COLUMNS = list(zip(CANDIDATE, ("bigint", "int", "bigint"), strict=True))
 
 
 #: Arrow type test -> CQL type (only types Cassandra 2.1 has).
