@@ -230,7 +230,7 @@ class Deployer:
 
     def _views(self, p: Pipeline) -> tuple[Pipeline, list[Change]]:
         """Record the views' versions: a view changed, or added to a live pipeline, gets a version
-        to build (the jobs compute it beside the active one; ``lambdalake.cli.views`` builds and
+        to build (the jobs compute it beside the active one; ``infra.view_build`` builds and
         switches it); a removed one leaves serving at once. Returns the pipeline with the views
         its jobs compute, and the changes."""
         from lambdalake.cassandra.active import swap_registry

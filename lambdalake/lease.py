@@ -34,6 +34,8 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -44,7 +46,7 @@ from cassandra.query import SimpleStatement
 
 from lambdalake.cassandra.tables import TableDef, create_keyspace, ensure_table
 from lambdalake.errors import LambdalakeError
-from lambdalake.settings import CassandraSettings
+from lambdalake.settings import CassandraSettings, Settings
 
 log = logging.getLogger("lambdalake.lease")
 
@@ -252,3 +254,19 @@ class Lease:
 
     def __exit__(self, *_exc: object) -> None:
         self.release()
+
+
+@contextmanager
+def writer_lease(settings: Settings, pipeline: str, role: Role, *, wait_s: float = 0.0) -> Iterator[Lease]:
+    """Hold the pipeline's lease for ``role`` while the block runs; taken before any Spark session
+    starts, so a refused writer exits 2 at once."""
+    from lambdalake.cassandra.session import connect
+
+    lease = Lease(
+        session=connect(settings.cassandra), cassandra=settings.cassandra, pipeline=pipeline, role=role
+    )
+    lease.acquire(wait_s=wait_s)
+    try:
+        yield lease
+    finally:
+        lease.release()

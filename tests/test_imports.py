@@ -52,7 +52,8 @@ def _imports(path) -> set[str]:
 
 def test_layers_depend_on_the_core_never_on_each_other() -> None:
     """speed/, batch/ and serving/ import lambdalake (the core), never one another; the core imports
-    no layer except in the CLI modules, the one composition root (which imports them lazily)."""
+    no layer except in the CLI modules, which call the operations that span the layers (infra's
+    deploy and view build) and import them lazily."""
     layers = {"speed", "batch", "serving"}
     problems = []
     for layer in layers:

@@ -18,9 +18,9 @@ from lambdalake.cli.common import (
     out,
     pipeline_of,
     timestamp_ms,
-    writer_lease,
 )
 from lambdalake.errors import LambdalakeError
+from lambdalake.lease import writer_lease
 from lambdalake.pipeline import Pipeline, list_pipelines
 from lambdalake.settings import get_settings
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -15,7 +13,7 @@ from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.settings import Settings
 
 if TYPE_CHECKING:
-    from lambdalake.lease import Lease, Role
+    pass
 
 
 class LogLevel(StrEnum):
@@ -49,23 +47,6 @@ def deployed_pipeline_of(name: str, settings: Settings) -> Pipeline:
 
     pipeline = pipeline_of(name, settings)
     return with_deployed_views(connect(settings.cassandra), settings.cassandra.keyspace, pipeline)
-
-
-@contextmanager
-def writer_lease(settings: Settings, pipeline: str, role: Role, *, wait_s: float = 0.0) -> Iterator[Lease]:
-    """Hold the pipeline's lease for ``role`` (:mod:`lambdalake.lease`) while the block runs; taken
-    before any Spark session starts, so a refused writer exits 2 at once."""
-    from lambdalake.cassandra.session import connect
-    from lambdalake.lease import Lease
-
-    lease = Lease(
-        session=connect(settings.cassandra), cassandra=settings.cassandra, pipeline=pipeline, role=role
-    )
-    lease.acquire(wait_s=wait_s)
-    try:
-        yield lease
-    finally:
-        lease.release()
 
 
 def timestamp_ms(text: str) -> int:

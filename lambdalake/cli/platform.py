@@ -208,7 +208,7 @@ def deploy(
     with console.status("deploying...") as shown:
         changes = deployer.deploy(chosen)
         if jobs:  # a view version is built while the jobs run it
-            from lambdalake.cli.views import build_views
+            from infra.view_build import build_views
 
             for p in chosen:
 

@@ -14,8 +14,8 @@ from lambdalake.cli.common import (
     deployed_pipeline_of,
     out,
     timestamp_ms,
-    writer_lease,
 )
+from lambdalake.lease import writer_lease
 from lambdalake.settings import get_settings
 
 app = typer.Typer()

@@ -16,9 +16,9 @@ from lambdalake.cli.common import (
     deployed_pipeline_of,
     out,
     pipeline_of,
-    writer_lease,
 )
 from lambdalake.errors import LambdalakeError
+from lambdalake.lease import writer_lease
 from lambdalake.settings import Settings, get_settings
 
 app = typer.Typer(

@@ -29,8 +29,8 @@ from pyspark.sql import SparkSession
 from infra.deploy import Change, Deployer
 from lambdalake.cassandra.active import read_meta, swap_registry, with_deployed_views
 from lambdalake.cassandra.session import connect
-from lambdalake.cli.common import writer_lease
 from lambdalake.errors import ConfigurationError, LambdalakeError
+from lambdalake.lease import writer_lease
 from lambdalake.pipeline import Pipeline, WindowedView
 from lambdalake.settings import Settings
 from lambdalake.storage import delete_folder, read_text
