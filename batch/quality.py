@@ -157,7 +157,14 @@ class QualityGate:
             if dataset == "bronze"
             else self.extra.get("views", {}).get(public_name(dataset), [])
         )
-        every = [{"type": spec["type"], "kwargs": dict(spec.get("kwargs", {}))} for spec in [*specs, *extra]]
+        # One outcome per distinct expectation, as a Great Expectations suite keeps it (the file may
+        # repeat one the pipeline already implies).
+        every = list(
+            {
+                identify(spec): {"type": spec["type"], "kwargs": dict(spec.get("kwargs", {}))}
+                for spec in [*specs, *extra]
+            }.values()
+        )
         native = [spec for spec in every if is_native(spec)]
         verdicts = {identify(v.spec): v for v in evaluate(df, native)}
         others = [spec for spec in every if not is_native(spec)]
