@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -11,9 +11,6 @@ from rich.console import Console
 from lambdalake.errors import LambdalakeError
 from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.settings import Settings
-
-if TYPE_CHECKING:
-    pass
 
 
 class LogLevel(StrEnum):
