@@ -52,8 +52,7 @@ from batch.merge import OFFSET, PARTITION, TOUCHED, merge_latest, merge_windowed
 from batch.run import RUN_ID, BatchRun, views_path
 from lambdalake.delta import commit_files, open_table
 from lambdalake.errors import ConfigurationError
-from lambdalake.master import EPOCH_MS, MasterDataset
-from lambdalake.master_files import table_path
+from lambdalake.master import EPOCH_MS, bronze_of
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.bronze import bronze_schema, read_events
@@ -84,9 +83,9 @@ class BatchJob:
     def __init__(self, *, settings: Settings, pipeline: Pipeline, spark: SparkSession | None = None) -> None:
         self.settings = settings
         self.pipeline = pipeline
-        self.spark = spark or spark_session(settings, f"lambdalake-batch-{pipeline.name}", workload="batch")
-        self.bronze = MasterDataset(
-            table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
+        self.bronze = bronze_of(settings, pipeline)
+        self.spark = spark or spark_session(
+            settings, f"lambdalake-batch-{pipeline.name}", workload="batch", events=self.bronze.num_records()
         )
 
     def run(

@@ -118,15 +118,13 @@ class Deployer:
 
         from lambdalake.evolution import require_appliable
         from lambdalake.kafka.admin import require_log_append_time
-        from lambdalake.master import MasterDataset
-        from lambdalake.master_files import table_path
+        from lambdalake.master import bronze_of
         from lambdalake.registry import call, client
 
         sr = client(self.settings)
         for p in pipelines:
             self._check_tables(p)
-            bronze = MasterDataset(table_path(self.settings.storage_root, p.name), event_time=p.event.time)
-            bronze.check_layers(p.layers, pipeline=p.name)
+            bronze_of(self.settings, p).check_layers(p.layers, pipeline=p.name)
             if not self.apply_topic_configs:  # else the topic step sets it
                 require_log_append_time(self.settings, p)
             subject = p.schema_.subject

@@ -53,10 +53,14 @@ def build_views(
     building = read_meta(session, keyspace, pipeline.name).registry.building()
     changes: list[Change] = []
     if building:
+        from lambdalake.master import bronze_of
         from lambdalake.spark.session import spark_session
 
         with writer_lease(settings, pipeline.name, "view build"):
-            spark = spark_session(settings, f"lambdalake-build-{pipeline.name}", workload="batch")
+            spark = spark_session(
+                settings, f"lambdalake-build-{pipeline.name}", workload="batch",
+                events=bronze_of(settings, pipeline).num_records(),
+            )  # fmt: skip
             try:
                 for version in building:
                     cells = _recompute(settings, pipeline, version, spark, progress)
@@ -79,8 +83,7 @@ def _recompute(
 ) -> int:
     """Step 2: the closed epochs after the horizon the speed job's query does not count."""
     from batch.horizon import boundaries
-    from lambdalake.master import MasterDataset
-    from lambdalake.master_files import table_path
+    from lambdalake.master import bronze_of
     from speed.job import MAIN_FILE, START_FILE, checkpoints_path
     from speed.replay import Replayer
 
@@ -101,8 +104,7 @@ def _recompute(
         if start is None:  # started with the job's other queries (after a reset): all counted
             return 0
         first_open = int(json.loads(start)["epoch"])
-        path = table_path(settings.storage_root, pipeline.name)
-        bronze = MasterDataset(path, event_time=pipeline.event.time)
+        bronze = bronze_of(settings, pipeline)
         needed = boundaries(settings, pipeline, first_open * pipeline.layers.epoch_ms)
         progress(f"{version.name}: waiting for bronze to archive every epoch before {first_open}")
 

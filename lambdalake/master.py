@@ -38,8 +38,9 @@ from lambdalake.coverage import (
 )
 from lambdalake.delta import commit_files, commit_info, lost_to_another_commit, open_table
 from lambdalake.errors import ConfigurationError
-from lambdalake.master_files import PARTITION, offsets_present, write_event_files
-from lambdalake.pipeline import LayersSpec
+from lambdalake.master_files import PARTITION, offsets_present, table_path, write_event_files
+from lambdalake.pipeline import LayersSpec, Pipeline
+from lambdalake.settings import Settings
 from lambdalake.storage import delete_file, list_files
 
 #: Commit metadata keys: what the views depend on, and how far each partition was read.
@@ -447,3 +448,8 @@ class MasterDataset:
         """The live files (never the bare folder: it also holds removed and uncommitted files)."""
         table = self._table()
         return [] if table is None else table.file_uris()
+
+
+def bronze_of(settings: Settings, pipeline: Pipeline) -> MasterDataset:
+    """``pipeline``'s master dataset under the settings' storage root."""
+    return MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)

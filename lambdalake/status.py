@@ -82,8 +82,7 @@ def pipeline_status(settings: Settings, pipeline: Pipeline, *, session: Any = No
 def _stream(settings: Settings, pipeline: Pipeline, status: PipelineStatus) -> None:
     from lambdalake.errors import ConfigurationError, ServiceUnavailable
     from lambdalake.kafka.offsets import offset_consumer, watermarks
-    from lambdalake.master import MasterDataset
-    from lambdalake.master_files import table_path
+    from lambdalake.master import bronze_of
 
     topic = pipeline.topic.name
     try:
@@ -102,7 +101,7 @@ def _stream(settings: Settings, pipeline: Pipeline, status: PipelineStatus) -> N
     except ServiceUnavailable as exc:
         status.problems.append(f"Kafka at {settings.kafka.bootstrap_servers} unreachable: {exc.message}")
         return
-    bronze = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    bronze = bronze_of(settings, pipeline)
     try:
         read = bronze.read_progress(
             [f"{topic}/{p}" for p in ends], low={f"{topic}/{p}": lo for p, (lo, _hi) in marks.items()}

@@ -119,13 +119,15 @@ def batch_restore(
     An older version's horizon is older: the speed rows of the epochs in between are rebuilt from the
     master dataset first, so serving counts every event once."""
     from batch.restore import restore
+    from lambdalake.master import bronze_of
     from lambdalake.spark.session import spark_session
     from speed.replay import Replayer
 
     settings = get_settings()
     p = deployed_pipeline_of(pipeline, settings)
     with writer_lease(settings, p.name, "batch restore"), console.status("restoring from the Delta views..."):
-        spark = spark_session(settings, f"lambdalake-restore-{p.name}", workload="batch")
+        events = bronze_of(settings, p).num_records()
+        spark = spark_session(settings, f"lambdalake-restore-{p.name}", workload="batch", events=events)
         replayer = Replayer(settings=settings, pipeline=p, spark=spark)
         run = restore(settings, p, spark, version=version, rebuild_speed=replayer.recompute)
     console.print(

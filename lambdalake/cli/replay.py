@@ -88,7 +88,7 @@ def replay(
     from lambdalake.spark.session import spark_session
 
     with writer_lease(settings, p.name, "replay"):
-        spark = spark_session(settings, f"lambdalake-replay-{p.name}", workload="replay")
+        spark = spark_session(settings, f"lambdalake-replay-{p.name}", workload="replay", events=plan.records)
         with console.status(f"replaying {plan.records:,} records..."):
             result = Replayer(settings=settings, pipeline=p, spark=spark).run(plan)
     rate = result.read / result.seconds if result.seconds else 0

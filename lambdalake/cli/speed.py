@@ -194,10 +194,14 @@ def speed_reset(
     _refuse_running_job(settings, p.name, "a reset")
     if not yes:
         typer.confirm(f"truncate the speed tables of {p.name} and delete its checkpoints?", abort=True)
+    from lambdalake.master import bronze_of
     from lambdalake.spark.session import spark_session
 
     with writer_lease(settings, p.name, "speed reset"):
-        spark = spark_session(settings, f"lambdalake-speed-reset-{p.name}", workload="replay")
+        spark = spark_session(
+            settings, f"lambdalake-speed-reset-{p.name}", workload="replay",
+            events=bronze_of(settings, p).num_records(),
+        )  # fmt: skip
         with console.status("rebuilding the speed rows from bronze..."):
             result = reset_speed(settings, p, spark)
     console.print(

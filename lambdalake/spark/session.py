@@ -68,13 +68,21 @@ REPLAY_DEFAULTS = {**BATCH_DEFAULTS, "spark.sql.inMemoryColumnarStorage.compress
 
 Workload = Literal["stream", "batch", "replay"]
 
+#: Below this many events a local batch or replay compiles with C1 alone and collects with the serial
+#: collector: its few short jobs end before C2's compilations pay back, and on two cores the compiler
+#: threads take the tasks' CPU (a full batch run of 20k events: 52.6-63.1 s against 67.2-97.6 s with
+#: the JVM's defaults; a replay of 2M events was 6 s slower on C1 alone, 1M as fast; BENCHMARKS.md).
+QUICK_JIT_EVENTS = 1_000_000
 
-def driver_java_options(settings: Settings, workload: Workload) -> str:
-    """The driver JVM's options for ``workload`` (``spark.driver.extraJavaOptions`` in the settings'
-    conf replaces them)."""
+
+def driver_java_options(settings: Settings, workload: Workload, *, events: int | None = None) -> str:
+    """The driver JVM's options for ``workload`` reading about ``events`` events (None: unknown);
+    ``spark.driver.extraJavaOptions`` in the settings' conf replaces them."""
     opts = [f"-Dlog4j.configurationFile=file:{LOG4J}"]
     local = settings.spark.master.startswith("local")
-    if workload == "stream" and local:
+    if workload != "stream" and local and events is not None and events < QUICK_JIT_EVENTS:
+        opts += ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+    elif workload == "stream" and local:
         # Every micro-batch runs freshly generated code, and with the C2 compiler on, JIT compiling it
         # took a third of the JVM's CPU time on a 2-core machine (measured: C2 thread 30 s of 80 s).
         # C1 alone compiles far cheaper; on clusters the driver keeps the JVM's default.
@@ -83,7 +91,7 @@ def driver_java_options(settings: Settings, workload: Workload) -> str:
         # and concurrent threads cost memory and a share of two cores (bench.peers, four runs each:
         # RSS of the job median 1,923-1,944 MB against 1,981-2,066 with G1, as fast and as fresh).
         opts.append("-XX:+UseSerialGC")
-    if workload == "replay" and local:
+    elif workload == "replay" and local:
         # The throughput collector: G1's concurrent threads take a share of two cores from the tasks
         # (a new process replaying 1M events: 24-24.5 s with G1, 20.5-22 s). C2 stays on: C1 alone was
         # ~0.5 s faster at 1M events but 6 s slower at 2M (BENCHMARKS.md).
@@ -96,7 +104,11 @@ def driver_java_options(settings: Settings, workload: Workload) -> str:
 
 
 def spark_session(
-    settings: Settings, app_name: str = "lambdalake", *, workload: Workload = "stream"
+    settings: Settings,
+    app_name: str = "lambdalake",
+    *,
+    workload: Workload = "stream",
+    events: int | None = None,
 ) -> SparkSession:
     """The active session, created with the settings' master and conf if there is none.
 
@@ -107,6 +119,8 @@ def spark_session(
             ``"batch"`` (:data:`BATCH_DEFAULTS`: one large query) or ``"replay"``
             (:data:`REPLAY_DEFAULTS`: a batch in a short process, with the throughput collector).
             Only a new session takes it.
+        events: About how many events a batch or replay reads, when known (default None: unknown);
+            below :data:`QUICK_JIT_EVENTS` a local driver starts with the quick JIT.
     """
     # Executors must run the interpreter that has lambdalake installed (the venv's).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -115,7 +129,7 @@ def spark_session(
         # One machine: bind to loopback instead of guessing an interface (and warning about it).
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name).master(settings.spark.master)
-    derived = {"spark.driver.extraJavaOptions": driver_java_options(settings, workload)}
+    derived = {"spark.driver.extraJavaOptions": driver_java_options(settings, workload, events=events)}
     if settings.spark.idle_python_workers is not None:
         derived[IDLE_WORKERS_CONF] = str(settings.spark.idle_python_workers)
     workload_defaults = {"stream": {}, "batch": BATCH_DEFAULTS, "replay": REPLAY_DEFAULTS}[workload]

@@ -1,0 +1,29 @@
+"""The driver JVM's options follow the workload and its size; clusters keep the JVM's defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lambdalake.settings import Settings
+from lambdalake.spark.session import QUICK_JIT_EVENTS, driver_java_options
+
+QUICK = "-XX:TieredStopAtLevel=1"
+
+
+@pytest.mark.parametrize("workload", ["batch", "replay"])
+def test_a_small_local_batch_or_replay_starts_with_the_quick_jit(tmp_path: Path, workload: str) -> None:
+    local = Settings(cache_dir=tmp_path)
+    small = driver_java_options(local, workload, events=QUICK_JIT_EVENTS - 1)  # type: ignore[arg-type]
+    assert QUICK in small.split() and "-XX:+UseSerialGC" in small.split()
+    for events in (QUICK_JIT_EVENTS, None):  # large, or of unknown size: the full JIT
+        assert QUICK not in driver_java_options(local, workload, events=events).split()  # type: ignore[arg-type]
+    cluster = local.model_copy(update={"spark": local.spark.model_copy(update={"master": "spark://m:7077"})})
+    assert QUICK not in driver_java_options(cluster, workload, events=10).split()  # type: ignore[arg-type]
+
+
+def test_the_stream_keeps_its_options_whatever_the_size(tmp_path: Path) -> None:
+    local = Settings(cache_dir=tmp_path)
+    assert driver_java_options(local, "stream") == driver_java_options(local, "stream", events=10)
+    assert QUICK in driver_java_options(local, "stream").split()
