@@ -149,6 +149,7 @@ def batch_schedule(
 
     from batch.job import BatchJob
     from batch.schedule import Scheduler
+    from lambdalake.master import bronze_of
     from lambdalake.spark.session import spark_session
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -160,7 +161,13 @@ def batch_schedule(
     def run(p: Pipeline) -> str:
         nonlocal spark
         with writer_lease(settings, p.name, "batch run"):
-            spark = spark or spark_session(settings, "lambdalake-batch-schedule", workload="batch")
+            if spark is None:
+                # A --once process runs what is due and exits: its driver is sized by the largest
+                # bronze it may read. A long-running one keeps the JVM's defaults (bronze grows).
+                counts = [bronze_of(settings, c).num_records() for c in chosen] if once else []
+                known = [n for n in counts if n is not None]
+                events = max(known, default=0) if once and len(known) == len(counts) else None
+                spark = spark_session(settings, "lambdalake-batch-schedule", workload="batch", events=events)
             deployed = deployed_pipeline_of(p.name, settings)  # the view versions as of this run
             return BatchJob(settings=settings, pipeline=deployed, spark=spark).run().outcome
 
