@@ -53,11 +53,12 @@ def test_the_test_session_runs_from_the_archive(spark: Any, services: Settings) 
     assert f"-XX:SharedArchiveFile={path}" in args
     pid = jvm.java.lang.ProcessHandle.current().pid()
     info = subprocess.run(["jcmd", str(pid), "VM.info"], capture_output=True, text=True, timeout=60).stdout
-    # Mapped into memory (the command line names it whether or not it mapped): a memory-map line.
+    # Mapped into memory (the command line names it whether or not it mapped): a memory-map line,
+    # which names the file by its real path (a cache folder may be a symlink).
     mapped = [
         line
         for line in info.splitlines()
-        if re.match(rf"[0-9a-f]+-[0-9a-f]+ .* {re.escape(str(path))}$", line)
+        if re.match(rf"[0-9a-f]+-[0-9a-f]+ .* {re.escape(str(path.resolve()))}$", line)
     ]
     assert mapped, f"{path} is not mapped by the driver JVM"
     assert spark.range(10).count() == 10
