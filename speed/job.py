@@ -45,8 +45,7 @@ from lambdalake.compaction import CompactionPolicy, Compactor
 from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.kafka.admin import require_log_append_time
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, watermarks
-from lambdalake.master import MasterDataset
-from lambdalake.master_files import table_path
+from lambdalake.master import bronze_of
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.procs import TreeMemory, tree_memory
 from lambdalake.settings import Settings
@@ -305,9 +304,7 @@ class SpeedJob:
         self._owns_spark = spark is None
         self.spark = spark or spark_session(settings, f"lambdalake-speed-{pipeline.name}")
         self.spec = DecodeSpec.of(pipeline, settings)
-        self.master = MasterDataset(
-            table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
-        )
+        self.master = bronze_of(settings, pipeline)
         self.compactor: Compactor | None = None
         self.checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
         self.progress = ProgressLog(speed_status_file(settings.storage_root, pipeline.name))

@@ -42,8 +42,8 @@ from lambdalake.cassandra.tables import speed_table_def
 from lambdalake.cassandra.writer import bulk_options, upsert_arrow
 from lambdalake.errors import ConfigurationError
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, record_time, watermarks
-from lambdalake.master import MasterDataset
-from lambdalake.master_files import offsets_present, table_path, write_event_files
+from lambdalake.master import bronze_of
+from lambdalake.master_files import offsets_present, write_event_files
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import Settings
 from lambdalake.spark.bronze import read_events
@@ -167,9 +167,7 @@ def plan_replay(
         horizon = _horizon(settings, pipeline)
         grace_ms = pipeline.layers.grace_seconds * 1000
         if speed_end is None:
-            recorded = MasterDataset(
-                table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
-            ).read_speed_end()
+            recorded = bronze_of(settings, pipeline).read_speed_end()
             speed_end = {p: recorded.get(f"{topic}/{p}", low) for p, (low, _) in bounds.items()}
         out = ReplayPlan(asked, ranges, epochs, horizon, speed_end=dict(speed_end))
         for e in epochs:
@@ -287,9 +285,7 @@ class Replayer:
         self.settings = settings
         self.pipeline = pipeline
         self.spark = spark
-        self.bronze = MasterDataset(
-            table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time
-        )
+        self.bronze = bronze_of(settings, pipeline)
         #: Per windowed view, the stored cells the last recompute emptied.
         self.emptied: dict[str, int] = {}
 

@@ -164,9 +164,10 @@ def batch_schedule(
             if spark is None:
                 # A --once process runs what is due and exits: its driver is sized by the largest
                 # bronze it may read. A long-running one keeps the JVM's defaults (bronze grows).
-                counts = [bronze_of(settings, c).num_records() for c in chosen] if once else []
-                known = [n for n in counts if n is not None]
-                events = max(known, default=0) if once and len(known) == len(counts) else None
+                events = None
+                if once:
+                    counts = [bronze_of(settings, c).num_records() for c in chosen]
+                    events = None if None in counts else max((n or 0 for n in counts), default=0)
                 spark = spark_session(settings, "lambdalake-batch-schedule", workload="batch", events=events)
             deployed = deployed_pipeline_of(p.name, settings)  # the view versions as of this run
             return BatchJob(settings=settings, pipeline=deployed, spark=spark).run().outcome
