@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import pyarrow as pa
+
 from infra.process import ManagedProcess
 from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import PROJECT_ROOT, Settings
 
-Action = Literal["created", "updated", "started", "restarted", "stopped", "removed", "unchanged"]
+Action = Literal["created", "updated", "started", "restarted", "stopped", "removed", "held", "unchanged"]
 
 #: The process that runs every deployed pipeline's batch on its schedule.
 SCHEDULER = "batch-schedule"
@@ -128,13 +130,9 @@ class Deployer:
             if not self.apply_topic_configs:  # else the topic step sets it
                 require_log_append_time(self.settings, p)
             subject = p.schema_.subject
-            try:
-                deployed = call(self.settings, sr.get_latest_version, subject).schema.schema_str
-            except SchemaRegistryError as exc:
-                if exc.http_status_code != 404:
-                    raise
-            else:  # a live pipeline: what its layers hold must survive the new reader schema
-                require_appliable(p, json.loads(deployed))
+            deployed = self._deployed_schema(p)
+            if deployed is not None:  # a live pipeline: what its layers hold must survive the new schema
+                require_appliable(p, deployed)
             for i, file in enumerate(p.schema_.versions, start=1):
                 schema = Schema(p.schema_text(i), "AVRO")
                 try:
@@ -182,9 +180,9 @@ class Deployer:
         changes: list[Change] = []
         for p in pipelines:
             changes += self._topics(p)
-            changes += self._schemas(p)
             deployed, view_changes = self._views(p)
             changes += view_changes
+            changes += self._schemas(p)
             changes += self._tables(deployed)
             if self.start_jobs:
                 changes.append(self._speed_job(deployed))
@@ -206,8 +204,19 @@ class Deployer:
         return out
 
     def _schemas(self, p: Pipeline) -> list[Change]:
+        """Register the pipeline's schema versions, unless a windowed view's stored types widen with
+        them: then not before its new version serves (``lambdalake.view_types``), so no value of the
+        wider type reaches the version still serving."""
+        from lambdalake.cassandra.active import read_meta
+        from lambdalake.cassandra.session import connect
         from lambdalake.registry import client, register_pipeline
+        from lambdalake.view_versions import retype_pending
 
+        meta = read_meta(connect(self.settings.cassandra), self.settings.cassandra.keyspace, p.name)
+        waiting = retype_pending(p, meta.registry)
+        if waiting:
+            why = f"new versions wait for {', '.join(waiting)} to switch (their stored types widen)"
+            return [Change(f"schema {p.schema_.subject}", "held", why)]
         before = set(_registered_ids(self.settings, client(self.settings), p.schema_.subject))
         out = []
         for r in register_pipeline(self.settings, p):
@@ -224,7 +233,27 @@ class Deployer:
         from lambdalake.view_versions import plan
 
         meta = read_meta(connect(self.settings.cassandra), self.settings.cassandra.keyspace, p.name)
-        return meta, *plan(p, meta.registry)
+        return meta, *plan(p, meta.registry, deployed_types=self._deployed_types(p))
+
+    def _deployed_schema(self, p: Pipeline) -> dict | None:
+        """The schema version registered last (None: none is)."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        from lambdalake.registry import call, client
+
+        try:
+            latest = call(self.settings, client(self.settings).get_latest_version, p.schema_.subject)
+        except SchemaRegistryError as exc:
+            if exc.http_status_code == 404:
+                return None
+            raise
+        return json.loads(latest.schema.schema_str)
+
+    def _deployed_types(self, p: Pipeline) -> dict[str, pa.DataType] | None:
+        from lambdalake.event_schema import event_schema
+
+        deployed = self._deployed_schema(p)
+        return None if deployed is None else {f.name: f.type for f in event_schema(deployed)}
 
     def _views(self, p: Pipeline) -> tuple[Pipeline, list[Change]]:
         """Record the views' versions: a view changed, or added to a live pipeline, gets a version

@@ -11,6 +11,10 @@ A building version is computed beside the active one, as the layers compute ever
    with the job's);
 3. epochs up to a new horizon by a batch run of every deployed version, published as usual.
 
+A version made because the reader schema widens the old one's stored types
+(:mod:`lambdalake.view_types`) is built while the widening schema is held back, and registered
+right after the switch, before the speed job restarts without the old version.
+
 Then one lightweight transaction on the metadata row makes it active, conditioned on the active
 batch holding it, so serving moves from the old version to the new one between two reads, never
 to a mix. The speed job is restarted without the old version, whose tables, Delta view and
@@ -34,7 +38,7 @@ from lambdalake.lease import writer_lease
 from lambdalake.pipeline import Pipeline, WindowedView
 from lambdalake.settings import Settings
 from lambdalake.storage import delete_folder, read_text
-from lambdalake.view_versions import Registry, ViewVersion
+from lambdalake.view_versions import Registry, ViewVersion, retype_pending
 
 Progress = Callable[[str], None]
 
@@ -50,7 +54,9 @@ def build_views(
     """
     session = connect(settings.cassandra)
     keyspace = settings.cassandra.keyspace
-    building = read_meta(session, keyspace, pipeline.name).registry.building()
+    registry = read_meta(session, keyspace, pipeline.name).registry
+    building = registry.building()
+    held = retype_pending(pipeline, registry)
     changes: list[Change] = []
     if building:
         from lambdalake.master import bronze_of
@@ -72,6 +78,8 @@ def build_views(
         for version in switched:
             changes.append(Change(f"view {pipeline.name}.{version.view}", "updated",
                                   f"v{version.version} active (serving switched)"))  # fmt: skip
+        if held:  # the schema versions that widen their stored types, held back until now
+            changes += deployer._schemas(pipeline)
         progress("restarting the speed job without the versions replaced")
         changes.append(deployer._speed_job(with_deployed_views(session, keyspace, pipeline)))
     changes += drop_retired(settings, pipeline, progress)

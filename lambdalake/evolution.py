@@ -5,11 +5,12 @@ does. The event's key, time and identity partition the topic, window the views a
 every layer: a value of another type would not be the same key, window or identity as before. A
 column keeps its Cassandra type for the table's life (Cassandra changes no column type in place): a
 ``latest`` view keeps a promoted field in a column per type it has had
-(:class:`lambdalake.cassandra.tables.StoredField`), but a view's key and a windowed view's
-``sum``/``min``/``max`` of a field cannot take another type (``int`` to ``long``, ``float`` to
-``double``, ``string`` to ``bytes``): the key is the primary key, and the speed job's aggregation
-state keeps the aggregate's type (Spark refuses a query whose state value schema changed:
-measured, STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE).
+(:class:`lambdalake.cassandra.tables.StoredField`), but not in its key, the primary key. A windowed
+view whose key or ``sum``/``min``/``max`` a widening retypes (``int`` to ``long``, ``float`` to
+``double``, ``string`` to ``bytes``...) gets a new version of the same definition built beside the
+old one, which keeps its types until the switch (:mod:`lambdalake.view_types`): its table cannot
+change a column's type and the speed job's aggregation state keeps the aggregate's type (Spark
+refuses a query whose state value schema changed: measured, STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE).
 
 Bronze's Parquet files keep the type each was written with: Spark's Parquet reader widens ``int``
 to ``long`` or ``double``, ``float`` to ``double``, ``string`` to ``bytes`` and back, and a decimal
@@ -30,7 +31,7 @@ import pyarrow as pa
 from lambdalake.cassandra.tables import speed_table_def
 from lambdalake.errors import ConfigurationError
 from lambdalake.event_schema import event_schema
-from lambdalake.pipeline import Pipeline
+from lambdalake.pipeline import LatestView, Pipeline
 
 
 def unappliable_changes(pipeline: Pipeline, deployed: dict[str, Any]) -> list[str]:
@@ -58,14 +59,18 @@ def unappliable_changes(pipeline: Pipeline, deployed: dict[str, Any]) -> list[st
                 "float or double, float to double, string to bytes and back, and a decimal to more "
                 "digits at the same scale"
             )
+    # A windowed view whose table or state a widening changes gets a new version built beside
+    # (lambdalake.view_types); a latest view keeps a promoted field beside its old values, except
+    # in its key.
     for view in pipeline.views:
+        if not isinstance(view, LatestView):
+            continue
         stored = dict(speed_table_def(pipeline, view, types={**new_types, **old_types}).columns)
         for column, cql in speed_table_def(pipeline, view).columns:
             if column in stored and stored[column] != cql:
                 problems.append(
-                    f"view {view.name!r} stores {column!r} as Cassandra {stored[column]}, and the new "
-                    f"schema makes it {cql}: Cassandra changes no column's type in place (a latest "
-                    "view keeps a promoted field beside its old values; a key or a min/max cannot)"
+                    f"view {view.name!r} is keyed by {column!r}, stored as Cassandra {stored[column]}, "
+                    f"and the new schema makes it {cql}: Cassandra changes no key column's type"
                 )
     return problems
 

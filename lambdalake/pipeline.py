@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_serializer,
@@ -295,6 +296,18 @@ class WindowedView(Strict):
     aggregates: list[Aggregate] = Field(min_length=1)
     #: Only events this filter keeps count (:mod:`lambdalake.filters`); default every event.
     where: str | None = None
+    # A deployed version's record of the types its table and Spark state were made with (by field;
+    # :mod:`lambdalake.view_types`): set by the view registry, never by a pipeline file.
+    _stored_types: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def stored_types(self) -> dict[str, str]:
+        return dict(self._stored_types)
+
+    def with_stored_types(self, types: dict[str, str]) -> WindowedView:
+        copy = self.model_copy()
+        copy._stored_types = dict(types)
+        return copy
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:

@@ -22,12 +22,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import pyarrow as pa
 from pydantic import TypeAdapter
 
 from lambdalake.pipeline import MAX_TABLE_NAME, LatestView, Pipeline, View, WindowedView
+from lambdalake.view_types import current_types, held_types, input_types
 
 AnyView = LatestView | WindowedView
 _VIEW = TypeAdapter(View)
@@ -51,7 +54,8 @@ def fingerprint(view: AnyView) -> str:
 
 @dataclass(frozen=True)
 class ViewVersion:
-    """One version of a view: its number and definition (``definition.name`` is the internal name)."""
+    """One version of a view: its number and definition (``definition.name`` is the internal name;
+    a windowed one carries the field types it was made with, :mod:`lambdalake.view_types`)."""
 
     view: str
     version: int
@@ -65,20 +69,36 @@ class ViewVersion:
     def fingerprint(self) -> str:
         return fingerprint(self.definition)
 
+    @property
+    def types(self) -> dict[str, str]:
+        return self.definition.stored_types if isinstance(self.definition, WindowedView) else {}
+
     def to_json(self) -> dict[str, Any]:
         # Kept as the file wrote it (validated again when read), under the view's own name.
-        return {
+        out: dict[str, Any] = {
             "version": self.version,
             "definition": self.definition.model_dump(mode="json") | {"name": self.view},
         }
+        if self.types:
+            out["types"] = self.types
+        return out
 
     @classmethod
     def from_json(cls, view: str, data: dict[str, Any]) -> ViewVersion:
-        return cls.of(_VIEW.validate_python(data["definition"]), int(data["version"]))
+        return cls.of(_VIEW.validate_python(data["definition"]), int(data["version"]), data.get("types"))
 
     @classmethod
-    def of(cls, view: AnyView, version: int) -> ViewVersion:
-        return cls(view.name, version, view.model_copy(update={"name": internal_name(view.name, version)}))
+    def of(cls, view: AnyView, version: int, types: dict[str, str] | None = None) -> ViewVersion:
+        definition = view.model_copy(update={"name": internal_name(view.name, version)})
+        if isinstance(definition, WindowedView) and types:
+            definition = definition.with_stored_types(types)
+        return cls(view.name, version, definition)
+
+    def recording(self, types: dict[str, str]) -> ViewVersion:
+        """This version with ``types`` as the types it was made with."""
+        if not isinstance(self.definition, WindowedView) or types == self.types:
+            return self
+        return ViewVersion(self.view, self.version, self.definition.with_stored_types(types))
 
 
 @dataclass
@@ -169,47 +189,80 @@ class ViewChange:
     detail: str = ""
 
 
-def plan(pipeline: Pipeline, registry: Registry) -> tuple[Registry, list[ViewChange]]:
+def plan(
+    pipeline: Pipeline, registry: Registry, *, deployed_types: Mapping[str, pa.DataType] | None = None
+) -> tuple[Registry, list[ViewChange]]:
     """The registry after deploying ``pipeline``'s views, and what changed.
 
     On a pipeline's first deploy (an empty registry) every view is active at once. Later, a view
     added or changed is built beside, even when bronze is empty: what bronze holds can change until
     the speed job restarts with the view (a read of it before the registry's write would be
-    trusted after it), and the build reads bronze only once the job counts the view.
+    trusted after it), and the build reads bronze only once the job counts the view. So is a
+    windowed view whose table or Spark state the reader schema widens (:mod:`lambdalake.view_types`):
+    a new version of the same definition, made with the new types.
 
     Args:
         pipeline: The pipeline as its file defines it.
         registry: The registry as deployed.
+        deployed_types: The field types of the schema the platform runs, taken as the types of
+            versions recorded before versions recorded them. Default: the pipeline's own.
     """
     new = Registry.parse(registry.to_text())
     changes: list[ViewChange] = []
     first = registry.empty
+    now = current_types(pipeline)
+    for state in new.views.values():
+        for attr in ("active", "building"):
+            old = getattr(state, attr)
+            if old is not None and not old.types:
+                setattr(state, attr, old.recording(input_types(old.definition, deployed_types or now)))
     for view in pipeline.views:
         state = new.views.setdefault(view.name, ViewState())
         wanted = fingerprint(view)
-        if state.active is not None and state.active.fingerprint == wanted:
+        types = input_types(view, now)
+
+        def fits(version: ViewVersion | None, wanted: str = wanted) -> bool:
+            """Whether ``version`` computes ``view`` as the reader schema has it now."""
+            return (
+                version is not None
+                and version.fingerprint == wanted
+                and not held_types(pipeline, version.definition, now)
+            )
+
+        if fits(state.active):
+            assert state.active is not None
+            state.active = state.active.recording(types)  # a widening no column or state sees
             if state.building is not None:  # the change was taken back before its build finished
                 new.retired.append(state.building.name)
                 changes.append(ViewChange(view.name, "reverted", state.active.version,
                                           f"build of v{state.building.version} dropped"))  # fmt: skip
                 state.building = None
             continue
-        if state.building is not None and state.building.fingerprint == wanted:
+        if fits(state.building):
+            assert state.building is not None
+            state.building = state.building.recording(types)
             continue  # a build under way (resumed by this deploy)
         version = state.last + 1
         if state.building is not None:
             new.retired.append(state.building.name)
-        candidate = ViewVersion.of(view, version)
+        candidate = ViewVersion.of(view, version, types)
         _check_name_length(pipeline, candidate)
         state.last = version
         if first:
             state.active, state.building = candidate, None
-            kind: ChangeKind = "registered" if first else "added"
-            changes.append(ViewChange(view.name, kind, version, "active"))
+            changes.append(ViewChange(view.name, "registered", version, "active"))
         else:
             state.building = candidate
-            kind = "added" if state.active is None else "changed"
-            changes.append(ViewChange(view.name, kind, version, "building"))
+            kind: ChangeKind = "added" if state.active is None else "changed"
+            detail = "building"
+            if state.active is not None and state.active.fingerprint == wanted:
+                held = held_types(pipeline, state.active.definition, now)
+                detail += (
+                    " (its stored types widen: "
+                    + ", ".join(f"{name} {was} to {now[name]}" for name, was in sorted(held.items()))
+                    + ")"
+                )
+            changes.append(ViewChange(view.name, kind, version, detail))
     for name in sorted(set(new.views) - {v.name for v in pipeline.views}):
         state = new.views[name]  # kept (with no version): its number goes on if it comes back
         gone = [v for v in (state.active, state.building) if v is not None]
@@ -218,6 +271,19 @@ def plan(pipeline: Pipeline, registry: Registry) -> tuple[Registry, list[ViewCha
         if gone:
             changes.append(ViewChange(name, "removed", None, ", ".join(f"v{v.version}" for v in gone)))
     return new, changes
+
+
+def retype_pending(pipeline: Pipeline, registry: Registry) -> list[str]:
+    """Views whose active version computes with types the reader schema widened, a new version
+    building: the widening schema must not be registered before they switch."""
+    now = current_types(pipeline)
+    return sorted(
+        name
+        for name, state in registry.views.items()
+        if state.active is not None
+        and state.building is not None
+        and held_types(pipeline, state.active.definition, now)
+    )
 
 
 def _check_name_length(pipeline: Pipeline, version: ViewVersion) -> None:

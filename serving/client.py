@@ -24,6 +24,7 @@ from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_pipeline, list_pipelines
 from lambdalake.settings import Settings
+from lambdalake.view_types import held_types
 from lambdalake.views import (
     CANDIDATE,
     CELL_VERSION,
@@ -182,7 +183,7 @@ class ServingClient:
         self,
         pipeline: str,
         view: str,
-        key: str | Sequence[Any],
+        key: Any,
         *,
         start: Moment | None = None,
         end: Moment | None = None,
@@ -219,7 +220,7 @@ class ServingClient:
         self,
         pipeline: str,
         view: str,
-        key: str | Sequence[Any],
+        key: Any,
         *,
         start: Moment | None = None,
         end: Moment | None = None,
@@ -438,19 +439,25 @@ def _rows(future: ResponseFuture) -> list[dict[str, Any]]:
 def key_values(
     p: Pipeline,
     v: LatestView | WindowedView,
-    key: str | Sequence[Any],
+    key: Any,
     *,
     types: dict[str, pa.DataType] | None = None,
 ) -> list[Any]:
     """The key as the table's column types (raises :class:`BadQuery` naming the column).
     ``types``: :func:`event_types` of ``p``, when the caller keeps them."""
-    parts = list(key) if not isinstance(key, str) else ([key] if len(v.key) == 1 else key.split(","))
+    if isinstance(key, str):
+        parts = [key] if len(v.key) == 1 else key.split(",")
+    elif isinstance(key, Sequence) and not isinstance(key, bytes | bytearray):
+        parts = list(key)
+    else:  # one value of a one-column key: a number, bytes, a datetime...
+        parts = [key]
     if len(parts) != len(v.key):
         raise BadQuery(
             f"view {v.name!r} is keyed by {list(v.key)}: got {len(parts)} value(s)",
             fix="give one value per key column, separated by commas",
         )
     types = types or event_types(p)
+    types = {**types, **held_types(p, v, types)}  # a version made before a widening
     return [_typed(column, types[column], value) for column, value in zip(v.key, parts, strict=True)]
 
 

@@ -32,6 +32,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from py4j.protocol import Py4JError
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -278,6 +279,14 @@ class ProgressLog:
 
     def _write(self) -> None:
         write_text(self.status_file, json.dumps({name: vars(s) for name, s in self.stats.items()}, indent=2))
+
+
+#: Restarts of the queries after a failure of no known cause before the job gives up and exits
+#: (its supervisor, or `lambdalake deploy`, starts it again): at most this many within the window,
+#: the first after RESTART_DELAY_S, each later one after twice the wait before it.
+RESTARTS = 5
+RESTART_WINDOW_S = 600.0
+RESTART_DELAY_S = 5.0
 
 
 class SpeedJob:
@@ -640,7 +649,14 @@ class SpeedJob:
 
     def stop(self) -> None:
         for q in self.queries:
-            q.stop()
+            try:
+                q.stop()
+            except Py4JError as exc:
+                # A signal to the whole process group reaches the JVM too, whose shutdown hook may
+                # stop Spark first: the query is gone either way (its batch replays next start).
+                if "stopped SparkContext" not in str(exc):
+                    raise
+                log.info("query %s: Spark had stopped already", q.name)
         if self.compactor is not None:
             # A round cut short by the process's exit leaves bronze as it was (its staged file is
             # cleared at the next start), so a stop waits for it a while, not for ever.
@@ -665,11 +681,30 @@ class SpeedJob:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         self.start()
+        failures: list[float] = []
         try:
             while not stop.is_set():
-                for q in self.queries:
-                    if not q.isActive:
-                        raise self._failure(q, q.exception())
+                failed = next((q for q in self.queries if not q.isActive), None)
+                if failed is not None:
+                    error = self._failure(failed, failed.exception())
+                    now = time.monotonic()
+                    failures = [t for t in failures if t > now - RESTART_WINDOW_S] + [now]
+                    # A definition or checkpoint that cannot run, and lost records, need a person;
+                    # anything else (a Python worker that did not connect back on a loaded machine,
+                    # a service down longer than the writers wait) may pass, and every write is
+                    # idempotent, so the queries start again from their checkpoints.
+                    needs_person = isinstance(error, ConfigurationError) or "DATA LOSS" in str(error)
+                    if needs_person or len(failures) > RESTARTS:
+                        raise error
+                    delay = RESTART_DELAY_S * 2 ** (len(failures) - 1)
+                    log.warning("%s; restarting the queries from their checkpoints in %.0f s (restart %d "
+                                "of at most %d within %.0f s)", error, delay, len(failures), RESTARTS,
+                                RESTART_WINDOW_S)  # fmt: skip
+                    self.stop()
+                    if stop.wait(delay):
+                        break
+                    self.start()
+                    continue
                 if lost is not None and lost.is_set():
                     raise LambdalakeError(
                         f"the speed job of {self.pipeline.name!r} lost its lease (not renewed in time): "

@@ -174,3 +174,50 @@ def test_cassandra_stopped_for_30s(services: Settings, spark, tmp_path: Path, un
     finally:
         job.stop()
         cassandra.start()
+
+
+def streaming_source_runners(job: subprocess.Popen) -> list[int]:
+    """The job's driver-side Python processes that serve its queries' Kafka source (one per query)."""
+    from lambdalake.procs import process_tree
+
+    found = []
+    for pid in process_tree(job.pid):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"python_streaming_source_runner" in args:
+            found.append(pid)
+    return found
+
+
+def test_a_query_whose_python_process_dies_restarts_inside_the_job(
+    services: Settings, tmp_path: Path, unique: str
+) -> None:
+    """kill -9 of the Python process behind a query's source (as a loaded machine's worker that
+    never connects back) stops that query; the job restarts its queries from their checkpoints,
+    without exiting, and the views still equal the reference."""
+    settings = isolated(services, tmp_path, unique).model_copy(update={"topic_prefix": f"{unique}-"})
+    pipeline = pipeline_named(settings, "offers")
+    EventProducer(settings=settings, pipeline=pipeline)
+    log = tmp_path / "speed.log"
+    producer = produce_steadily(settings, pipeline, 20_000, rate=1000, seed=8)
+    job = start_job(settings, "offers", log)
+    try:
+        wait_for_log(log, "offers-main started", count=1, timeout=180)
+        deadline = time.monotonic() + 60
+        while not (runners := streaming_source_runners(job)):
+            assert time.monotonic() < deadline, "no Python source process found under the job"
+            time.sleep(0.5)
+        time.sleep(3)
+        os.kill(runners[0], signal.SIGKILL)
+        wait_for_log(log, "restarting the queries from their checkpoints", count=1, timeout=120)
+        wait_for_log(log, "offers-main started", count=2, timeout=180)
+        assert job.poll() is None, f"the job exited: {log.read_text()[-3000:]}"
+        producer.join(120)
+        assert not producer.is_alive() and not producer.errors, producer.errors
+        problems = wait_equal(settings, pipeline, timeout=300)
+        assert problems == [], problems[:10]
+    finally:
+        stop_job(job)
+    assert job.returncode == 0, f"graceful stop failed; log: {log.read_text()[-2000:]}"

@@ -16,10 +16,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from lambdalake.cassandra.active import read_meta
 from lambdalake.cassandra.session import connect
+from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
@@ -116,6 +118,82 @@ def test_deploy_plans_versions_for_changed_added_and_removed_views(
     # running job archives before it restarts with the view would be missed by a view active at once.
     quiet, changes = plan(new, registry)
     assert quiet.active("region_status_1m") is None and quiet.views["region_status_1m"].building
+
+
+#: A windowed view of the payments pipeline keyed by an int, with the min/max of one and the sum of
+#: another: a schema version widening them (int to long, int to double) changes its table and state.
+BRANCH_VIEW = """
+[[views]]
+name = "branch_5m"
+kind = "windowed"
+key = ["branch"]
+window = "5 minutes"
+aggregates = [
+  { name = "payments", fn = "count" },
+  { name = "lowest_fee", fn = "min", column = "fee_cents" },
+  { name = "highest_fee", fn = "max", column = "fee_cents" },
+  { name = "load_total", fn = "sum", column = "load" },
+]
+"""
+NARROW = [{"name": "branch", "type": "int"}, {"name": "fee_cents", "type": "int"},
+          {"name": "load", "type": "int"}]  # fmt: skip
+WIDE = [{"name": "branch", "type": "long"}, {"name": "fee_cents", "type": "long"},
+        {"name": "load", "type": "double"}]  # fmt: skip
+BRANCH_V1 = {**SCHEMA_V1, "fields": [*SCHEMA_V1["fields"], *NARROW]}
+BRANCH_V2 = {**SCHEMA_V1, "fields": [*SCHEMA_V1["fields"], *WIDE]}
+
+
+def branch_pipeline(base: Settings, root: Path, topic: str, schemas: list[dict[str, Any]]) -> Settings:
+    settings = write_pipeline(base, root, topic, schemas)
+    path = settings.pipelines_dir / "payments.toml"
+    path.write_text(path.read_text() + BRANCH_VIEW)
+    return settings
+
+
+def test_a_widening_of_what_a_windowed_view_stores_plans_a_version_made_with_the_new_types(
+    settings: Settings, tmp_path: Path
+) -> None:
+    from lambdalake.cassandra.tables import speed_table_def
+    from lambdalake.view_types import held_types
+    from lambdalake.view_versions import retype_pending
+
+    def load(name: str, *schemas: dict[str, Any]) -> Pipeline:
+        return configured_pipeline("payments", branch_pipeline(settings, tmp_path / name, "t", [*schemas]))
+
+    v1, v2 = load("a", BRANCH_V1), load("b", BRANCH_V1, BRANCH_V2)
+    registry, _ = plan(v1, Registry())
+    assert registry.active("branch_5m").types == {"branch": "int32", "fee_cents": "int32", "load": "int32"}
+
+    widened, changes = plan(v2, Registry.parse(registry.to_text()))
+    (change,) = [c for c in changes if c.view == "branch_5m"]
+    assert (change.kind, change.version) == ("changed", 2), change
+    assert "stored types widen" in change.detail and "fee_cents int32 to int64" in change.detail, change
+    # The latest view keeps its promoted fields beside the old ones: no new version.
+    assert [c.view for c in changes] == ["branch_5m"]
+    assert retype_pending(v2, widened) == ["branch_5m"]
+    jobs = deployed_pipeline(v2, widened)
+    old, new = (v for v in jobs.views if v.name.startswith("branch_5m"))
+    assert held_types(jobs, old) == {"branch": pa.int32(), "fee_cents": pa.int32(), "load": pa.int32()}
+    assert held_types(jobs, new) == {}
+    columns = lambda view: dict(speed_table_def(jobs, view).columns)  # noqa: E731
+    assert [columns(old)[c] for c in ("branch", "lowest_fee", "load_total")] == ["int", "int", "bigint"]
+    assert [columns(new)[c] for c in ("branch", "lowest_fee", "load_total")] == ["bigint", "bigint", "double"]
+
+    assert plan(v2, widened)[1] == []  # deployed again while it builds: the build resumes
+    switched = Registry.parse(widened.to_text())
+    state = switched.views["branch_5m"]
+    state.active, state.building = state.building, None
+    assert plan(v2, switched)[1] == [] and retype_pending(v2, switched) == []
+    back, changes = plan(v1, widened)  # the widening taken back: the build is dropped
+    assert [(c.view, c.kind) for c in changes] == [("branch_5m", "reverted")]
+    assert back.views["branch_5m"].building is None
+
+    # A version recorded before versions recorded types: as the registered schema has them.
+    legacy = Registry.parse(registry.to_text().replace('"types"', '"untyped"'))
+    assert legacy.active("branch_5m").types == {}
+    _, changes = plan(v2, legacy, deployed_types={f.name: f.type for f in event_schema(BRANCH_V1)})
+    assert [(c.view, c.kind) for c in changes] == [("branch_5m", "changed")]
+    assert plan(v2, legacy)[1] == []  # registered already as v2: nothing widens
 
 
 # --- the whole path -------------------------------------------------------------------------
@@ -379,5 +457,99 @@ def test_view_changes_soak(services: Settings, tmp_path: Path) -> None:
             if i % 2 == 1:
                 time.sleep(pipeline.layers.epoch_seconds + 2)
                 assert run_cli(settings, "batch", "run", "payments").returncode == 0
+    finally:
+        run_cli(settings, "undeploy")
+
+
+def branch_reference(records: list[dict[str, Any]], load: type) -> dict[tuple[int, int], dict[str, Any]]:
+    """branch_5m per (branch, window start ms) over first copies: count, min and max fee, load sum
+    (``load``: int while summed as v1's int, float once v2 makes it a double)."""
+    cells: dict[tuple[int, int], list[dict]] = defaultdict(list)
+    for r in firsts(records):
+        cells[(r["branch"], r["paid_at"] // 300_000 * 300_000)].append(r)
+    return {
+        cell: {"payments": len(rows), "lowest_fee": min(r["fee_cents"] for r in rows),
+               "highest_fee": max(r["fee_cents"] for r in rows),
+               "load_total": load(sum(r["load"] for r in rows))}
+        for cell, rows in cells.items()
+    }  # fmt: skip
+
+
+def branch_problems(settings: Settings, load: type) -> list[str]:
+    """How serving's branch_5m answers differ from the reference, value for value and type for type."""
+    want = branch_reference(read_back(settings, settings_topic(settings)), load)
+    client = ServingClient(settings=settings, meta_ttl_s=0)
+    problems = []
+    for branch in sorted({b for b, _ in want}):
+        answer = client.query("payments", "branch_5m", branch)
+        got = {(branch, round(w.window_start.timestamp() * 1000)): w.values for w in answer.windows}
+        expected = {c: row for c, row in want.items() if c[0] == branch}
+        if set(got) != set(expected):
+            problems.append(f"{branch}: windows {sorted(got)} != {sorted(expected)}")
+            continue
+        for cell, row in expected.items():
+            values = {k: got[cell][k] for k in row}
+            if values != row or any(type(values[k]) is not type(v) for k, v in row.items()):
+                problems.append(f"{cell}: want {row}, got {values}")
+    return problems
+
+
+@pytest.mark.services
+@pytest.mark.slow
+def test_a_windowed_view_whose_stored_types_widen_is_rebuilt_live_under_its_name(
+    services: Settings, tmp_path: Path
+) -> None:
+    """A schema v2 widens the key of a windowed view (int to long), the field its min and max keep
+    (int to long) and the one it sums (int to double). Deploy builds a version of the same
+    definition with the new types beside the serving one, while holding v2 back from the registry
+    (no value the old tables cannot hold is sent meanwhile), switches, then registers v2. Keys and
+    fees beyond 32 bits follow, and serving answers old and new cells exactly, as v2's types,
+    before and after a batch."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    settings, _ = live_payments(services, tmp_path, port=18484)
+    settings = branch_pipeline(settings, tmp_path / "files", settings_topic(settings), [BRANCH_V1])
+    v1 = configured_pipeline("payments", settings)
+    subject = v1.schema_.subject
+    registry = SchemaRegistryClient(settings.registry.client_config())
+    try:
+        deployed = run_cli(settings, "deploy", "payments")
+        assert deployed.returncode == 0, (deployed.stdout + deployed.stderr).decode()[-3000:]
+        old_producer = EventProducer(settings=settings, pipeline=v1)
+        wave = [{**p, "branch": i % 7, "fee_cents": 2**31 - 1 - i, "load": i % 50}
+                for i, p in enumerate(payments(600, seed=41))]  # fmt: skip
+        send(old_producer, wave + random.Random(42).sample(wave, 30))
+        assert eventually(lambda: branch_problems(settings, int)) == []
+        time.sleep(v1.layers.epoch_seconds + 2)
+        batch = run_cli(settings, "batch", "run", "payments")
+        assert batch.returncode == 0, (batch.stdout + batch.stderr).decode()[-3000:]
+
+        wider = branch_pipeline(
+            settings, tmp_path / "files", settings_topic(settings), [BRANCH_V1, BRANCH_V2]
+        )
+        v2 = configured_pipeline("payments", wider)
+        redeploy = run_cli(wider, "deploy", "payments", timeout=900)
+        output = " ".join((redeploy.stdout + redeploy.stderr).decode().split())
+        assert redeploy.returncode == 0, output[-4000:]
+        assert "stored types widen" in output and "held" in output, output[-4000:]
+        assert "v2 active (serving switched)" in output, output[-4000:]
+        assert registry.get_versions(subject) == [1, 2]  # registered once the new version served
+        meta = read_meta(connect(settings.cassandra), settings.cassandra.keyspace, "payments")
+        assert meta.registry.active("branch_5m").name == "branch_5m__v2" and not meta.registry.building()
+        assert meta.registry.active("account_region_5m").version == 1  # untouched
+        assert eventually(lambda: branch_problems(wider, float)) == []
+
+        later = [{**p, "branch": 2**33 + i % 3, "fee_cents": 3_000_000_000 + i, "load": i / 4}
+                 for i, p in enumerate(payments(300, seed=43, start=50_000))]  # fmt: skip
+        send(EventProducer(settings=wider, pipeline=v2), later)
+        send(
+            old_producer,
+            [{**p, "branch": 3, "fee_cents": -5, "load": 9} for p in payments(50, seed=44, start=60_000)],
+        )
+        assert eventually(lambda: branch_problems(wider, float)) == []
+        time.sleep(v2.layers.epoch_seconds + 2)
+        batch = run_cli(wider, "batch", "run", "payments")
+        assert batch.returncode == 0, (batch.stdout + batch.stderr).decode()[-3000:]
+        assert branch_problems(wider, float) == []
     finally:
         run_cli(settings, "undeploy")

@@ -16,6 +16,7 @@ from lambdalake.errors import ConfigurationError
 from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import CassandraSettings
+from lambdalake.view_types import held_types
 from lambdalake.views import (
     CANDIDATE,
     CELL_VERSION,
@@ -211,6 +212,8 @@ def speed_table_def(
             speed_table(pipeline, view), tuple(cols + INGEST_COLUMNS + CANDIDATE_COLUMNS), tuple(view.key),
             CANDIDATE, stored=tuple(stored), descending=(RANK,),
         )  # fmt: skip
+    # A version made before a widening keeps its types until its successor serves.
+    types = {**types, **held_types(pipeline, view, types)}
     cols = [(k, cql_type(types[k])) for k in view.key]
     cols += [(WINDOW_START, "timestamp"), (EPOCH, "bigint")]
     for c in view_components(view):

@@ -16,6 +16,7 @@ from pyspark.sql.types import StructType, TimestampType
 
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.spark.filters import column as filter_column
+from lambdalake.view_types import SPARK_TYPES, held_types
 from lambdalake.views import (
     EPOCH,
     NULL_VERSION,
@@ -118,12 +119,25 @@ def windowed(
         epoch: A grouping column for the ingest epoch (the speed layer's ``window`` on the
             watermarked ingest time). None aggregates across epochs (the batch layer).
     """
-    df = only_kept(df, pipeline, view)
+    df = as_recorded(only_kept(df, pipeline, view), pipeline, view)
     types = dict(df.dtypes)
     out = df.groupBy(*_cell(pipeline, view, epoch)).agg(
         *[_component(c, types, pipeline.once_integers) for c in view_components(view)]
     )
     return _epoch_number(out) if epoch is not None else out
+
+
+def as_recorded(df: DataFrame, pipeline: Pipeline, view: WindowedView) -> DataFrame:
+    """``df`` with the fields ``view`` holds at the types its version was made with
+    (:func:`lambdalake.view_types.held_types`). Every value fits while deploy holds the widening
+    schema back; one that does not (a producer registered it meanwhile) is left out of this version
+    only (a key) or counts as null (an aggregate's input): the new version counts it."""
+    for name, kind in held_types(pipeline, view).items():
+        narrowed = F.col(name).try_cast(SPARK_TYPES[str(kind)])
+        if name in view.key:
+            df = df.filter(F.col(name).isNull() | narrowed.isNotNull())
+        df = df.withColumn(name, narrowed)
+    return df
 
 
 def window_cells(df: DataFrame, pipeline: Pipeline, view: WindowedView, *, epoch: Column) -> DataFrame:
