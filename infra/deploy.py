@@ -50,7 +50,7 @@ class Change:
 def speed_process(settings: Settings, pipeline: str) -> ManagedProcess:
     return ManagedProcess(
         name=f"speed-{pipeline}", run_dir=settings.state_dir / "run", log_dir=settings.state_dir / "logs",
-        marker=f"speed run {pipeline}",
+        marker=f"speed run {pipeline}", term_group=False,
     )  # fmt: skip
 
 

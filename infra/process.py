@@ -57,12 +57,17 @@ class ManagedProcess:
         run_dir: Folder of PID files.
         log_dir: Folder of log files.
         marker: A string the process's command line contains; guards against a recycled PID.
+        term_group: Send the stop signal to the whole process group (default True); False sends
+            it to the process alone, which stops its children itself (a Spark driver: a signal to
+            its JVM and Python workers too would stop them under it). A process that outlives the
+            timeout is killed with its group either way.
     """
 
     name: str
     run_dir: Path
     log_dir: Path
     marker: str
+    term_group: bool = True
 
     @property
     def pid_file(self) -> Path:
@@ -136,7 +141,7 @@ class ManagedProcess:
         if pid is None:
             return False
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, sig)
+            (os.killpg if self.term_group else os.kill)(pid, sig)
         deadline = time.monotonic() + timeout
         while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -2,8 +2,9 @@
 
 A windowed version's Cassandra table (its key columns, a min or max column, a sum's ``bigint`` or
 ``double``) and its Spark aggregation state take their types from the fields it reads. Cassandra
-changes no column's type in place and Spark refuses a state of other types, so a schema version that
-widens such a field (``int`` to ``long``, ``float`` to ``double``, an integer summed as a float...)
+changes no column's type in place and Spark refuses a state of other types (measured: a decimal of
+more digits, STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE), so a schema version that widens such a field
+(``int`` to ``long``, ``float`` to ``double``, an integer summed as a float, a decimal's precision)
 gives the view a new version built beside the old one (:mod:`lambdalake.view_versions`). Until the
 switch, the old version keeps computing as it was made: its inputs are cast to the types it
 recorded (:func:`held_types`), which hold every value, since deploy registers the widening schema
@@ -12,6 +13,7 @@ only once the new version serves.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import pyarrow as pa
@@ -20,12 +22,29 @@ from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.views import view_components
 
-#: The field types a version records (the others never change a table's column type: a decimal
-#: of more digits is still ``decimal``).
+#: The field types a version records, besides decimals: the types a column or a Spark state holds
+#: as they are (a decimal's precision is part of its state's type: the sum of a decimal(p, s) is kept
+#: as a decimal(p + 10, s)).
 RECORDED = ("int32", "int64", "float", "double", "string", "binary")
+_DECIMAL = re.compile(r"^decimal128\((\d+), (\d+)\)$")
 #: Spark's name of each recorded type.
-SPARK_TYPES = {"int32": "int", "int64": "bigint", "float": "float", "double": "double",
-               "string": "string", "binary": "binary"}  # fmt: skip
+_SPARK = {"int32": "int", "int64": "bigint", "float": "float", "double": "double",
+          "string": "string", "binary": "binary"}  # fmt: skip
+
+
+def parse(kind: str) -> pa.DataType:
+    """A recorded type's Arrow type."""
+    found = _DECIMAL.match(kind)
+    return pa.decimal128(int(found[1]), int(found[2])) if found else pa.type_for_alias(kind)
+
+
+def spark_type(t: pa.DataType) -> str:
+    """The Spark SQL name of a recorded type."""
+    return f"decimal({t.precision},{t.scale})" if pa.types.is_decimal(t) else _SPARK[str(t)]
+
+
+def _recorded(t: pa.DataType) -> bool:
+    return str(t) in RECORDED or bool(_DECIMAL.match(str(t)))
 
 
 def current_types(pipeline: Pipeline) -> dict[str, pa.DataType]:
@@ -47,7 +66,7 @@ def input_types(view: LatestView | WindowedView, types: Mapping[str, pa.DataType
     if not isinstance(view, WindowedView):
         return {}
     fields = sorted(_exact_fields(view) | _summed_fields(view))
-    return {f: str(types[f]) for f in fields if f in types and str(types[f]) in RECORDED}
+    return {f: str(types[f]) for f in fields if f in types and _recorded(types[f])}
 
 
 def held_types(
@@ -65,9 +84,11 @@ def held_types(
     exact, summed = _exact_fields(view), _summed_fields(view)
     held = {}
     for name, kind in view.stored_types.items():
-        was, now = pa.type_for_alias(kind), current.get(name)
+        was, now = parse(kind), current.get(name)
         if now is None or was.equals(now):
             continue
-        if name in exact or (name in summed and pa.types.is_floating(was) != pa.types.is_floating(now)):
+        decimal = pa.types.is_decimal(was) or pa.types.is_decimal(now)
+        floating = pa.types.is_floating(was) != pa.types.is_floating(now)
+        if name in exact or (name in summed and (decimal or floating)):
             held[name] = was
     return held

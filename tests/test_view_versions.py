@@ -141,6 +141,11 @@ WIDE = [{"name": "branch", "type": "long"}, {"name": "fee_cents", "type": "long"
         {"name": "load", "type": "double"}]  # fmt: skip
 BRANCH_V1 = {**SCHEMA_V1, "fields": [*SCHEMA_V1["fields"], *NARROW]}
 BRANCH_V2 = {**SCHEMA_V1, "fields": [*SCHEMA_V1["fields"], *WIDE]}
+#: v2 also gives the amount (summed, min and max by account_region_5m) two more digits: its Spark
+#: state would not resume (STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE), so that view is rebuilt too.
+BRANCH_V2["fields"] = [
+    {**f, "type": {**f["type"], "precision": 14}} if f["name"] == "amount" else f for f in BRANCH_V2["fields"]
+]
 
 
 def branch_pipeline(base: Settings, root: Path, topic: str, schemas: list[dict[str, Any]]) -> Settings:
@@ -168,11 +173,14 @@ def test_a_widening_of_what_a_windowed_view_stores_plans_a_version_made_with_the
     (change,) = [c for c in changes if c.view == "branch_5m"]
     assert (change.kind, change.version) == ("changed", 2), change
     assert "stored types widen" in change.detail and "fee_cents int32 to int64" in change.detail, change
+    (amount,) = [c for c in changes if c.view == "account_region_5m"]
+    assert "amount decimal128(12, 2) to decimal128(14, 2)" in amount.detail, amount
     # The latest view keeps its promoted fields beside the old ones: no new version.
-    assert [c.view for c in changes] == ["branch_5m"]
-    assert retype_pending(v2, widened) == ["branch_5m"]
+    assert sorted(c.view for c in changes) == ["account_region_5m", "branch_5m"]
+    assert retype_pending(v2, widened) == ["account_region_5m", "branch_5m"]
     jobs = deployed_pipeline(v2, widened)
     old, new = (v for v in jobs.views if v.name.startswith("branch_5m"))
+    assert held_types(jobs, jobs.views[1]) == {"amount": pa.decimal128(12, 2)}  # account_region_5m v1
     assert held_types(jobs, old) == {"branch": pa.int32(), "fee_cents": pa.int32(), "load": pa.int32()}
     assert held_types(jobs, new) == {}
     columns = lambda view: dict(speed_table_def(jobs, view).columns)  # noqa: E731
@@ -181,18 +189,23 @@ def test_a_widening_of_what_a_windowed_view_stores_plans_a_version_made_with_the
 
     assert plan(v2, widened)[1] == []  # deployed again while it builds: the build resumes
     switched = Registry.parse(widened.to_text())
-    state = switched.views["branch_5m"]
-    state.active, state.building = state.building, None
+    for state in switched.views.values():
+        state.active, state.building = state.building or state.active, None
     assert plan(v2, switched)[1] == [] and retype_pending(v2, switched) == []
     back, changes = plan(v1, widened)  # the widening taken back: the build is dropped
-    assert [(c.view, c.kind) for c in changes] == [("branch_5m", "reverted")]
+    assert sorted((c.view, c.kind) for c in changes) == [
+        ("account_region_5m", "reverted"), ("branch_5m", "reverted")
+    ]  # fmt: skip
     assert back.views["branch_5m"].building is None
 
     # A version recorded before versions recorded types: as the registered schema has them.
     legacy = Registry.parse(registry.to_text().replace('"types"', '"untyped"'))
     assert legacy.active("branch_5m").types == {}
     _, changes = plan(v2, legacy, deployed_types={f.name: f.type for f in event_schema(BRANCH_V1)})
-    assert [(c.view, c.kind) for c in changes] == [("branch_5m", "changed")]
+    assert sorted((c.view, c.kind) for c in changes) == [
+        ("account_region_5m", "changed"),
+        ("branch_5m", "changed"),
+    ]
     assert plan(v2, legacy)[1] == []  # registered already as v2: nothing widens
 
 
@@ -500,7 +513,8 @@ def test_a_windowed_view_whose_stored_types_widen_is_rebuilt_live_under_its_name
     services: Settings, tmp_path: Path
 ) -> None:
     """A schema v2 widens the key of a windowed view (int to long), the field its min and max keep
-    (int to long) and the one it sums (int to double). Deploy builds a version of the same
+    (int to long) and the one it sums (int to double), and gives the amount the first windowed view
+    sums (the main query's own aggregation) two more digits. Deploy builds a version of the same
     definition with the new types beside the serving one, while holding v2 back from the registry
     (no value the old tables cannot hold is sent meanwhile), switches, then registers v2. Keys and
     fees beyond 32 bits follow, and serving answers old and new cells exactly, as v2's types,
@@ -536,10 +550,15 @@ def test_a_windowed_view_whose_stored_types_widen_is_rebuilt_live_under_its_name
         assert registry.get_versions(subject) == [1, 2]  # registered once the new version served
         meta = read_meta(connect(settings.cassandra), settings.cassandra.keyspace, "payments")
         assert meta.registry.active("branch_5m").name == "branch_5m__v2" and not meta.registry.building()
-        assert meta.registry.active("account_region_5m").version == 1  # untouched
+        assert (
+            meta.registry.active("account_region_5m").name == "account_region_5m__v2"
+        )  # the amount's digits
+        five = ("account_region_5m", ("account_id", "region"), 300_000, ("payments", "total", "largest"))
         assert eventually(lambda: branch_problems(wider, float)) == []
+        assert served_problems(wider, *five) == []
 
-        later = [{**p, "branch": 2**33 + i % 3, "fee_cents": 3_000_000_000 + i, "load": i / 4}
+        later = [{**p, "branch": 2**33 + i % 3, "fee_cents": 3_000_000_000 + i, "load": i / 4,
+                  "amount": Decimal("987654321098.76") if i % 10 == 0 else p["amount"]}
                  for i, p in enumerate(payments(300, seed=43, start=50_000))]  # fmt: skip
         send(EventProducer(settings=wider, pipeline=v2), later)
         send(
@@ -551,5 +570,6 @@ def test_a_windowed_view_whose_stored_types_widen_is_rebuilt_live_under_its_name
         batch = run_cli(wider, "batch", "run", "payments")
         assert batch.returncode == 0, (batch.stdout + batch.stderr).decode()[-3000:]
         assert branch_problems(wider, float) == []
+        assert served_problems(wider, *five) == []
     finally:
         run_cli(settings, "undeploy")

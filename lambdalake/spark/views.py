@@ -16,7 +16,7 @@ from pyspark.sql.types import StructType, TimestampType
 
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.spark.filters import column as filter_column
-from lambdalake.view_types import SPARK_TYPES, held_types
+from lambdalake.view_types import held_types, spark_type
 from lambdalake.views import (
     EPOCH,
     NULL_VERSION,
@@ -133,7 +133,7 @@ def as_recorded(df: DataFrame, pipeline: Pipeline, view: WindowedView) -> DataFr
     schema back; one that does not (a producer registered it meanwhile) is left out of this version
     only (a key) or counts as null (an aggregate's input): the new version counts it."""
     for name, kind in held_types(pipeline, view).items():
-        narrowed = F.col(name).try_cast(SPARK_TYPES[str(kind)])
+        narrowed = F.col(name).try_cast(spark_type(kind))
         if name in view.key:
             df = df.filter(F.col(name).isNull() | narrowed.isNotNull())
         df = df.withColumn(name, narrowed)
