@@ -3,9 +3,9 @@ to them, and dropping what the versions they replaced leave behind.
 
 A building version is computed beside the active one, as the layers compute every view:
 
-1. open epochs by the speed job (deploy restarted it with the version): a windowed version's
-   query of its own starts at the oldest epoch open then (``speed.job.START_FILE``); a ``latest``
-   version is upserted by the main query from its restart on;
+1. open epochs by the speed job (deploy restarted it with the version): its main query moves to
+   a new checkpoint that counts a windowed version from the oldest epoch open then
+   (``speed.job.START_FILE``); a ``latest`` version is upserted by the main query from its restart on;
 2. closed epochs after the active batch's horizon recomputed from bronze as ``replay`` does (for a
    ``latest`` version, every epoch after the horizon: its upserts are ranked, so they commute
    with the job's);
@@ -102,14 +102,12 @@ def _recompute(
         progress(f"{version.name}: waiting for the speed job's query")
 
         def started() -> bool:
-            in_main = (
-                json.loads(read_text(f"{checkpoints}/{MAIN_FILE}") or "{}").get("primary") == version.name
-            )
-            return in_main or any(read_text(f"{folder}/{f}") is not None for f in (START_FILE, "metadata"))
+            main = json.loads(read_text(f"{checkpoints}/{MAIN_FILE}") or "{}")
+            return version.name in {name for name, _ in main.get("views", [])}
 
         _wait(started, f"the speed job of {pipeline.name!r} to start the query of {version.name}")
         start = read_text(f"{folder}/{START_FILE}")
-        if start is None:  # started with the job's other queries (after a reset): all counted
+        if start is None:  # counted with the job's first checkpoint (a new pipeline, a reset): all counted
             return 0
         first_open = int(json.loads(start)["epoch"])
         bronze = bronze_of(settings, pipeline)

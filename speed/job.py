@@ -5,16 +5,22 @@
 the valid events as master-dataset files, upserts the ``latest`` views with a write timestamp
 taken from the version and marks repeats of an identity within the watermark delay
 (:mod:`speed.dedup`, decided from the log alone, so no Spark state and no shuffle).
-The first deliveries flow on into the first windowed view: aggregated per (key, event-time
-window, ingest epoch) with Spark state and upserted as absolute values. After the windowed rows are
-written, the driver commits the batch's master files to Delta in one app transaction. The watermark
-is on ingest time (the Kafka record timestamp), so an event days late in event time still counts at
-once in the current epoch's row. An event whose *ingest* time is behind the watermark is archived,
-but dropped from the windowed view and left to the batch layer. Spark counts the drop
-(``dropped_behind_watermark`` in the status file) after its partial aggregation: groups, not events.
+The first deliveries flow on into every windowed view, aggregated in one stateful step
+(:func:`lambdalake.spark.views.windowed_together`) per (view, key, event-time window, ingest epoch)
+and upserted as absolute values: one read and one decode of the topic feed every view. After the
+windowed rows are written, the driver commits the batch's master files to Delta in one app
+transaction. The watermark is on ingest time (the Kafka record timestamp), so an event days late in
+event time still counts at once in the current epoch's row. An event whose *ingest* time is behind
+the watermark is archived, but dropped from the windowed views and left to the batch layer. Spark
+counts the drop (``dropped_behind_watermark`` in the status file) after its partial aggregation:
+groups, not events.
 
-``<pipeline>-<view>``: every further windowed view has a query of its own (reading, decoding and
-deduplicating the topic again; the pipelines shipped here have one windowed view each).
+The checkpoint's Spark state is made for the windowed views it started with. When they change (a
+view added, a version built or retired, a widening held), the main query moves to a new checkpoint
+that starts one deduplication window before the oldest epoch it must count whole (the oldest open
+one, or an older one the old checkpoint had not finished); records bronze holds are neither archived
+nor dead-lettered again, and every epoch it counts is counted whole, so the absolute upserts are
+exact.
 
 Progress lives in each query's checkpoint; results are durable before Spark commits an offset, and
 every write is idempotent, so a batch replayed after a crash leaves the same views and bronze.
@@ -22,6 +28,7 @@ every write is idempotent, so a batch replayed after a crash leaves the same vie
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -45,16 +52,16 @@ from lambdalake.cassandra.tables import deploy_speed_tables, speed_table_def
 from lambdalake.compaction import CompactionPolicy, Compactor
 from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.kafka.admin import require_log_append_time
-from lambdalake.kafka.offsets import offset_consumer, offsets_at, watermarks
+from lambdalake.kafka.offsets import offset_consumer, offsets_at, record_time, watermarks
 from lambdalake.master import bronze_of
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.procs import TreeMemory, tree_memory
 from lambdalake.settings import Settings
-from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decode
+from lambdalake.spark.decode import DecodeSpec
 from lambdalake.spark.kafka_source import FROM, positions, transformed
 from lambdalake.spark.session import IDLE_WORKERS_CONF, spark_session
-from lambdalake.spark.sinks import upsert_view
-from lambdalake.spark.views import INGEST_TS, windowed
+from lambdalake.spark.sinks import upsert_view, upsert_views
+from lambdalake.spark.views import INGEST_TS, VIEW_INDEX, together_column, windowed, windowed_together
 from lambdalake.status import speed_status_file
 from lambdalake.storage import read_text, write_text
 from lambdalake.views import windowed_inputs
@@ -126,10 +133,17 @@ RESET_FILE = "starting-offsets.json"
 #: Written by ``speed reset`` too: the ingest time (the oldest open epoch's start) from which the
 #: rebuilt windowed queries count; they start one deduplication window before it.
 RESET_FROM_FILE = "counting-from.json"
-#: Beside the checkpoints: the main query's checkpoint folder and the windowed view it aggregates.
+#: Beside the checkpoints: the main query's checkpoint folder and the windowed views it aggregates.
 MAIN_FILE = "lambdalake-main.json"
-#: In a windowed query's checkpoint started on a live pipeline: the epoch it counts from.
+#: In a windowed view's folder beside the checkpoints, for a view first counted on a live pipeline:
+#: the epoch from which the main query counts it (the view build recomputes the ones before).
 START_FILE = "lambdalake-start.json"
+
+
+def view_signature(view: WindowedView) -> str:
+    """What a windowed view's Spark state depends on: its definition and the types it holds."""
+    text = view.model_dump_json() + json.dumps(sorted(view.stored_types.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _has_checkpoint(folder: str) -> bool:
@@ -319,10 +333,13 @@ class SpeedJob:
         self.progress = ProgressLog(speed_status_file(settings.storage_root, pipeline.name))
         self.queries: list[StreamingQuery] = []
         self.windowed_views = [v for v in pipeline.views if isinstance(v, WindowedView)]
-        self.primary = self.windowed_views[0] if self.windowed_views else None
+        #: The windowed views the main query aggregates, in its checkpoint's order (:meth:`_choose_main`).
+        self.counted: list[WindowedView] = list(self.windowed_views)
         #: The main query's checkpoint folder (:meth:`_choose_main`).
         self.main_dir = f"{self.checkpoints}/main"
         self._main_offsets: str | None = None
+        #: The ingest time from which the main query's checkpoint counts (None: every record it reads).
+        self._from_ms: int | None = None
         self.files = self.spark.sparkContext.accumulator(frozenset(), FileSet())
         self.read_progress = self.spark.sparkContext.accumulator({}, PartitionProgress())
         self.records_read = self.spark.sparkContext.accumulator({}, RecordCounts())
@@ -401,16 +418,10 @@ class SpeedJob:
             .load()
         )
 
-    def events(self, *, starting: str | None = None) -> DataFrame:
-        """The topic as a stream of decoded events (with failures, see ``_error_rule``)."""
-        return decode(self.records(starting=starting), self.spec)
-
-    def valid_events(self, *, starting: str | None = None) -> DataFrame:
-        return self.events(starting=starting).filter(F.col("_error_rule").isNull()).drop(*ERROR_FIELDS)
-
-    def _windowed_inputs(self, view: WindowedView) -> list[str]:
-        """What the windowed path reads of an event: identity, ingest time and the view's inputs."""
-        needed = [*self.pipeline.event.identity, INGEST_TS, *windowed_inputs(self.pipeline, view)]
+    def _windowed_inputs(self, views: list[WindowedView]) -> list[str]:
+        """What the windowed path reads of an event: identity, ingest time and the views' inputs."""
+        needed = [*self.pipeline.event.identity, INGEST_TS]
+        needed += [c for v in views for c in windowed_inputs(self.pipeline, v)]
         return list(dict.fromkeys(needed))
 
     def _dedup(self, query: str) -> DedupLog:
@@ -421,20 +432,21 @@ class SpeedJob:
             window_us=self.pipeline.layers.dedup_delay_seconds * 1_000_000,
         )
 
-    def _windowed(
-        self, first_deliveries: DataFrame, view: WindowedView, *, from_ms: int | None = None
-    ) -> DataFrame:
-        """The view's rows of ``first_deliveries``; with ``from_ms``, of events ingested from then on
-        (a query that starts one deduplication window early reads the earlier records only so that
-        its deduplication knows them: their epochs are counted elsewhere)."""
-        from_ms = from_ms if from_ms is not None else self._reset_from_ms()
-        if from_ms is not None:
-            first_deliveries = first_deliveries.filter(F.col(INGEST_TS) >= F.timestamp_millis(F.lit(from_ms)))
-        events = first_deliveries.select(*self._windowed_inputs(view))
+    def _windowed(self, first_deliveries: DataFrame, views: list[WindowedView]) -> DataFrame:
+        """The views' rows of ``first_deliveries`` ingested from :attr:`_from_ms` on (a checkpoint that
+        starts one deduplication window early reads the earlier records only so that its
+        deduplication knows them: their epochs are counted already)."""
+        if self._from_ms is not None:
+            first_deliveries = first_deliveries.filter(
+                F.col(INGEST_TS) >= F.timestamp_millis(F.lit(self._from_ms))
+            )
+        events = first_deliveries.select(*self._windowed_inputs(views))
         layers = self.pipeline.layers
         events = events.withWatermark(INGEST_TS, f"{layers.dedup_delay_seconds} seconds")
         epoch = F.window(F.col(INGEST_TS), f"{layers.epoch_seconds} seconds")
-        return windowed(events, self.pipeline, view, epoch=epoch)
+        if len(views) == 1:  # the plan of one view alone: checkpoints made before it resume
+            return windowed(events, self.pipeline, views[0], epoch=epoch)
+        return windowed_together(events, self.pipeline, views, epoch=epoch)
 
     def _run_id(self) -> str:
         """This checkpoint's run id: names its master files and Delta app id, so a fresh checkpoint
@@ -450,61 +462,81 @@ class SpeedJob:
         return run_id
 
     def _choose_main(self) -> None:
-        """The main query's checkpoint and the windowed view it aggregates (its stateful step).
+        """The main query's checkpoint and the windowed views it aggregates (its stateful step).
 
-        A checkpoint keeps the view it started with: another would not match Spark's state. While
-        that view is deployed (active or building) it stays there, every other windowed view in a
-        query of its own. Once it is retired (a changed view's new version took over, or it was
-        removed), the main query moves to a new checkpoint folder without a windowed view, starting
-        where bronze has archived every offset: nothing is read twice or skipped. (``speed reset``
-        starts afresh, the first windowed view in the main query again.)
+        A checkpoint keeps the views it started with: others would not match Spark's state. While
+        they are the deployed windowed views (by :func:`view_signature`), it resumes. Otherwise the
+        main query moves to a new checkpoint folder (:meth:`_move`). ``speed reset`` starts afresh.
         """
         record_uri = f"{self.checkpoints}/{MAIN_FILE}"
         record = json.loads(read_text(record_uri) or "null")
-        names = [v.name for v in self.windowed_views]
+        wanted = {v.name: view_signature(v) for v in self.windowed_views}
         if record is None:  # a new pipeline, a reset one, or one that ran before this file existed
-            record = {"dir": "main", "primary": names[0] if names else None}
-        elif record["primary"] is not None and record["primary"] not in names:
-            generation = int(record.get("generation", 0)) + 1
-            archived = self._archived()
-            with offset_consumer(self.settings) as consumer:
-                lows = watermarks(consumer, self.pipeline.topic.name)
-            offsets = {str(p): max(archived.get(p, -1) + 1, low) for p, (low, _) in lows.items()}
-            log.info("the main query's view %s was retired: main query moves to checkpoint main-g%d at %s",
-                     record["primary"], generation, offsets)  # fmt: skip
-            record = {"dir": f"main-g{generation}", "primary": None, "generation": generation,
-                      "offsets": {self.pipeline.topic.name: offsets}}  # fmt: skip
+            record = {"dir": "main", "views": list(wanted.items()), "from_ms": self._reset_from_ms()}
+        else:
+            if "views" not in record:  # written when the main query aggregated one view at most
+                record["views"] = [[record.pop("primary"), None]] if record.get("primary") else []
+            held = {name: signature for name, signature in record["views"]}
+            same = held.keys() == wanted.keys() and all(s in (None, wanted[n]) for n, s in held.items())
+            if same:
+                record["views"] = [[n, wanted[n]] for n in held]  # its order: the state's
+            elif not _has_checkpoint(f"{self.checkpoints}/{record['dir']}"):
+                record["views"] = list(wanted.items())  # never ran: it starts with these
+            else:
+                record = self._move(record, wanted)
         write_text(record_uri, json.dumps(record))
         self.main_dir = f"{self.checkpoints}/{record['dir']}"
-        self.primary = next((v for v in self.windowed_views if v.name == record["primary"]), None)
+        by_name = {v.name: v for v in self.windowed_views}
+        self.counted = [by_name[n] for n, _ in record["views"]]
+        self._from_ms = record.get("from_ms")
         if record.get("offsets") and not _has_checkpoint(self.main_dir):
             self._main_offsets = json.dumps(record["offsets"])
 
-    def _view_start(self, view: WindowedView) -> dict[str, Any] | None:
-        """Where the query of a windowed view added to a live pipeline starts (None: as the
-        others, from :meth:`starting_offsets`). Live means the main query has run; a view new to
-        it counts from the oldest open epoch (the build recomputes closed ones from bronze), and
-        reads one deduplication window before it, so repeats of earlier records are known."""
-        folder = f"{self.checkpoints}/{view.name}"
-        recorded = read_text(f"{folder}/{START_FILE}")
-        if recorded is not None:
-            return json.loads(recorded)
-        if _has_checkpoint(folder) or not _has_checkpoint(self.main_dir):
-            return None
-        layers = self.pipeline.layers
-        first_open = (int(time.time() * 1000) - layers.grace_seconds * 1000) // layers.epoch_ms
-        from_ms = first_open * layers.epoch_ms
+    def _move(self, record: dict[str, Any], wanted: dict[str, str]) -> dict[str, Any]:
+        """A new checkpoint for the main query, whose windowed views changed.
+
+        Without windowed views it starts where bronze has archived every offset. With them, it
+        counts every epoch from the oldest one not yet counted whole (the oldest open one, or the
+        epoch of the first record the old checkpoint had not read), reading from one deduplication
+        window before it: the epochs it recounts are counted whole again from the topic (whose
+        compaction lag outlasts archiving), and what bronze holds is not archived again. A view new
+        to the main query, never counted anywhere, records that epoch (:data:`START_FILE`): the view
+        build recomputes the closed ones before it from bronze.
+        """
+        generation = int(record.get("generation", 0)) + 1
         topic = self.pipeline.topic.name
+        layers = self.pipeline.layers
+        archived = self._archived()
+        from_ms = None
         with offset_consumer(self.settings) as consumer:
-            offsets = offsets_at(consumer, topic, from_ms - layers.dedup_delay_seconds * 1000)
-        start = {"epoch": first_open, "from_ms": from_ms,
-                 "offsets": json.dumps({topic: {str(p): o for p, o in offsets.items()}})}  # fmt: skip
-        write_text(f"{folder}/{START_FILE}", json.dumps(start))
-        log.info("view %s starts at epoch %d (offsets %s)", view.name, first_open, start["offsets"])
-        return start
+            ends = watermarks(consumer, topic)
+            unread = {p: max(archived.get(p, -1) + 1, low) for p, (low, _) in ends.items()}
+            offsets = dict(unread)
+            if wanted:
+                now_ms = int(time.time() * 1000)
+                from_ms = (now_ms - layers.grace_seconds * 1000) // layers.epoch_ms * layers.epoch_ms
+                for p, (_, high) in ends.items():
+                    if unread[p] < high:
+                        first = record_time(consumer, topic, p, unread[p])
+                        from_ms = min(from_ms, first // layers.epoch_ms * layers.epoch_ms)
+                early = offsets_at(consumer, topic, from_ms - layers.dedup_delay_seconds * 1000)
+                offsets = {p: max(min(early[p], unread[p]), ends[p][0]) for p in ends}
+        held = {name for name, _ in record["views"]}
+        for name in wanted:
+            folder = f"{self.checkpoints}/{name}"
+            counted_before = name in held or any(read_text(f"{folder}/{f}") for f in (START_FILE, "metadata"))
+            if not counted_before and from_ms is not None:
+                start = {"epoch": from_ms // layers.epoch_ms, "from_ms": from_ms}
+                write_text(f"{folder}/{START_FILE}", json.dumps(start))
+        log.info("the main query's windowed views changed (%s to %s): it moves to checkpoint main-g%d at %s, "
+                 "counting from %s", sorted(held), sorted(wanted), generation, offsets, from_ms)  # fmt: skip
+        return {
+            "dir": f"main-g{generation}", "views": list(wanted.items()), "generation": generation,
+            "offsets": {topic: {str(p): o for p, o in offsets.items()}}, "from_ms": from_ms,
+        }  # fmt: skip
 
     def main_stream(self) -> DataFrame:
-        """The main query's plan: the archive pass (decoding included), then the first windowed view."""
+        """The main query's plan: the archive pass (decoding included), then the windowed views."""
         latest_sinks = tuple(
             LatestSink(
                 table=speed_table_def(self.pipeline, view),
@@ -527,8 +559,8 @@ class SpeedJob:
             files=self.files,
             progress=self.read_progress,
             read=self.records_read,
-            passthrough=tuple(self._windowed_inputs(self.primary)) if self.primary is not None else (),
-            dedup=self._dedup("main") if self.primary is not None else None,
+            passthrough=tuple(self._windowed_inputs(self.counted)) if self.counted else (),
+            dedup=self._dedup(self.main_dir.rsplit("/", 1)[1]) if self.counted else None,
             archived=self._archived(),
         )
         source = transformed(
@@ -536,16 +568,23 @@ class SpeedJob:
         )
         self.spark.dataSource.register(source)
         archived = self.records(source.name(), starting=self._main_offsets)
-        return self._windowed(archived, self.primary) if self.primary is not None else archived
+        return self._windowed(archived, self.counted) if self.counted else archived
 
     def _main_batch(self, df: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
         self.files.value = frozenset()
         self.read_progress.value = {}
         self.records_read.value = {}
-        if self.primary is not None:
-            table = speed_table_def(self.pipeline, self.primary)
-            upsert_view(df, table=table, cassandra=self.settings.cassandra)
+        if len(self.counted) == 1:
+            upsert_view(
+                df, table=speed_table_def(self.pipeline, self.counted[0]), cassandra=self.settings.cassandra
+            )
+        elif self.counted:
+            tables = [
+                (table, {c: together_column(i, c) for c in table.source_columns})
+                for i, table in enumerate(speed_table_def(self.pipeline, v) for v in self.counted)
+            ]
+            upsert_views(df, tables=tables, index=VIEW_INDEX, cassandra=self.settings.cassandra)
         else:
             drain(df)
         t1 = time.monotonic()
@@ -577,37 +616,13 @@ class SpeedJob:
         self.compactor = _compactor(self.settings, self.master.path, staging_prefix=f"{self.run_id}-")
         trigger = {"processingTime": f"{self.options.trigger_seconds} seconds"}
         name = self.pipeline.name
-        # Before the main query starts: once it has, its checkpoint would make every other view of a
-        # new pipeline look like one added to a live pipeline (counted from the open epoch only).
-        starts = {v.name: self._view_start(v) for v in self.windowed_views if v is not self.primary}
         main = self.main_stream().writeStream.queryName(f"{name}-main")
-        if self.primary is not None:
+        if self.counted:
             main = main.outputMode("update")
         self.queries = [
             main.option("checkpointLocation", self.main_dir)
             .foreachBatch(self._main_batch).trigger(**trigger).start()
         ]  # fmt: skip
-        for view in self.windowed_views:
-            if view is self.primary:
-                continue
-            table = speed_table_def(self.pipeline, view)
-            cassandra = self.settings.cassandra
-
-            def write(df: DataFrame, _batch_id: int, table: Any = table, cassandra: Any = cassandra) -> None:
-                upsert_view(df, table=table, cassandra=cassandra)
-
-            start = starts[view.name]
-            valid = self.valid_events(starting=start["offsets"] if start else None)
-            first_deliveries = valid.mapInArrow(self._dedup(view.name), valid.schema)
-            from_ms = start["from_ms"] if start is not None else None
-            query = (
-                self._windowed(first_deliveries, view, from_ms=from_ms)
-                .writeStream.queryName(f"{name}-{view.name}")
-                .outputMode("update")
-                .option("checkpointLocation", f"{self.checkpoints}/{view.name}")
-                .foreachBatch(write).trigger(**trigger).start()
-            )  # fmt: skip
-            self.queries.append(query)
         for q in self.queries:
             log.info("query %s started (id %s)", q.name, q.id)
         self.progress.follow(self.queries)

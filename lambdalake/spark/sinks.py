@@ -28,18 +28,52 @@ def upsert_view(
         batch_rows: Rows per unlogged batch (default ``cassandra.batch_rows``).
         concurrency: Requests in flight per task (default 16).
     """
+    columns = table.source_columns
+    return upsert_views(
+        df.select(*columns), tables=[(table, {c: c for c in columns})], index=None, cassandra=cassandra,
+        batch_rows=batch_rows, concurrency=concurrency,
+    )  # fmt: skip
+
+
+def upsert_views(
+    df: DataFrame,
+    *,
+    tables: list[tuple[TableDef, dict[str, str]]],
+    index: str | None,
+    cassandra: CassandraSettings,
+    batch_rows: int | None = None,
+    concurrency: int = 16,
+) -> int:
+    """Upsert the rows of several views held in one DataFrame (absolute values), in one pass from
+    the executors; returns rows written.
+
+    Args:
+        df: Rows of every view: column ``index`` says whose (the position in ``tables``).
+        tables: Per view, its table and, per table column, the column of ``df`` holding it.
+        index: The column naming each row's view; None: every row is the one view's.
+        cassandra: The cluster.
+        batch_rows: Rows per unlogged batch (default ``cassandra.batch_rows``).
+        concurrency: Requests in flight per task (default 16).
+    """
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.compute as pc
+
         from lambdalake.cassandra.writer import upsert_arrow
         from lambdalake.procs import LIGHT_TASK_ROWS, release_freed_memory
 
         written = 0
         for batch in batches:
-            written += upsert_arrow(
-                batch, table=table, settings=cassandra, batch_rows=batch_rows, concurrency=concurrency
-            )
+            for i, (table, columns) in enumerate(tables):
+                mine = batch if index is None else batch.filter(pc.equal(batch.column(index), i))
+                if mine.num_rows:
+                    names = table.source_columns
+                    rows = pa.RecordBatch.from_arrays([mine.column(columns[c]) for c in names], names=names)
+                    written += upsert_arrow(
+                        rows, table=table, settings=cassandra, batch_rows=batch_rows, concurrency=concurrency
+                    )
         if written <= LIGHT_TASK_ROWS:
             release_freed_memory()
         yield pa.RecordBatch.from_pydict({"rows": [written]})
 
-    return sum(r["rows"] for r in df.select(*table.source_columns).mapInArrow(write, "rows long").collect())
+    return sum(r["rows"] for r in df.mapInArrow(write, "rows long").collect())

@@ -80,12 +80,13 @@ def only_kept(df: DataFrame, pipeline: Pipeline, view: LatestView | WindowedView
 _HLL_TYPES = ("int", "bigint", "string", "binary")
 
 
-def _component(c: Component, types: dict[str, str], once_integers: frozenset[str]) -> Column:
-    col = F.col(c.source) if c.source else F.lit(1)
+def _component(c: Component, col: Column, kind: str | None, once_integers: frozenset[str]) -> Column:
+    """Component ``c`` of a windowed view over ``col`` (its source's values, or a count's ones)
+    whose Spark type is ``kind`` (None without a source)."""
     if c.fn == "count":
         return F.count(col).cast("long").alias(c.column)
     if c.fn == "hll":
-        kind = types[c.source]  # type: ignore[index]
+        assert kind is not None
         if kind in ("float", "double") and c.source in once_integers:
             # Promoted from an integer: a whole number as the long it was hashed as before (5.0 is
             # 5), any other value as a 64-bit hash of its text, so old and new sketches unite exactly.
@@ -107,6 +108,10 @@ def _component(c: Component, types: dict[str, str], once_integers: frozenset[str
     return {"sum": F.sum, "min": F.min, "max": F.max}[c.fn](col).alias(c.column)
 
 
+def _source(c: Component) -> Column:
+    return F.col(c.source) if c.source else F.lit(1)
+
+
 def windowed(
     df: DataFrame, pipeline: Pipeline, view: WindowedView, *, epoch: Column | None = None
 ) -> DataFrame:
@@ -121,10 +126,76 @@ def windowed(
     """
     df = as_recorded(only_kept(df, pipeline, view), pipeline, view)
     types = dict(df.dtypes)
-    out = df.groupBy(*_cell(pipeline, view, epoch)).agg(
-        *[_component(c, types, pipeline.once_integers) for c in view_components(view)]
-    )
+    out = df.groupBy(*_cell(pipeline, view, epoch)).agg(*[
+        _component(c, _source(c), types.get(c.source or ""), pipeline.once_integers)
+        for c in view_components(view)
+    ])  # fmt: skip
     return _epoch_number(out) if epoch is not None else out
+
+
+#: In :func:`windowed_together`'s rows: the index of the view a row belongs to.
+VIEW_INDEX = "_view"
+
+
+def together_column(index: int, column: str) -> str:
+    """The column of :func:`windowed_together`'s rows that holds view ``index``'s ``column`` (the
+    window start and epoch are shared)."""
+    return column if column in (WINDOW_START, EPOCH) else f"_v{index}_{column}"
+
+
+def windowed_together(
+    df: DataFrame, pipeline: Pipeline, views: list[WindowedView], *, epoch: Column
+) -> DataFrame:
+    """:func:`windowed` of every view of ``views`` in one stateful step, for the speed layer.
+
+    Spark runs one streaming aggregation per query in update mode, so one read of the topic feeds
+    every windowed view this way: each event becomes one row per view that keeps it (its key at the
+    types that view holds, and its window), grouped by (view, key, window, ingest epoch); each
+    view's aggregates read its own rows only. View ``i``'s rows (:data:`VIEW_INDEX` = ``i``) hold
+    what :func:`windowed` gives, its columns named by :func:`together_column` (tested equal).
+    """
+    typed: list[dict[str, Column]] = []
+    keeps: list[Column] = []
+    for view in views:
+        held, keep = _recorded(pipeline, view)
+        typed.append({n: held.get(n, F.col(n)) for n in _reads(pipeline, view)})
+        node = pipeline.view_filter(view)
+        if node is not None:
+            keep = filter_column(node) & keep
+        keeps.append(keep)
+    # Every element of the array has one type: the keys of the other views as typed nulls.
+    key_structs = [F.struct(*[typed[j][k].alias(k) for k in v.key]) for j, v in enumerate(views)]
+    array = F.array(*[
+        F.when(keep, F.struct(
+            F.lit(i).alias(VIEW_INDEX),
+            *[(key_structs[j] if j == i else F.when(F.lit(False), key_structs[j])).alias(f"_k{j}")
+              for j in range(len(views))],
+            _window_start(pipeline, views[i]).alias(WINDOW_START),
+        ))
+        for i, keep in enumerate(keeps)
+    ])  # fmt: skip
+    rows = df.select("*", F.explode(F.filter(array, lambda e: e.isNotNull())).alias("_e")).select("*", "_e.*")
+    kinds = [dict(df.select(*[c.alias(n) for n, c in cols.items()]).dtypes) for cols in typed]
+    aggregates = []
+    for i, view in enumerate(views):
+        mine = F.col(VIEW_INDEX) == i
+        for c in view_components(view):
+            source = typed[i][c.source] if c.source else F.lit(1)
+            agg = _component(c, F.when(mine, source), kinds[i].get(c.source or ""), pipeline.once_integers)
+            aggregates.append(agg.alias(together_column(i, c.column)))
+    out = rows.groupBy(
+        F.col(VIEW_INDEX), *[F.col(f"_k{j}") for j in range(len(views))], F.col(WINDOW_START),
+        epoch.alias("_epoch_window"),
+    ).agg(*aggregates)  # fmt: skip
+    keys = [F.col(f"_k{i}.{k}").alias(together_column(i, k)) for i, v in enumerate(views) for k in v.key]
+    values = [together_column(i, c.column) for i, v in enumerate(views) for c in view_components(v)]
+    out = out.select(VIEW_INDEX, *keys, WINDOW_START, "_epoch_window", *values)
+    return _epoch_number(out)
+
+
+def _reads(pipeline: Pipeline, view: WindowedView) -> list[str]:
+    """The fields a windowed view's key and aggregates read."""
+    return list(dict.fromkeys([*view.key, *(c.source for c in view_components(view) if c.source)]))
 
 
 def as_recorded(df: DataFrame, pipeline: Pipeline, view: WindowedView) -> DataFrame:
@@ -132,12 +203,16 @@ def as_recorded(df: DataFrame, pipeline: Pipeline, view: WindowedView) -> DataFr
     (:func:`lambdalake.view_types.held_types`). Every value fits while deploy holds the widening
     schema back; one that does not (a producer registered it meanwhile) is left out of this version
     only (a key) or counts as null (an aggregate's input): the new version counts it."""
-    for name, kind in held_types(pipeline, view).items():
-        narrowed = F.col(name).try_cast(spark_type(kind))
-        if name in view.key:
-            df = df.filter(F.col(name).isNull() | narrowed.isNotNull())
-        df = df.withColumn(name, narrowed)
-    return df
+    held, fits = _recorded(pipeline, view)
+    return df.filter(fits).withColumns(held) if held else df
+
+
+def _recorded(pipeline: Pipeline, view: WindowedView) -> tuple[dict[str, Column], Column]:
+    """The fields ``view`` holds at other types than the event's, cast to them, and whether an
+    event's key fits them (see :func:`as_recorded`)."""
+    held = {n: F.col(n).try_cast(spark_type(t)) for n, t in held_types(pipeline, view).items()}
+    fits = [F.col(k).isNull() | held[k].isNotNull() for k in view.key if k in held]
+    return held, reduce(lambda a, b: a & b, fits, F.lit(True))
 
 
 def window_cells(df: DataFrame, pipeline: Pipeline, view: WindowedView, *, epoch: Column) -> DataFrame:
@@ -148,15 +223,18 @@ def window_cells(df: DataFrame, pipeline: Pipeline, view: WindowedView, *, epoch
 
 def _cell(pipeline: Pipeline, view: WindowedView, epoch: Column | None) -> list[Column]:
     """The grouping columns of a windowed view: key, event-time window and (speed) ingest epoch."""
-    time_col = view.time or pipeline.event.time
-    # Spark allows one window() per aggregation and the speed layer spends it on the ingest epoch
-    # (state eviction needs it), so the event-time window is plain arithmetic (epoch-aligned, UTC).
-    size = view.window_seconds
-    window = F.timestamp_seconds(F.floor(F.unix_seconds(F.col(time_col)) / size) * size).alias(WINDOW_START)
-    groups = [*[F.col(k) for k in view.key], window]
+    groups = [*[F.col(k) for k in view.key], _window_start(pipeline, view).alias(WINDOW_START)]
     if epoch is not None:
         groups.append(epoch.alias("_epoch_window"))
     return groups
+
+
+def _window_start(pipeline: Pipeline, view: WindowedView) -> Column:
+    """The start of an event's event-time window."""
+    # Spark allows one window() per aggregation and the speed layer spends it on the ingest epoch
+    # (state eviction needs it), so the event-time window is plain arithmetic (epoch-aligned, UTC).
+    size = view.window_seconds
+    return F.timestamp_seconds(F.floor(F.unix_seconds(F.col(view.time or pipeline.event.time)) / size) * size)
 
 
 def _epoch_number(df: DataFrame) -> DataFrame:
