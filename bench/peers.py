@@ -26,7 +26,9 @@ and tuned (``--tuned-commit`` s). In each round every side, in turn (the order r
 The peer runs in its own virtualenv (``.lambdalake/peer-venv``: quix-streams 3.28.1 pins
 confluent-kafka below the version the project uses), made on first use.
 
-    python -m bench.peers [--events 300000] [--rounds 2] [--rate 1000] [--seconds 120]
+With ``--baseline DIR`` (a checkout of another revision) its speed job runs too, as a side of its own.
+
+    python -m bench.peers [--events 300000] [--rounds 2] [--rate 1000] [--seconds 120] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -242,8 +244,10 @@ class Side:
 class Lambdalake(Side):
     name = "lambdalake"
 
-    def __init__(self, settings: Settings, pipeline: Pipeline, log: Path) -> None:
-        self.settings, self.pipeline, self.log = settings, pipeline, log
+    def __init__(
+        self, settings: Settings, pipeline: Pipeline, log: Path, *, root: Path = PROJECT_ROOT
+    ) -> None:
+        self.settings, self.pipeline, self.log, self.root = settings, pipeline, log, root
         self.status = Path(speed_status_file(settings.storage_root, pipeline.name))
         self.session = connect(settings.cassandra)
         self.tables = {v.name: speed_table(pipeline, v) for v in pipeline.views}
@@ -251,8 +255,8 @@ class Lambdalake(Side):
     def start(self) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [sys.executable, "-m", "lambdalake", "speed", "run", self.pipeline.name],
-            env={**os.environ, **self.settings.to_env()},
-            stdout=self.log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True, cwd=PROJECT_ROOT,
+            env={**os.environ, **self.settings.to_env(), "PYTHONPATH": str(self.root)},
+            stdout=self.log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root,
         )  # fmt: skip
 
     def processed_all(self, records: int) -> bool | None:
@@ -357,6 +361,8 @@ def one_run(
     side: Side
     if side_name == "lambdalake":
         side = Lambdalake(settings, pipeline, log)
+    elif side_name == "lambdalake-baseline":
+        side = Lambdalake(settings, pipeline, log, root=Path(args.baseline))
     else:
         interval = 5.0 if side_name == "quix-default" else args.tuned_commit
         side = Quix(side_name, settings, pipeline.topic.name, interval, work, log)
@@ -442,12 +448,15 @@ def main() -> None:
     parser.add_argument("--probe-rate", type=float, default=5, help="probes/s during the freshness run")
     parser.add_argument("--tuned-commit", type=float, default=0.5, help="quix-streams' tuned commit interval")
     parser.add_argument("--sides", default=",".join(SIDES), help="a comma-separated subset to run")
+    parser.add_argument(
+        "--baseline", help="a checkout of another revision: its speed job runs as side lambdalake-baseline"
+    )
     args = parser.parse_args()
     peer_python()
     base = bench_settings()
     records = list(generate("offers", args.events, seed=21, mix=Mix(invalid=0, duplicates=0.02, late=0)))
     want = reference(records)
-    sides = args.sides.split(",")
+    sides = args.sides.split(",") + (["lambdalake-baseline"] if args.baseline else [])
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     with running(base):
         for round_no in range(args.rounds):
@@ -468,7 +477,7 @@ def main() -> None:
                 )
     shutil.rmtree(base.storage_root, ignore_errors=True)
     # A run of some sides only (tuning one) must not overwrite the comparison of all three.
-    name = "peers" if set(sides) == set(SIDES) else "peers-" + "-".join(sides)
+    name = "peers" if set(sides) == set(SIDES) else "peers-" + "-".join(s for s in sides if s in SIDES)
     path = write_result(
         name,
         {

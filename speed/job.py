@@ -197,6 +197,9 @@ class ProgressLog:
     def follow(self, queries: list[StreamingQuery]) -> None:
         """Poll ``queries`` in the background until :meth:`close`."""
         self._stop.clear()
+        with self._lock:  # queries of an earlier job's plan (a query per windowed view) are gone
+            running = {q.name for q in queries}
+            self.stats = {name: s for name, s in self.stats.items() if name in running}
 
         def run() -> None:
             while not self._stop.wait(self.interval_s):

@@ -27,7 +27,7 @@ from lambdalake.views import speed_table
 from speed.job import SpeedJob
 from tests.conftest import isolated, pipeline_named
 from tests.helpers import consume_all, run_speed_once, send_generated
-from tests.reference import cassandra_rows, differences, topic_events
+from tests.reference import cassandra_rows, compare, differences, topic_events, windowed_view
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -261,6 +261,73 @@ def test_every_windowed_view_is_counted_by_the_one_read_of_the_topic(
         assert len(cassandra_rows(settings, speed_table(pipeline, hourly))) > 0
     finally:
         job.stop()
+
+
+def test_windowed_views_added_and_removed_on_a_live_pipeline_move_the_one_query_exactly(
+    services: Settings, spark, tmp_path: Path
+) -> None:
+    """The main query's state is made for its windowed views: when they change it moves to a new
+    checkpoint. Here the job stopped with records it had not read, whose epochs closed meanwhile, so
+    the new checkpoint recounts from the epoch of the first one: the view kept equals the reference
+    in every epoch, the views added equal it from the epoch they start at (the view build
+    recomputes the ones before), and bronze holds each valid event once."""
+    from speed.job import MAIN_FILE, START_FILE
+
+    unique = os.urandom(4).hex()
+    settings = isolated(services, tmp_path, unique)
+    full = pipeline_named(
+        settings, "telemetry", topic=f"telemetry-move-{unique}", epoch="5 seconds", grace="1 second"
+    )
+    full = full.model_copy(update={"name": "telemetry_move"})
+    minute, state = [v for v in full.views if isinstance(v, WindowedView)]
+    hourly = WindowedView.model_validate({
+        "name": "vehicle_hourly", "kind": "windowed", "key": ["vehicle_id"], "window": "1 hour",
+        "aggregates": [{"name": "readings", "fn": "count"},
+                       {"name": "top", "fn": "max", "column": "speed_kmh"}],
+    })  # fmt: skip
+    latest = [v for v in full.views if not isinstance(v, WindowedView)]
+    first = full.model_copy(update={"views": [*latest, minute]})
+    second = full.model_copy(update={"views": [*latest, minute, state, hourly]})
+    third = full.model_copy(update={"views": [*latest, state, hourly]})
+    producer = EventProducer(settings=settings, pipeline=first)
+    mix = Mix(duplicates=0.03, invalid=0.01, late=0.03)
+    send_generated(producer, "telemetry", 4_000, seed=31, mix=mix)
+    run_speed_once(settings, first, spark)
+    send_generated(producer, "telemetry", 4_000, seed=32, mix=mix)  # not read before the move
+    time.sleep(7)  # their epochs close (5 s epochs, 1 s grace)
+    moved_at = int(time.time() * 1000)
+    run_speed_once(settings, second, spark)
+    checkpoints = f"{settings.storage_root}/checkpoints/{second.name}"
+    record = json.loads(Path(f"{checkpoints}/{MAIN_FILE}").read_text())
+    assert record["dir"] == "main-g1" and [n for n, _ in record["views"]] == [
+        minute.name,
+        state.name,
+        hourly.name,
+    ]
+    first_open_ms = (moved_at - 1000) // 5000 * 5000
+    assert record["from_ms"] < first_open_ms, "the unread records' closed epochs are counted again, whole"
+    starts = {
+        v.name: json.loads(Path(f"{checkpoints}/{v.name}/{START_FILE}").read_text()) for v in (state, hourly)
+    }
+    assert {s["from_ms"] for s in starts.values()} == {record["from_ms"]}
+    assert not Path(f"{checkpoints}/{minute.name}/{START_FILE}").exists()
+    send_generated(producer, "telemetry", 3_000, seed=33, mix=mix)
+    run_speed_once(settings, third, spark)
+    assert json.loads(Path(f"{checkpoints}/{MAIN_FILE}").read_text())["dir"] == "main-g2"
+    send_generated(producer, "telemetry", 2_000, seed=34, mix=mix)
+    run_speed_once(settings, third, spark)
+
+    events, _ = topic_events(settings, full)
+    assert differences(settings, first, events) == []  # the latest views and the minute view, whole
+    for view in (state, hourly):
+        start_epoch = starts[view.name]["epoch"]
+        want = {k: v for k, v in windowed_view(events, full, view, 5).items() if k[-1] >= start_epoch}
+        rows = [r for r in cassandra_rows(settings, speed_table(full, view)) if r["epoch"] >= start_epoch]
+        assert want and compare(full, view, want, rows, epoch=True) == [], view.name
+    bronze = MasterDataset(table_path(settings.storage_root, full.name), event_time=full.event.time).read()
+    coordinates = list(zip(bronze["_partition"].to_pylist(), bronze["_offset"].to_pylist(), strict=True))
+    assert len(coordinates) == len(set(coordinates)) == len(events)
+    assert set(coordinates) == set(zip(events["_partition"], events["_offset"], strict=True))
 
 
 def test_a_checkpoint_with_other_stateful_steps_fails_naming_the_rebuild(
