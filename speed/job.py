@@ -61,7 +61,7 @@ from lambdalake.spark.decode import DecodeSpec
 from lambdalake.spark.kafka_source import FROM, positions, transformed
 from lambdalake.spark.session import IDLE_WORKERS_CONF, spark_session
 from lambdalake.spark.sinks import upsert_view, upsert_views
-from lambdalake.spark.views import INGEST_TS, VIEW_INDEX, together_column, windowed, windowed_together
+from lambdalake.spark.views import INGEST_TS, together_column, together_row, windowed, windowed_together
 from lambdalake.status import speed_status_file
 from lambdalake.storage import read_text, write_text
 from lambdalake.views import windowed_inputs
@@ -584,10 +584,10 @@ class SpeedJob:
             )
         elif self.counted:
             tables = [
-                (table, {c: together_column(i, c) for c in table.source_columns})
+                (table, {c: together_column(i, c) for c in table.source_columns}, together_row(i))
                 for i, table in enumerate(speed_table_def(self.pipeline, v) for v in self.counted)
             ]
-            upsert_views(df, tables=tables, index=VIEW_INDEX, cassandra=self.settings.cassandra)
+            upsert_views(df, tables=tables, cassandra=self.settings.cassandra)
         else:
             drain(df)
         t1 = time.monotonic()

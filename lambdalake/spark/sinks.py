@@ -30,7 +30,7 @@ def upsert_view(
     """
     columns = table.source_columns
     return upsert_views(
-        df.select(*columns), tables=[(table, {c: c for c in columns})], index=None, cassandra=cassandra,
+        df.select(*columns), tables=[(table, {c: c for c in columns}, None)], cassandra=cassandra,
         batch_rows=batch_rows, concurrency=concurrency,
     )  # fmt: skip
 
@@ -38,8 +38,7 @@ def upsert_view(
 def upsert_views(
     df: DataFrame,
     *,
-    tables: list[tuple[TableDef, dict[str, str]]],
-    index: str | None,
+    tables: list[tuple[TableDef, dict[str, str], str | None]],
     cassandra: CassandraSettings,
     batch_rows: int | None = None,
     concurrency: int = 16,
@@ -48,9 +47,9 @@ def upsert_views(
     the executors; returns rows written.
 
     Args:
-        df: Rows of every view: column ``index`` says whose (the position in ``tables``).
-        tables: Per view, its table and, per table column, the column of ``df`` holding it.
-        index: The column naming each row's view; None: every row is the one view's.
+        df: Rows of every view.
+        tables: Per view, its table, per table column the column of ``df`` holding it, and a
+            boolean column of ``df`` true in the view's rows (None: every row is one).
         cassandra: The cluster.
         batch_rows: Rows per unlogged batch (default ``cassandra.batch_rows``).
         concurrency: Requests in flight per task (default 16).
@@ -64,8 +63,10 @@ def upsert_views(
 
         written = 0
         for batch in batches:
-            for i, (table, columns) in enumerate(tables):
-                mine = batch if index is None else batch.filter(pc.equal(batch.column(index), i))
+            for table, columns, selected in tables:
+                mine = (
+                    batch if selected is None else batch.filter(pc.fill_null(batch.column(selected), False))
+                )
                 if mine.num_rows:
                     names = table.source_columns
                     rows = pa.RecordBatch.from_arrays([mine.column(columns[c]) for c in names], names=names)

@@ -133,14 +133,15 @@ def windowed(
     return _epoch_number(out) if epoch is not None else out
 
 
-#: In :func:`windowed_together`'s rows: the index of the view a row belongs to.
-VIEW_INDEX = "_view"
-
-
 def together_column(index: int, column: str) -> str:
     """The column of :func:`windowed_together`'s rows that holds view ``index``'s ``column`` (the
     window start and epoch are shared)."""
     return column if column in (WINDOW_START, EPOCH) else f"_v{index}_{column}"
+
+
+def together_row(index: int) -> str:
+    """The column of :func:`windowed_together`'s rows saying whether a row is one of view ``index``."""
+    return f"_v{index}__row"
 
 
 def windowed_together(
@@ -149,48 +150,58 @@ def windowed_together(
     """:func:`windowed` of every view of ``views`` in one stateful step, for the speed layer.
 
     Spark runs one streaming aggregation per query in update mode, so one read of the topic feeds
-    every windowed view this way: each event becomes one row per view that keeps it (its key at the
-    types that view holds, and its window), grouped by (view, key, window, ingest epoch); each
-    view's aggregates read its own rows only. View ``i``'s rows (:data:`VIEW_INDEX` = ``i``) hold
-    what :func:`windowed` gives, its columns named by :func:`together_column` (tested equal).
+    every windowed view this way. Views cut alike (the same key at the same types, the same window)
+    share a *cell*: each event becomes one row per cell that a view keeps it in, grouped by (cell,
+    key, window, ingest epoch), and each view's aggregates read the rows it keeps. A row is one of
+    view ``i`` where :func:`together_row` says so (the view kept an event in it); its columns are
+    named by :func:`together_column` and hold what :func:`windowed` gives (tested equal).
     """
     typed: list[dict[str, Column]] = []
     keeps: list[Column] = []
+    cells: dict[tuple, int] = {}
+    cell_of: list[int] = []
     for view in views:
         held, keep = _recorded(pipeline, view)
         typed.append({n: held.get(n, F.col(n)) for n in _reads(pipeline, view)})
         node = pipeline.view_filter(view)
-        if node is not None:
-            keep = filter_column(node) & keep
-        keeps.append(keep)
-    # Every element of the array has one type: the keys of the other views as typed nulls.
-    key_structs = [F.struct(*[typed[j][k].alias(k) for k in v.key]) for j, v in enumerate(views)]
+        keeps.append(keep if node is None else filter_column(node) & keep)
+        key = tuple((k, str(held_types(pipeline, view).get(k))) for k in view.key)
+        cut = (key, view.time or pipeline.event.time, view.window_seconds)
+        cell_of.append(cells.setdefault(cut, len(cells)))
+    first = {c: cell_of.index(c) for c in range(len(cells))}  # a view of each cell: its key and window
+    # Every element of the array has one type: the other cells' keys as typed nulls.
+    key_structs = [F.struct(*[typed[i][k].alias(k) for k in views[i].key]) for i in first.values()]
     array = F.array(*[
-        F.when(keep, F.struct(
-            F.lit(i).alias(VIEW_INDEX),
-            *[(key_structs[j] if j == i else F.when(F.lit(False), key_structs[j])).alias(f"_k{j}")
-              for j in range(len(views))],
-            _window_start(pipeline, views[i]).alias(WINDOW_START),
+        F.when(reduce(lambda a, b: a | b, [keeps[i] for i in range(len(views)) if cell_of[i] == c]), F.struct(
+            F.lit(c).alias("_cell"),
+            *[(key_structs[d] if d == c else F.when(F.lit(False), key_structs[d])).alias(f"_k{d}")
+              for d in range(len(cells))],
+            _window_start(pipeline, views[first[c]]).alias(WINDOW_START),
+            *[(F.coalesce(keeps[i], F.lit(False)) if cell_of[i] == c else F.lit(False)).alias(f"_keep{i}")
+              for i in range(len(views))],
         ))
-        for i, keep in enumerate(keeps)
+        for c in range(len(cells))
     ])  # fmt: skip
     rows = df.select("*", F.explode(F.filter(array, lambda e: e.isNotNull())).alias("_e")).select("*", "_e.*")
     kinds = [dict(df.select(*[c.alias(n) for n, c in cols.items()]).dtypes) for cols in typed]
     aggregates = []
     for i, view in enumerate(views):
-        mine = F.col(VIEW_INDEX) == i
+        mine = F.col(f"_keep{i}")
+        aggregates.append(F.count(F.when(mine, F.lit(1))).alias(f"_v{i}__n"))
         for c in view_components(view):
             source = typed[i][c.source] if c.source else F.lit(1)
             agg = _component(c, F.when(mine, source), kinds[i].get(c.source or ""), pipeline.once_integers)
             aggregates.append(agg.alias(together_column(i, c.column)))
     out = rows.groupBy(
-        F.col(VIEW_INDEX), *[F.col(f"_k{j}") for j in range(len(views))], F.col(WINDOW_START),
+        F.col("_cell"), *[F.col(f"_k{d}") for d in range(len(cells))], F.col(WINDOW_START),
         epoch.alias("_epoch_window"),
     ).agg(*aggregates)  # fmt: skip
-    keys = [F.col(f"_k{i}.{k}").alias(together_column(i, k)) for i, v in enumerate(views) for k in v.key]
-    values = [together_column(i, c.column) for i, v in enumerate(views) for c in view_components(v)]
-    out = out.select(VIEW_INDEX, *keys, WINDOW_START, "_epoch_window", *values)
-    return _epoch_number(out)
+    columns = []
+    for i, view in enumerate(views):
+        columns.append(((F.col("_cell") == cell_of[i]) & (F.col(f"_v{i}__n") > 0)).alias(together_row(i)))
+        columns += [F.col(f"_k{cell_of[i]}.{k}").alias(together_column(i, k)) for k in view.key]
+        columns += [F.col(together_column(i, c.column)) for c in view_components(view)]
+    return _epoch_number(out.select(*columns, WINDOW_START, "_epoch_window"))
 
 
 def _reads(pipeline: Pipeline, view: WindowedView) -> list[str]:
