@@ -48,7 +48,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from lambdalake.cassandra.legacy_latest import adopt_legacy_latest
 from lambdalake.cassandra.session import connect
-from lambdalake.cassandra.tables import deploy_speed_tables, speed_table_def
+from lambdalake.cassandra.tables import TableDef, deploy_speed_tables, speed_table_def
 from lambdalake.compaction import CompactionPolicy, Compactor
 from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.kafka.admin import require_log_append_time
@@ -60,7 +60,7 @@ from lambdalake.settings import Settings
 from lambdalake.spark.decode import DecodeSpec
 from lambdalake.spark.kafka_source import FROM, positions, transformed
 from lambdalake.spark.session import IDLE_WORKERS_CONF, spark_session
-from lambdalake.spark.sinks import upsert_view, upsert_views
+from lambdalake.spark.sinks import upsert_views
 from lambdalake.spark.views import INGEST_TS, together_column, together_row, windowed, windowed_together
 from lambdalake.status import speed_status_file
 from lambdalake.storage import read_text, write_text
@@ -343,6 +343,8 @@ class SpeedJob:
         self._main_offsets: str | None = None
         #: The ingest time from which the main query's checkpoint counts (None: every record it reads).
         self._from_ms: int | None = None
+        #: Per windowed view, its table, its columns in the main query's rows and which rows are its.
+        self._view_tables: list[tuple[TableDef, dict[str, str], str | None]] = []
         self.files = self.spark.sparkContext.accumulator(frozenset(), FileSet())
         self.read_progress = self.spark.sparkContext.accumulator({}, PartitionProgress())
         self.records_read = self.spark.sparkContext.accumulator({}, RecordCounts())
@@ -484,7 +486,10 @@ class SpeedJob:
             if same:
                 record["views"] = [[n, wanted[n]] for n in held]  # its order: the state's
             elif not _has_checkpoint(f"{self.checkpoints}/{record['dir']}"):
-                record["views"] = list(wanted.items())  # never ran: it starts with these
+                # Never ran (a move, then a stop before its first batch): it starts with these views,
+                # from where the move put it.
+                self._mark_starts(set(held), wanted, record.get("from_ms"))
+                record["views"] = list(wanted.items())
             else:
                 record = self._move(record, wanted)
         write_text(record_uri, json.dumps(record))
@@ -525,18 +530,27 @@ class SpeedJob:
                 early = offsets_at(consumer, topic, from_ms - layers.dedup_delay_seconds * 1000)
                 offsets = {p: max(min(early[p], unread[p]), ends[p][0]) for p in ends}
         held = {name for name, _ in record["views"]}
-        for name in wanted:
-            folder = f"{self.checkpoints}/{name}"
-            counted_before = name in held or any(read_text(f"{folder}/{f}") for f in (START_FILE, "metadata"))
-            if not counted_before and from_ms is not None:
-                start = {"epoch": from_ms // layers.epoch_ms, "from_ms": from_ms}
-                write_text(f"{folder}/{START_FILE}", json.dumps(start))
+        self._mark_starts(held, wanted, from_ms)
         log.info("the main query's windowed views changed (%s to %s): it moves to checkpoint main-g%d at %s, "
                  "counting from %s", sorted(held), sorted(wanted), generation, offsets, from_ms)  # fmt: skip
         return {
             "dir": f"main-g{generation}", "views": list(wanted.items()), "generation": generation,
             "offsets": {topic: {str(p): o for p, o in offsets.items()}}, "from_ms": from_ms,
         }  # fmt: skip
+
+    def _mark_starts(self, held: set[str], wanted: dict[str, str], from_ms: int | None) -> None:
+        """Record ``from_ms``'s epoch as the start of each view of ``wanted`` a checkpoint counting
+        from ``from_ms`` has that was never counted before (neither by ``held``, the views of the
+        checkpoint it follows, nor by a query of its own): the view build recomputes the epochs
+        before it from bronze."""
+        if from_ms is None:
+            return
+        for name in wanted:
+            folder = f"{self.checkpoints}/{name}"
+            counted_before = name in held or any(read_text(f"{folder}/{f}") for f in (START_FILE, "metadata"))
+            if not counted_before:
+                start = {"epoch": from_ms // self.pipeline.layers.epoch_ms, "from_ms": from_ms}
+                write_text(f"{folder}/{START_FILE}", json.dumps(start))
 
     def main_stream(self) -> DataFrame:
         """The main query's plan: the archive pass (decoding included), then the windowed views."""
@@ -571,6 +585,14 @@ class SpeedJob:
         )
         self.spark.dataSource.register(source)
         archived = self.records(source.name(), starting=self._main_offsets)
+        tables = [speed_table_def(self.pipeline, v) for v in self.counted]
+        if len(tables) == 1:  # the rows of one view alone (:meth:`_windowed`)
+            self._view_tables = [(tables[0], {c: c for c in tables[0].source_columns}, None)]
+        else:
+            self._view_tables = [
+                (table, {c: together_column(i, c) for c in table.source_columns}, together_row(i))
+                for i, table in enumerate(tables)
+            ]
         return self._windowed(archived, self.counted) if self.counted else archived
 
     def _main_batch(self, df: DataFrame, batch_id: int) -> None:
@@ -578,16 +600,8 @@ class SpeedJob:
         self.files.value = frozenset()
         self.read_progress.value = {}
         self.records_read.value = {}
-        if len(self.counted) == 1:
-            upsert_view(
-                df, table=speed_table_def(self.pipeline, self.counted[0]), cassandra=self.settings.cassandra
-            )
-        elif self.counted:
-            tables = [
-                (table, {c: together_column(i, c) for c in table.source_columns}, together_row(i))
-                for i, table in enumerate(speed_table_def(self.pipeline, v) for v in self.counted)
-            ]
-            upsert_views(df, tables=tables, cassandra=self.settings.cassandra)
+        if self._view_tables:
+            upsert_views(df, tables=self._view_tables, cassandra=self.settings.cassandra)
         else:
             drain(df)
         t1 = time.monotonic()

@@ -332,6 +332,33 @@ def test_windowed_views_added_and_removed_on_a_live_pipeline_move_the_one_query_
     assert set(coordinates) == set(zip(events["_partition"], events["_offset"], strict=True))
 
 
+def test_a_view_added_before_a_moved_checkpoint_first_ran_records_where_it_starts(
+    services: Settings, spark, tmp_path: Path
+) -> None:
+    """A move left a checkpoint counting from an open epoch, and the job stopped before its first
+    batch; a view added meanwhile starts with that checkpoint, so it records the epoch it is counted
+    from (the view build recomputes the closed ones before it), as a view added at a move does."""
+    from speed.job import MAIN_FILE, START_FILE, view_signature
+
+    unique = os.urandom(4).hex()
+    settings = isolated(services, tmp_path, unique)
+    pipeline = pipeline_named(settings, "telemetry", topic=f"telemetry-pending-{unique}", epoch="5 seconds")
+    minute, state = [v for v in pipeline.views if isinstance(v, WindowedView)]
+    checkpoints = f"{settings.storage_root}/checkpoints/{pipeline.name}"
+    from_ms = 1_790_000_000_000
+    record = {"dir": "main-g1", "views": [[minute.name, view_signature(minute)]], "generation": 1,
+              "offsets": {pipeline.topic.name: {"0": 5}}, "from_ms": from_ms}  # fmt: skip
+    Path(checkpoints).mkdir(parents=True)
+    Path(f"{checkpoints}/{MAIN_FILE}").write_text(json.dumps(record))
+    job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
+    job._choose_main()
+    assert [v.name for v in job.counted] == [minute.name, state.name]
+    assert job.main_dir.endswith("/main-g1") and job._from_ms == from_ms
+    started = json.loads(Path(f"{checkpoints}/{state.name}/{START_FILE}").read_text())
+    assert started == {"epoch": from_ms // 5000, "from_ms": from_ms}
+    assert not Path(f"{checkpoints}/{minute.name}/{START_FILE}").exists()
+
+
 def test_a_checkpoint_with_other_stateful_steps_fails_naming_the_rebuild(
     services: Settings, spark, tmp_path: Path
 ) -> None:
