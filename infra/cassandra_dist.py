@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from infra import jars
@@ -96,7 +97,8 @@ def _java_base_packages() -> tuple[str, ...]:
     return tuple(sorted(pkgs))
 
 
-def java_argv(home: Path, cache_dir: Path, *, heap: str) -> list[str]:
+def java_argv(home: Path, cache_dir: Path, *, heap: str, options: Sequence[str] = ()) -> list[str]:
+    """The node's command line; ``options``: more JVM options (``CassandraSettings.jvm_options``)."""
     lib = jars.classpath(cache_dir, "cassandra")
     jamm = next((j for j in lib if j.name.startswith("jamm-")), None)
     opens = [f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _java_base_packages()]
@@ -114,7 +116,7 @@ def java_argv(home: Path, cache_dir: Path, *, heap: str) -> list[str]:
         f"-Dlogback.configurationFile={home / 'conf' / 'logback.xml'}",
         f"-Dcassandra.logdir={home / 'logs'}",
         f"-Dcassandra.storagedir={home / 'data'}",
-        *opens, *_JAVA17_OPTIONS,
+        *opens, *_JAVA17_OPTIONS, *options,
         "-cp", ":".join([str(home / "conf"), *(str(j) for j in lib)]),
         "org.apache.cassandra.service.CassandraDaemon",
     ]  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import subprocess
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from infra import jars
@@ -75,7 +76,7 @@ def log_dir(home: Path) -> Path:
     return home / "data"
 
 
-def _java(home: Path, cache_dir: Path, heap: str) -> list[str]:
+def _java(home: Path, cache_dir: Path, heap: str, options: Sequence[str] = ()) -> list[str]:
     cp = ":".join(str(j) for j in jars.classpath(cache_dir, "kafka"))
     return [
         jars.java(), f"-Xms{heap}", f"-Xmx{heap}",
@@ -84,11 +85,12 @@ def _java(home: Path, cache_dir: Path, heap: str) -> list[str]:
         "-XX:+ExplicitGCInvokesConcurrent", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
         f"-Dkafka.logs.dir={home / 'logs'}",
+        *options,
         "-cp", cp,
     ]  # fmt: skip
 
 
-def format_once(home: Path, cache_dir: Path) -> None:
+def format_once(home: Path, cache_dir: Path, *, options: Sequence[str] = ()) -> None:
     """Format the log folder for KRaft, unless it was (``kafka-storage format``; ~5 s)."""
     if (log_dir(home) / "meta.properties").exists():
         return
@@ -96,7 +98,7 @@ def format_once(home: Path, cache_dir: Path) -> None:
     while cluster_id.startswith("-"):  # one in 64 would be read as an option (Kafka's own ids avoid it)
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
     argv = [
-        *_java(home, cache_dir, "256m"), "kafka.tools.StorageTool", "format",
+        *_java(home, cache_dir, "256m", options), "kafka.tools.StorageTool", "format",
         "-t", cluster_id, "-c", str(home / "server.properties"), "--ignore-formatted",
     ]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
@@ -108,5 +110,6 @@ def format_once(home: Path, cache_dir: Path) -> None:
         )
 
 
-def java_argv(home: Path, cache_dir: Path, *, heap: str) -> list[str]:
-    return [*_java(home, cache_dir, heap), "kafka.Kafka", str(home / "server.properties")]
+def java_argv(home: Path, cache_dir: Path, *, heap: str, options: Sequence[str] = ()) -> list[str]:
+    """The broker's command line; ``options``: more JVM options (``KafkaSettings.jvm_options``)."""
+    return [*_java(home, cache_dir, heap, options), "kafka.Kafka", str(home / "server.properties")]

@@ -178,10 +178,16 @@ class BrokerService(EmbeddedService):
 
     def prepare(self) -> None:
         kafka_dist.write_config(self.data_dir, self.settings.kafka, host=self.host, port=self.port)
-        kafka_dist.format_once(self.data_dir, self.settings.cache_dir)
+        kafka = self.settings.kafka
+        kafka_dist.format_once(self.data_dir, self.settings.cache_dir, options=kafka.jvm_options)
 
     def argv(self) -> list[str]:
-        return kafka_dist.java_argv(self.data_dir, self.settings.cache_dir, heap=self.settings.kafka.heap)
+        return kafka_dist.java_argv(
+            self.data_dir,
+            self.settings.cache_dir,
+            heap=self.settings.kafka.heap,
+            options=self.settings.kafka.jvm_options,
+        )
 
     def probe(self) -> str | None:
         if not port_open(self.host, self.port):
@@ -266,7 +272,12 @@ class CassandraService(EmbeddedService):
         cassandra_dist.write_config(self.home, self.settings.cassandra, host=self.host)
 
     def argv(self) -> list[str]:
-        return cassandra_dist.java_argv(self.home, self.settings.cache_dir, heap=self.settings.cassandra.heap)
+        return cassandra_dist.java_argv(
+            self.home,
+            self.settings.cache_dir,
+            heap=self.settings.cassandra.heap,
+            options=self.settings.cassandra.jvm_options,
+        )
 
     def probe(self) -> str | None:
         if not port_open(self.host, self.port):

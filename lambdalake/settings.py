@@ -79,6 +79,9 @@ class KafkaSettings(BaseModel):
     )
     #: Embedded broker only: its JVM heap (Kafka's own launcher uses 1G).
     heap: str = "1G"
+    #: Embedded broker only: more JVM options, after the launcher's own (e.g.
+    #: ``["-XX:TieredStopAtLevel=1"]``: the quick JIT the test suite uses, see BENCHMARKS.md).
+    jvm_options: list[str] = Field(default_factory=list)
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -181,6 +184,8 @@ class CassandraSettings(BaseModel):
     #: flushed twice a second and Cassandra's CPU per row was twice what it is at 3G (measured on 2
     #: cores, Cassandra 2.1).
     heap: str = "3G"
+    #: Embedded server only: more JVM options, after the launcher's own (as the broker's).
+    jvm_options: list[str] = Field(default_factory=list)
     storage_port: int = Field(7000, ge=1, le=65535, description="a port number 1-65535", examples=["7000"])
 
     def driver_options(self) -> dict[str, Any]:

@@ -19,17 +19,34 @@ from infra.services import running
 from lambdalake.pipeline import LayersSpec, Pipeline, configured_pipeline
 from lambdalake.settings import PROJECT_ROOT, Settings
 
-#: ``LAMBDALAKE_TEST_PORT_OFFSET`` moves them all (a second suite beside a running one).
-_OFFSET = int(os.environ.get("LAMBDALAKE_TEST_PORT_OFFSET", "0"))
+
+def _worker() -> int:
+    """The pytest-xdist worker's number (``gw0``, ``gw1``, ...; 0 without xdist)."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+
+
+#: ``LAMBDALAKE_TEST_PORT_OFFSET`` moves them all (a second suite beside a running one); each
+#: pytest-xdist worker runs services of its own, 1000 ports further on.
+_OFFSET = int(os.environ.get("LAMBDALAKE_TEST_PORT_OFFSET", "0")) + 1000 * _worker()
+
+
+def port(base: int) -> int:
+    """A port of this test process's own (every fixed port a test listens on goes through it)."""
+    return base + _OFFSET
+
+
 TEST_PORTS = {
-    name: port + _OFFSET
-    for name, port in {"broker": 19092, "registry": 18081, "cassandra": 19042, "storage": 17000}.items()
+    name: port(base)
+    for name, base in {"broker": 19092, "registry": 18081, "cassandra": 19042, "storage": 17000}.items()
 }
+#: The test services' JVMs compile with C1 alone: the suite's services are short-lived and lightly
+#: loaded, and C2's compiler threads took their CPU from the tests on two cores (BENCHMARKS.md).
+QUICK_JIT = ["-XX:TieredStopAtLevel=1"]
 
 
 def settings_for(state_dir: Path, ports: dict[str, int] = TEST_PORTS) -> Settings:
     return Settings(
-        kafka={"bootstrap_servers": f"127.0.0.1:{ports['broker']}"},
+        kafka={"bootstrap_servers": f"127.0.0.1:{ports['broker']}", "jvm_options": QUICK_JIT},
         registry={"url": f"http://127.0.0.1:{ports['registry']}"},
         cassandra={
             "contact_points": ["127.0.0.1"],
@@ -38,7 +55,9 @@ def settings_for(state_dir: Path, ports: dict[str, int] = TEST_PORTS) -> Setting
             "keyspace": "lambdalake_test",
             # A writer killed with -9 (the fault tests do it) blocks the next one this long at most.
             "lease_ttl_s": 6,
+            "jvm_options": QUICK_JIT,
         },
+        serving={"port": port(18080)},
         state_dir=state_dir,
         storage_root=str(state_dir / "storage"),
     )

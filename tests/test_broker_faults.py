@@ -24,7 +24,7 @@ from lambdalake.errors import LambdalakeError
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer, ProducerFailed
 from lambdalake.settings import PROJECT_ROOT, Settings
-from tests.conftest import env_for, isolated, pipeline_named
+from tests.conftest import env_for, isolated, pipeline_named, port
 from tests.helpers import (
     bronze_coordinates,
     consume_all,
@@ -37,7 +37,7 @@ from tests.reference import differences, topic_events
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
-OWN_PORTS = {"broker": 29092, "registry": 28081}
+OWN_PORTS = {"broker": port(29092), "registry": port(28081)}
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from lambdalake.produce.generator import Mix
 from lambdalake.produce.producer import EventProducer
 from lambdalake.registry import client
 from lambdalake.settings import PROJECT_ROOT, Settings
-from tests.conftest import env_for, isolated, pipeline_named, run_cli
+from tests.conftest import env_for, isolated, pipeline_named, port, run_cli
 from tests.helpers import pipelines_folder, send_generated
 from tests.reference import differences, topic_events
 
@@ -48,7 +48,8 @@ def test_deploy_twice_then_an_incompatible_schema_then_undeploy(services: Settin
     shutil.copytree(PROJECT_ROOT / "schemas", schemas)
     settings = base.model_copy(
         update={"pipelines_dir": pipelines_folder(tmp_path, pipeline), "schemas_dir": schemas,
-                "state_dir": tmp_path / "state", "serving": base.serving.model_copy(update={"port": 18480})}
+                "state_dir": tmp_path / "state",
+                "serving": base.serving.model_copy(update={"port": port(18480)})}
     )  # fmt: skip
     subject = f"telemetry-{unique}-value"
     # The subject is the pipeline file's: give this test its own so other tests' versions do not count.
@@ -65,7 +66,7 @@ def test_deploy_twice_then_an_incompatible_schema_then_undeploy(services: Settin
         pid = job.pid()
         assert pid is not None and scheduler_process(settings).pid() is not None
         assert serving_process(settings).pid() is not None
-        health = httpx.get("http://127.0.0.1:18480/health", timeout=30)
+        health = httpx.get(f"http://127.0.0.1:{port(18480)}/health", timeout=30)
         assert health.status_code == 200, health.text
         topics = AdminClient(settings.kafka.client_config()).list_topics(timeout=10).topics
         assert pipeline.topic.name in topics and pipeline.topic.dlq in topics

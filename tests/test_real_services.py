@@ -25,14 +25,14 @@ from confluent_kafka.admin import AdminClient
 from infra.services import BrokerService, CassandraService, running
 from lambdalake.kafka.admin import ensure_topic
 from lambdalake.settings import Settings
-from tests.conftest import _OFFSET, pipeline_named, settings_for
+from tests.conftest import pipeline_named, port, settings_for
 from tests.helpers import kill_minus_nine
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 OWN_PORTS = {
-    name: port + _OFFSET
-    for name, port in {"broker": 29292, "registry": 28281, "cassandra": 29242, "storage": 27200}.items()
+    name: port(base)
+    for name, base in {"broker": 29292, "registry": 28281, "cassandra": 29242, "storage": 27200}.items()
 }
 
 

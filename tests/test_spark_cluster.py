@@ -20,13 +20,13 @@ from infra.process import port_open
 from lambdalake.produce.generator import Mix
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
-from tests.conftest import isolated, pipeline_named
+from tests.conftest import isolated, pipeline_named, port
 from tests.helpers import send_generated
 from tests.test_speed_faults import start_job, wait_equal
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
-MASTER_PORT = 17077
+MASTER_PORT = port(17077)
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def standalone(tmp_path: Path) -> Iterator[str]:
                 "--port",
                 str(MASTER_PORT),
                 "--webui-port",
-                "18180",
+                str(port(18180)),
             ],
             env=env,
             stdout=open(tmp_path / "master.log", "wb"),  # noqa: SIM115 - the server outlives this call
@@ -77,7 +77,7 @@ def standalone(tmp_path: Path) -> Iterator[str]:
                     "--memory",
                     "3g",
                     "--webui-port",
-                    "18181",
+                    str(port(18181)),
                 ],
                 env=env,
                 stdout=open(tmp_path / "worker.log", "wb"),  # noqa: SIM115

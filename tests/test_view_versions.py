@@ -27,7 +27,7 @@ from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from lambdalake.view_versions import Registry, deployed_pipeline, plan
 from serving import ServingClient
-from tests.conftest import isolated, run_cli
+from tests.conftest import isolated, port, run_cli
 from tests.user_pipeline import SCHEMA_V1, payments, read_back, reference, write_pipeline
 
 # --- planning, alone ------------------------------------------------------------------------
@@ -324,7 +324,7 @@ def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched
     answers the old version until deploy has built the new one (batch from bronze, closed epochs
     recomputed, open ones by the job) and then the new one only; both equal the reference, and again
     after a speed reset; the old version's tables and checkpoint are gone and `status` shows v2."""
-    settings, pipeline = live_payments(services, tmp_path, port=18482)
+    settings, pipeline = live_payments(services, tmp_path, port=port(18482))
     producer = EventProducer(settings=settings, pipeline=pipeline)
     try:
         deployed = run_cli(settings, "deploy", "payments")
@@ -449,7 +449,7 @@ def test_view_changes_soak(services: Settings, tmp_path: Path) -> None:
     added and removed in turn) while a producer sends: after each, every answer of every view equals
     the reference with that round's definition."""
     rounds = int(os.environ["LAMBDALAKE_VIEW_SOAK_ROUNDS"])
-    settings, pipeline = live_payments(services, tmp_path, port=18483)
+    settings, pipeline = live_payments(services, tmp_path, port=port(18483))
     producer = EventProducer(settings=settings, pipeline=pipeline)
     path = settings.pipelines_dir / "payments.toml"
     head = path.read_text()[: path.read_text().rindex("[[views]]")]
@@ -521,7 +521,7 @@ def test_a_windowed_view_whose_stored_types_widen_is_rebuilt_live_under_its_name
     before and after a batch."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    settings, _ = live_payments(services, tmp_path, port=18484)
+    settings, _ = live_payments(services, tmp_path, port=port(18484))
     settings = branch_pipeline(settings, tmp_path / "files", settings_topic(settings), [BRANCH_V1])
     v1 = configured_pipeline("payments", settings)
     subject = v1.schema_.subject

@@ -1,0 +1,101 @@
+"""How a batch view's overwrite costs with today's writer and with delta-spark (issue 46, item 3).
+
+Today a batch view is written by Spark as Parquet files and committed to Delta by delta-rs
+(``batch.job.BatchJob._write_view``: one ``commit_files`` overwrite). delta-spark writes and commits
+in the JVM (``df.write.format("delta").mode("overwrite")``). Both write the same rows, in turn, into
+tables of their own, in one Spark session made as a batch run makes its own (``workload="batch"``,
+the quick JIT below 1M events), for a small view and a large one.
+
+    python -m bench.delta_writers [--small 2000] [--large 1000000] [--rounds 6]
+    # -> bench/results/delta_writers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+
+from bench.common import write_result
+from infra import jars
+from lambdalake.delta import commit_files
+from lambdalake.settings import Settings
+from lambdalake.storage import list_files
+
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # The log's state in one task, not 50: these tables have a few files.
+    "spark.databricks.delta.snapshotPartitions": "1",
+}
+
+
+def rows(spark, n: int):
+    return spark.range(n).selectExpr(
+        "id % 5000 AS merchant",
+        "CAST(id AS DECIMAL(20, 2)) AS amount",
+        "timestamp_millis(id) AS window_start",
+    )
+
+
+def today(df, path: str) -> float:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    t0 = time.perf_counter()
+    folder = f"data/{uuid.uuid4().hex}"
+    df.write.mode("errorifexists").parquet(f"{path}/{folder}")
+    files = [f"{folder}/{u.rsplit('/', 1)[1]}" for u in list_files(f"{path}/{folder}", suffix=".parquet")]
+    commit_files(path, files, mode="overwrite", schema=to_arrow_schema(df.schema, timezone="UTC"),
+                 metadata={"lambdalake.rows": "0"})  # fmt: skip
+    return time.perf_counter() - t0
+
+
+def delta_spark(df, path: str) -> float:
+    t0 = time.perf_counter()
+    df.write.format("delta").mode("overwrite").option("userMetadata", '{"lambdalake.rows": "0"}').save(path)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--small", type=int, default=2_000)
+    parser.add_argument("--large", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args()
+    settings = Settings()
+    delta = ",".join(str(j) for j in jars.classpath(settings.cache_dir, "delta"))
+    conf = {**DELTA_CONF, "spark.jars": delta}
+    os.environ["LAMBDALAKE_SPARK__CONF"] = json.dumps(conf)
+    from lambdalake.spark.session import spark_session
+
+    spark = spark_session(Settings(), "bench-delta-writers", workload="batch", events=args.small)
+    root = tempfile.mkdtemp(prefix="delta-writers-")
+    result: dict = {"rounds": args.rounds, "seconds": {}}
+    for size in (args.small, args.large):
+        df = rows(spark, size).cache()
+        df.count()
+        order = [("parquet+delta-rs", today), ("delta-spark", delta_spark)]
+        for name, _ in order:
+            result["seconds"][f"{name} {size}"] = []
+        for r in range(args.rounds):
+            for name, write in order if r % 2 == 0 else order[::-1]:
+                took = write(df, f"{root}/{name}-{size}")
+                result["seconds"][f"{name} {size}"].append(round(took, 3))
+                print(f"round {r} {size:>9,} rows {name:<17} {took:6.2f} s", flush=True)
+        df.unpersist()
+    for key, values in result["seconds"].items():
+        later = values[1:] or values
+        print(f"{key:<28} first {values[0]:.2f} s, later median {statistics.median(later):.2f} s")
+    spark.stop()
+    print("->", write_result("delta_writers", result), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
