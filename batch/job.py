@@ -325,14 +325,9 @@ class BatchJob:
         return windowed(covered, self.pipeline, view)
 
     def _write_view(self, out: DataFrame, view: str, run: BatchRun) -> tuple[int, int]:
-        """Write the rows as Parquet (in parallel, by Spark) and commit them as one Delta overwrite."""
-        path = views_path(self.settings.storage_root, self.pipeline.name, view)
-        folder = f"data/{run.run_id}"
-        out.write.mode("errorifexists").parquet(f"{path}/{folder}")
-        written = list_files(f"{path}/{folder}", suffix=".parquet")
-        relative = [f"{folder}/{uri.rsplit('/', 1)[1]}" for uri in written]
-        version, rows = commit_files(
-            path, relative, mode="overwrite", schema=_arrow_schema(out),
+        """Write the rows as one Delta overwrite of the view's table (:func:`overwrite_table`)."""
+        return overwrite_table(
+            out, views_path(self.settings.storage_root, self.pipeline.name, view), f"data/{run.run_id}",
             metadata={
                 RUN_ID: run.run_id, "lambdalake.horizon": str(run.horizon),
                 "lambdalake.horizon_end_ms": str(run.horizon_end_ms),
@@ -342,7 +337,15 @@ class BatchJob:
                 BOUNDARIES: json.dumps(run.boundaries, sort_keys=True),
             },
         )  # fmt: skip
-        return version, rows
+
+
+def overwrite_table(out: DataFrame, path: str, folder: str, *, metadata: dict[str, str]) -> tuple[int, int]:
+    """Write ``out`` as Parquet under ``path/folder`` (in parallel, by Spark) and commit the files as
+    one Delta overwrite of the table at ``path`` with ``metadata``; returns (version, rows)."""
+    out.write.mode("errorifexists").parquet(f"{path}/{folder}")
+    written = list_files(f"{path}/{folder}", suffix=".parquet")
+    relative = [f"{folder}/{uri.rsplit('/', 1)[1]}" for uri in written]
+    return commit_files(path, relative, mode="overwrite", schema=_arrow_schema(out), metadata=metadata)
 
 
 def _arrow_schema(df: DataFrame):

@@ -1,10 +1,10 @@
 """How a batch view's overwrite costs with today's writer and with delta-spark (issue 46, item 3).
 
 Today a batch view is written by Spark as Parquet files and committed to Delta by delta-rs
-(``batch.job.BatchJob._write_view``: one ``commit_files`` overwrite). delta-spark writes and commits
-in the JVM (``df.write.format("delta").mode("overwrite")``). Both write the same rows, in turn, into
-tables of their own, in one Spark session made as a batch run makes its own (``workload="batch"``,
-the quick JIT below 1M events), for a small view and a large one.
+(``batch.job.overwrite_table``, which ``BatchJob`` calls: one ``commit_files`` overwrite).
+delta-spark writes and commits in the JVM (``df.write.format("delta").mode("overwrite")``). Both
+write the same rows, in turn, into tables of their own, in one Spark session made as a batch run
+makes its own (``workload="batch"``, the quick JIT below 1M events), for a small view and a large one.
 
     python -m bench.delta_writers [--small 2000] [--large 1000000] [--rounds 6]
     # -> bench/results/delta_writers.json
@@ -13,19 +13,17 @@ the quick JIT below 1M events), for a small view and a large one.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import tempfile
 import time
 import uuid
 
+from batch.job import overwrite_table
 from bench.common import write_result
 from infra import jars
-from lambdalake.delta import commit_files
 from lambdalake.settings import Settings
-from lambdalake.storage import list_files
+from lambdalake.spark.session import spark_session
 
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -44,14 +42,8 @@ def rows(spark, n: int):
 
 
 def today(df, path: str) -> float:
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     t0 = time.perf_counter()
-    folder = f"data/{uuid.uuid4().hex}"
-    df.write.mode("errorifexists").parquet(f"{path}/{folder}")
-    files = [f"{folder}/{u.rsplit('/', 1)[1]}" for u in list_files(f"{path}/{folder}", suffix=".parquet")]
-    commit_files(path, files, mode="overwrite", schema=to_arrow_schema(df.schema, timezone="UTC"),
-                 metadata={"lambdalake.rows": "0"})  # fmt: skip
+    overwrite_table(df, path, f"data/{uuid.uuid4().hex}", metadata={"lambdalake.rows": "0"})
     return time.perf_counter() - t0
 
 
@@ -71,11 +63,9 @@ def main() -> None:
     args = parser.parse_args()
     settings = Settings()
     delta = ",".join(str(j) for j in jars.classpath(settings.cache_dir, "delta"))
-    conf = {**DELTA_CONF, "spark.jars": delta}
-    os.environ["LAMBDALAKE_SPARK__CONF"] = json.dumps(conf)
-    from lambdalake.spark.session import spark_session
-
-    spark = spark_session(Settings(), "bench-delta-writers", workload="batch", events=args.small)
+    conf = {**settings.spark.conf, **DELTA_CONF, "spark.jars": delta}
+    settings = settings.model_copy(update={"spark": settings.spark.model_copy(update={"conf": conf})})
+    spark = spark_session(settings, "bench-delta-writers", workload="batch", events=args.small)
     root = tempfile.mkdtemp(prefix="delta-writers-")
     result: dict = {"rounds": args.rounds, "seconds": {}}
     for size in (args.small, args.large):

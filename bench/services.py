@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import write_result
-from lambdalake.settings import PROJECT_ROOT
+from lambdalake.settings import PROJECT_ROOT, QUICK_JIT
 
 #: Run inside the measured tree: its own infra.services, its own settings model.
 PROBE = r"""
@@ -58,10 +58,6 @@ for phase in ("first", "again"):
     out[f"{phase}_stop_s"] = time.monotonic() - t0
 print(json.dumps(out))
 """
-
-
-#: The JVM option ``--quick-jit`` measures (``tests/conftest.py`` gives it to the suite's services).
-QUICK_JIT = ["-XX:TieredStopAtLevel=1"]
 
 
 def measure(tree: Path, python: str, name: str, jvm_options: list[str] | None = None) -> dict[str, float]:

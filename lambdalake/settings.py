@@ -52,6 +52,11 @@ def _port(value: str) -> bool:
     return value.isdigit() and 1 <= int(value) <= 65535
 
 
+#: The JVM options of the quick JIT: C1 alone, no C2 compilations (cheaper for short or lightly
+#: loaded JVMs on few cores; measured in BENCHMARKS.md).
+QUICK_JIT = ["-XX:TieredStopAtLevel=1"]
+
+
 class KafkaSettings(BaseModel):
     """Connection to the Kafka cluster (librdkafka names in ``client_config``)."""
 
@@ -79,8 +84,8 @@ class KafkaSettings(BaseModel):
     )
     #: Embedded broker only: its JVM heap (Kafka's own launcher uses 1G).
     heap: str = "1G"
-    #: Embedded broker only: more JVM options, after the launcher's own (e.g.
-    #: ``["-XX:TieredStopAtLevel=1"]``: the quick JIT the test suite uses, see BENCHMARKS.md).
+    #: Embedded broker only: more JVM options, after the launcher's own (e.g. :data:`QUICK_JIT`, which
+    #: the test suite gives its services, see BENCHMARKS.md).
     jvm_options: list[str] = Field(default_factory=list)
 
     @field_validator("bootstrap_servers")

@@ -17,7 +17,7 @@ import pytest
 
 from infra.services import running
 from lambdalake.pipeline import LayersSpec, Pipeline, configured_pipeline
-from lambdalake.settings import PROJECT_ROOT, Settings
+from lambdalake.settings import PROJECT_ROOT, QUICK_JIT, Settings
 
 
 def _worker() -> int:
@@ -39,12 +39,11 @@ TEST_PORTS = {
     name: port(base)
     for name, base in {"broker": 19092, "registry": 18081, "cassandra": 19042, "storage": 17000}.items()
 }
-#: The test services' JVMs compile with C1 alone: the suite's services are short-lived and lightly
-#: loaded, and C2's compiler threads took their CPU from the tests on two cores (BENCHMARKS.md).
-QUICK_JIT = ["-XX:TieredStopAtLevel=1"]
 
 
 def settings_for(state_dir: Path, ports: dict[str, int] = TEST_PORTS) -> Settings:
+    # The services' JVMs compile with C1 alone: they are short-lived and lightly loaded here, and
+    # C2's compiler threads took their CPU from the tests on two cores (BENCHMARKS.md).
     return Settings(
         kafka={"bootstrap_servers": f"127.0.0.1:{ports['broker']}", "jvm_options": QUICK_JIT},
         registry={"url": f"http://127.0.0.1:{ports['registry']}"},

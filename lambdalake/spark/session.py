@@ -9,7 +9,7 @@ from typing import Literal
 
 from pyspark.sql import SparkSession
 
-from lambdalake.settings import Settings
+from lambdalake.settings import QUICK_JIT, Settings
 
 LOG4J = Path(__file__).with_name("log4j2.properties")
 
@@ -81,12 +81,12 @@ def driver_java_options(settings: Settings, workload: Workload, *, events: int |
     opts = [f"-Dlog4j.configurationFile=file:{LOG4J}"]
     local = settings.spark.master.startswith("local")
     if workload != "stream" and local and events is not None and events < QUICK_JIT_EVENTS:
-        opts += ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+        opts += [*QUICK_JIT, "-XX:+UseSerialGC"]
     elif workload == "stream" and local:
         # Every micro-batch runs freshly generated code, and with the C2 compiler on, JIT compiling it
         # took a third of the JVM's CPU time on a 2-core machine (measured: C2 thread 30 s of 80 s).
         # C1 alone compiles far cheaper; on clusters the driver keeps the JVM's default.
-        opts.append("-XX:TieredStopAtLevel=1")
+        opts += QUICK_JIT
         # The serial collector: a micro-batch's garbage is young and small, and G1's remembered sets
         # and concurrent threads cost memory and a share of two cores (bench.peers, four runs each:
         # RSS of the job median 1,923-1,944 MB against 1,981-2,066 with G1, as fast and as fresh).
