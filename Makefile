@@ -63,7 +63,7 @@ undeploy: setup
 # until a whole run in two workers is measured (BENCHMARKS.md: the suite left 36 % of two cores idle).
 TEST_WORKERS ?= 1
 test: setup
-	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # The seeded operations schedule, long (make test runs a short one), and views changed ROUNDS times
 # on a live pipeline, and the engines' property tests with more examples:

@@ -41,6 +41,29 @@ TEST_PORTS = {
 }
 
 
+#: The slowest files first (seconds each in the one-process run of BENCHMARKS.md, 2026-11-28), so
+#: that workers taking whole files in turn end together instead of one waiting on a long last file.
+_SLOW_FILES = (
+    "test_view_versions.py",  # 509 s
+    "test_exactness.py",  # 320
+    "test_incremental_batch.py",  # 294
+    "test_speed.py",  # 288
+    "test_user_pipeline.py",  # 285
+    "test_broker_faults.py",  # 265
+    "test_speed_faults.py",  # 263
+    "test_batch.py",  # 260
+    "test_spark_cluster.py",  # 222
+    "test_serving.py",  # 206
+    "test_replay.py",  # 175
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A stable sort: tests keep their order within a file, and the other files theirs.
+    rank = {name: i for i, name in enumerate(_SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 def settings_for(state_dir: Path, ports: dict[str, int] = TEST_PORTS) -> Settings:
     # The services' JVMs compile with C1 alone: they are short-lived and lightly loaded here, and
     # C2's compiler threads took their CPU from the tests on two cores (BENCHMARKS.md).
