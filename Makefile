@@ -58,10 +58,10 @@ deploy: up
 undeploy: setup
 	$(BIN)/lambdalake undeploy
 
-# TEST_WORKERS=2 make test: the suite in two pytest-xdist workers, each with services of its own on
-# ports 1000 apart and whole test files (module fixtures stay in one worker). One process by default
-# until a whole run in two workers is measured (BENCHMARKS.md: the suite left 36 % of two cores idle).
-TEST_WORKERS ?= 1
+# The suite in two pytest-xdist workers, each with services of its own on ports 1000 apart and whole
+# test files, the slowest first (module fixtures stay in one worker): one process left 36 % of two
+# cores idle (BENCHMARKS.md). TEST_WORKERS=1 make test runs it in one process.
+TEST_WORKERS ?= 2
 test: setup
 	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 

@@ -19,6 +19,13 @@ from infra.services import running
 from lambdalake.pipeline import LayersSpec, Pipeline, configured_pipeline
 from lambdalake.settings import PROJECT_ROOT, QUICK_JIT, Settings
 
+if os.environ.get("PYTEST_XDIST_WORKER") is not None:
+    # An xdist worker's __main__ is execnet's, without a file: pyspark.sql.connect (which Great
+    # Expectations imports) takes such a process for a doctest run and exits it.
+    main = sys.modules["__main__"]
+    if getattr(main, "__spec__", None) is None and not hasattr(main, "__file__"):
+        main.__file__ = "<pytest-xdist worker>"
+
 
 def _worker() -> int:
     """The pytest-xdist worker's number (``gw0``, ``gw1``, ...; 0 without xdist)."""
