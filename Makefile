@@ -30,9 +30,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	@command -v mvn >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven >/dev/null; }
 	@touch $@
 
-# Apache Kafka and Apache Cassandra JARs, fetched from Maven Central once into .lambdalake/cache/jars/
-# (versions in infra/maven/pom.xml; a new version is fetched beside the old one).
-.lambdalake/.jars: $(STAMP) .lambdalake/.apt infra/maven/pom.xml
+# Apache Kafka and Apache Cassandra JARs, and Spark's Kafka connector, fetched from Maven Central
+# once into .lambdalake/cache/jars/ (versions in lambdalake/maven/pom.xml; a new version is fetched beside the old one).
+.lambdalake/.jars: $(STAMP) .lambdalake/.apt lambdalake/maven/pom.xml
 	$(BIN)/lambdalake install
 	@touch $@
 

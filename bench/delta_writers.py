@@ -21,7 +21,7 @@ import uuid
 
 from batch.job import overwrite_table
 from bench.common import write_result
-from infra import jars
+from lambdalake import jars
 from lambdalake.settings import Settings
 from lambdalake.spark.session import spark_session
 

@@ -1,15 +1,15 @@
 """Issue 46's engine path against today's, in one Spark session (local[2]), rounds alternating.
 
 - Read: a whole-topic batch read of the same records (a 3-partition topic on the bench broker) to
-  Spark's ``noop`` sink, with the Python twin (``lambdalake_kafka``) and with Spark's own
-  ``kafka`` source; and the floor of each: a streaming query's micro-batch of one record.
+  Spark's ``noop`` sink, with the Python twin (``lambdalake_kafka``, bounded reads) and with Spark's
+  own ``kafka`` source; and the floor of Spark's: a streaming query's micro-batch of one record.
 - Decode: the same Confluent-wire records (``offers``, 10 % written with its first schema version),
   cached in Spark, decoded by today's Python path (columnar decode, rules checked, failures kept
   with their reasons) and by Spark's ``from_avro`` in the JVM, one per writer schema id with the
   reader schema as ``avroSchema`` (decode only: no rules, no reasons).
 
 Spark's connectors at pyspark's version are fetched with Maven into the state cache (the ``spark``
-profile of ``infra/maven/pom.xml``).
+profile of ``lambdalake/maven/pom.xml``).
 
     python -m bench.jvm_paths [--events 400000] [--rounds 3]   # -> bench/results/jvm_paths.json
 """
@@ -35,8 +35,8 @@ from pyspark.sql.avro.functions import from_avro
 
 from bench.common import bench_settings, write_result
 from bench.decode import source_batches
-from infra import jars
 from infra.services import running
+from lambdalake import jars
 from lambdalake.spark import decode
 from lambdalake.spark.kafka_source import KafkaSource
 
@@ -145,7 +145,7 @@ def main() -> None:
                 seconds = timed(read(spark, source, bootstrap, topic))
                 result["read_s"][source].append(seconds)
                 print(f"round {r} read {source}: {seconds:.2f} s ({args.events / seconds:,.0f} records/s)")
-        for source in SOURCES:
+        for source in ("kafka",):  # the twin reads bounded ranges only now
             floor = floor_ms(spark, source, bootstrap, f"{topic}-floor-{source}", args.floor_seconds)
             result["floor_ms"][source] = floor
             print(f"floor {source}: micro-batches of one record {floor} ms")

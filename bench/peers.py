@@ -456,7 +456,8 @@ def main() -> None:
     base = bench_settings()
     records = list(generate("offers", args.events, seed=21, mix=Mix(invalid=0, duplicates=0.02, late=0)))
     want = reference(records)
-    sides = args.sides.split(",") + (["lambdalake-baseline"] if args.baseline else [])
+    # --sides lambdalake-baseline,lambdalake puts the baseline first (the order rotates each round).
+    sides = list(dict.fromkeys(args.sides.split(",") + (["lambdalake-baseline"] if args.baseline else [])))
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     with running(base):
         for round_no in range(args.rounds):

@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from infra import jars
+from lambdalake import jars
 from lambdalake.settings import CassandraSettings
 
 LOGBACK = """<configuration scan="false">

@@ -1,6 +1,6 @@
 """Apache Kafka as the embedded broker: one KRaft node (broker and controller in one JVM).
 
-The server JARs come from Maven Central (``infra/jars.py``); this module writes the node's
+The server JARs come from Maven Central (``lambdalake/jars.py``); this module writes the node's
 ``server.properties`` and log4j2 config, formats its log folder once (as ``kafka-storage format``
 does) and builds the java command line that ``kafka-server-start`` would run.
 """
@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from infra import jars
+from lambdalake import jars
 from lambdalake.errors import LambdalakeError
 from lambdalake.settings import KafkaSettings
 

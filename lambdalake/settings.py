@@ -30,7 +30,7 @@ from lambdalake.errors import ConfigurationError
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 MASK = "**********"
 #: Words that mark a free-form setting (``LAMBDALAKE_KAFKA__EXTRA``) as a secret.
-SECRET_WORDS = ("password", "secret", "token", "key", "credential")
+SECRET_WORDS = ("password", "secret", "token", "key", "credential", "jaas")
 _HOST = r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+)"
 _HOSTPORT = re.compile(rf"^{_HOST}:(\d{{1,5}})$")
 _SPARK_MASTER = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|yarn|(spark|k8s|mesos)://.+)$")
@@ -48,13 +48,19 @@ def is_secret_name(name: str) -> bool:
     return any(word in name.lower() for word in SECRET_WORDS)
 
 
+def _jaas_quoted(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
 def _port(value: str) -> bool:
     return value.isdigit() and 1 <= int(value) <= 65535
 
 
 #: The JVM options of the quick JIT: C1 alone, no C2 compilations (cheaper for short or lightly
-#: loaded JVMs on few cores; measured in BENCHMARKS.md).
-QUICK_JIT = ["-XX:TieredStopAtLevel=1"]
+#: loaded JVMs on few cores; measured in BENCHMARKS.md). C1 alone shrinks the code cache to 48 MB,
+#: which a driver running many queries filled ("Out of space in CodeCache for adapters", the test
+#: process after ~200 tests): the size the full JIT reserves is kept.
+QUICK_JIT = ["-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m"]
 
 
 class KafkaSettings(BaseModel):
@@ -75,6 +81,8 @@ class KafkaSettings(BaseModel):
     ssl_key_password: SecretStr | None = None
     #: Any further librdkafka properties, passed through unchanged (e.g. ``{"client.rack": "a"}``).
     extra: dict[str, str] = Field(default_factory=dict)
+    #: Any further Java client properties for Spark's Kafka source (``java_client_config``).
+    java_extra: dict[str, str] = Field(default_factory=dict)
     #: Seconds to wait for the cluster before a command gives up with an error naming the fix.
     connect_timeout_s: float = Field(5.0, gt=0, description="seconds, above 0", examples=["10"])
     #: Embedded broker only: the port of its KRaft controller. None: the broker's port plus one, so
@@ -119,6 +127,37 @@ class KafkaSettings(BaseModel):
         }
         conf.update({k: v for k, v in optional.items() if v is not None})
         conf.update(self.extra)
+        return conf
+
+    def java_client_config(self) -> dict[str, str]:
+        """The same connection as Java client properties (Spark's Kafka source takes them as
+        ``kafka.<name>``): SASL credentials as a JAAS line, certificates as PEM."""
+        conf = {"bootstrap.servers": self.bootstrap_servers, "security.protocol": self.security_protocol}
+        if self.sasl_mechanism is not None:
+            conf["sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username is not None:
+            module = (
+                "org.apache.kafka.common.security.scram.ScramLoginModule"
+                if (self.sasl_mechanism or "").upper().startswith("SCRAM")
+                else "org.apache.kafka.common.security.plain.PlainLoginModule"
+            )
+            password = self.sasl_password.get_secret_value() if self.sasl_password else ""
+            conf["sasl.jaas.config"] = (
+                f'{module} required username="{_jaas_quoted(self.sasl_username)}" '
+                f'password="{_jaas_quoted(password)}";'
+            )
+        if self.ssl_ca_location is not None:
+            conf |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": self.ssl_ca_location}
+        if self.ssl_certificate_location is not None and self.ssl_key_location is not None:
+            # Java takes a PEM key and chain by value, not by path (KIP-651).
+            conf |= {
+                "ssl.keystore.type": "PEM",
+                "ssl.keystore.certificate.chain": Path(self.ssl_certificate_location).read_text(),
+                "ssl.keystore.key": Path(self.ssl_key_location).read_text(),
+            }
+            if self.ssl_key_password is not None:
+                conf["ssl.key.password"] = self.ssl_key_password.get_secret_value()
+        conf.update(self.java_extra)
         return conf
 
 
@@ -291,8 +330,8 @@ class Settings(BaseSettings):
         """The settings as a dict with every secret masked, for ``status`` and logs: ``SecretStr``
         fields, free-form values whose names mark them as secrets, and user info inside URLs."""
         dump = self.model_dump(mode="json")
-        for group in ("kafka", "spark"):
-            free = dump[group]["extra" if group == "kafka" else "conf"]
+        for group, field in (("kafka", "extra"), ("kafka", "java_extra"), ("spark", "conf")):
+            free = dump[group][field]
             for name in free:
                 if is_secret_name(name):
                     free[name] = MASK

@@ -58,14 +58,14 @@ from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.procs import TreeMemory, tree_memory
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import DecodeSpec
-from lambdalake.spark.kafka_source import FROM, positions, transformed
-from lambdalake.spark.session import IDLE_WORKERS_CONF, spark_session
+from lambdalake.spark.session import spark_session
 from lambdalake.spark.sinks import upsert_views
 from lambdalake.spark.views import INGEST_TS, together_column, together_row, windowed, windowed_together
 from lambdalake.status import speed_status_file
-from lambdalake.storage import read_text, write_text
+from lambdalake.storage import list_files, read_text, write_text
 from lambdalake.views import windowed_inputs
 from speed.dedup import DedupLog
+from speed.last_read import LastReadCheck, LastRecords, lost_tail, offset_changed
 from speed.sinks import ArchiveSink, FileSet, LatestSink, PartitionProgress, RecordCounts, drain
 
 log = logging.getLogger("lambdalake.speed")
@@ -86,17 +86,11 @@ class SpeedOptions:
             before the job stops with an error naming the broker. Default 120 s.
         fail_on_data_loss: Stop with an error naming the offsets when the broker lost records the
             job had read (default True); False goes on past them with a warning.
-        min_records_per_task: A micro-batch's partitions are read together by one task until it
-            holds this many records (the source's ``minRecordsPerTask``); 0 reads each partition in
-            a task of its own. Default None: 5,000 when the session keeps one idle Python worker
-            (``LAMBDALAKE_SPARK__IDLE_PYTHON_WORKERS=1``: a caught-up job's small micro-batches
-            then need one worker, where two tasks at once would fork a fresh one every batch),
-            else 0 (packing alone measured no faster or fresher: BENCHMARKS.md).
 
-    Each Kafka partition's share of a micro-batch is read whole by one task (the source's
-    ``maxRecordsPerPartition`` is not set): deduplication needs a partition's records in one task,
-    and each task has a fixed cost here (about 0.3 s: a warm 198k-record batch ran 7.2 s in 3
-    tasks and 8.7 s in 9). Raise the topic's partitions to use more cores.
+    Each Kafka partition's share of a micro-batch is read whole by one task (Spark's Kafka source
+    without ``minPartitions`` or ``maxRecordsPerPartition``): deduplication needs a partition's
+    records in one task, and each task has a fixed cost here (about 0.3 s: a warm 198k-record batch
+    ran 7.2 s in 3 tasks and 8.7 s in 9). Raise the topic's partitions to use more cores.
     """
 
     trigger_seconds: float = 0.0
@@ -104,11 +98,6 @@ class SpeedOptions:
     starting_offsets: str = "earliest"
     broker_wait_s: float = 120.0
     fail_on_data_loss: bool = True
-    min_records_per_task: int | None = None
-
-
-#: A task's records at least, where micro-batches are packed (see :class:`SpeedOptions`).
-PACKED_RECORDS = 5_000
 
 
 def _compactor(settings: Settings, path: str, *, staging_prefix: str) -> Compactor | None:
@@ -144,6 +133,27 @@ def view_signature(view: WindowedView) -> str:
     """What a windowed view's Spark state depends on: its definition and the types it holds."""
     text = view.model_dump_json() + json.dumps(sorted(view.stored_types.items()))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+#: Per topic, per partition (a string), an offset: how Spark's Kafka source logs its offsets.
+Offsets = dict[str, dict[str, int]]
+
+
+def _source_offsets(entry: str | None) -> Offsets | None:
+    """The Kafka source's offsets in a checkpoint's offset log entry (``v1``, the batch's metadata,
+    then the source's line) or in its initial offsets (a NUL byte, ``v1``, then the offsets)."""
+    if entry is None:
+        return None
+    return json.loads(entry.strip("\x00").splitlines()[-1])
+
+
+def _read_by_twin(folder: str) -> bool:
+    """Whether a checkpoint's offsets were logged by the Python Kafka source lambdalake had before
+    Spark's own (its entries carry keys of its own, starting with ``$``)."""
+    entries = [u for u in list_files(f"{folder}/offsets") if u.rsplit("/", 1)[1].isdigit()]
+    last = max(entries, key=lambda u: int(u.rsplit("/", 1)[1]), default=None)
+    offsets = _source_offsets(read_text(last)) if last else None
+    return any(key.startswith("$") for key in offsets or {})
 
 
 def _has_checkpoint(folder: str) -> bool:
@@ -348,6 +358,8 @@ class SpeedJob:
         self.files = self.spark.sparkContext.accumulator(frozenset(), FileSet())
         self.read_progress = self.spark.sparkContext.accumulator({}, PartitionProgress())
         self.records_read = self.spark.sparkContext.accumulator({}, RecordCounts())
+        self.last_read = self.spark.sparkContext.accumulator({}, LastRecords())
+        self.reads_check: LastReadCheck | None = None
         self.run_id = ""
 
     # --- building blocks ----------------------------------------------------------------------
@@ -367,18 +379,23 @@ class SpeedJob:
         every = self.master.read_progress()
         return {int(k.rsplit("/", 1)[1]): v for k, v in every.items() if k.rsplit("/", 1)[0] == topic}
 
+    def batch_offsets(self, batch_id: int) -> tuple[Offsets, Offsets]:
+        """Where micro-batch ``batch_id`` of the main query starts and ends, per topic and partition,
+        from the checkpoint: its offset log entry (written before the batch runs) holds its end, the
+        entry before it its start, and a checkpoint's first batch starts at the initial offsets
+        Spark's Kafka source keeps under ``sources/0/0``."""
+        end = _source_offsets(read_text(f"{self.main_dir}/offsets/{batch_id}"))
+        if end is None:
+            raise RuntimeError(f"no offset log entry for batch {batch_id} under {self.main_dir}")
+        start = _source_offsets(read_text(f"{self.main_dir}/offsets/{batch_id - 1}")) if batch_id else None
+        if start is None:
+            start = _source_offsets(read_text(f"{self.main_dir}/sources/0/0")) or {}
+        return start, end
+
     def batch_ranges(self, batch_id: int) -> dict[str, list[tuple[int, int]]]:
         """The offsets ``[start, end)`` per ``"topic/partition"`` that micro-batch ``batch_id`` of
-        the main query reads, from its entry in the checkpoint's offset log (written before the
-        batch runs; the Kafka source keeps the batch's start in it, see ``kafka_source.FROM``)."""
-        text = read_text(f"{self.main_dir}/offsets/{batch_id}")
-        if text is None:
-            raise RuntimeError(f"no offset log entry for batch {batch_id} under {self.main_dir}")
-        offset = json.loads(text.splitlines()[2])  # "v1", the batch's metadata, then the source's
-        start, end = offset.get(FROM), positions(offset)
-        if start is None:  # an entry written before FROM was kept: the previous entry's end
-            previous = read_text(f"{self.main_dir}/offsets/{batch_id - 1}") if batch_id else None
-            start = positions(json.loads(previous.splitlines()[2])) if previous else {}
+        the main query reads (:meth:`batch_offsets`)."""
+        start, end = self.batch_offsets(batch_id)
         return {
             f"{topic}/{p}": [(int(start.get(topic, {}).get(p, 0)), int(until))]
             for topic, ps in end.items()
@@ -397,28 +414,24 @@ class SpeedJob:
         chosen = read_text(f"{self.checkpoints}/{RESET_FILE}")
         return chosen.strip() if chosen else self.options.starting_offsets
 
-    @property
-    def min_records_per_task(self) -> int:
-        """The source's ``minRecordsPerTask`` (see :class:`SpeedOptions`)."""
-        if self.options.min_records_per_task is not None:
-            return self.options.min_records_per_task
-        kept = self.spark.sparkContext.getConf().get(IDLE_WORKERS_CONF)
-        return PACKED_RECORDS if kept == "1" else 0
+    def records(self, *, starting: str | None = None) -> DataFrame:
+        """The pipeline's topic as a stream of Kafka records, read by Spark's own Kafka source;
+        ``starting``: where a fresh checkpoint starts (default :meth:`starting_offsets`).
 
-    def records(self, source: str = "lambdalake_kafka", *, starting: str | None = None) -> DataFrame:
-        """The pipeline's topic as a stream of Kafka records (the Kafka source's columns), or what
-        ``source`` (a :func:`lambdalake.spark.kafka_source.transformed` one) makes of them;
-        ``starting``: where a fresh checkpoint starts (default :meth:`starting_offsets`)."""
-        reader = self.spark.readStream.format(source)
-        for key, value in self.settings.kafka.client_config().items():
-            reader = reader.option(f"kafka.{key}", str(value))
+        What the source does not check is checked around each micro-batch (:meth:`_main_batch`):
+        offsets the broker gave to new records, and a plan that goes behind the checkpoint."""
+        reader = self.spark.readStream.format("kafka")
+        for key, value in self.settings.kafka.java_client_config().items():
+            reader = reader.option(f"kafka.{key}", value)
         return (
             reader.option("subscribe", self.pipeline.topic.name)
             .option("startingOffsets", starting or self.starting_offsets())
             .option("maxOffsetsPerTrigger", str(self.options.max_offsets_per_trigger))
-            .option("minRecordsPerTask", str(self.min_records_per_task))
             .option("failOnDataLoss", str(self.options.fail_on_data_loss).lower())
-            .option("fetchOffset.numRetries", str(max(1, int(self.options.broker_wait_s))))
+            # Each of the source's offset requests waits a third of the broker wait, three times: a
+            # log end behind the checkpoint is also asked again that often before it counts as a loss.
+            .option("kafka.default.api.timeout.ms", str(max(10_000, int(self.options.broker_wait_s * 333))))
+            .option("fetchOffset.numRetries", "3")
             .option("fetchOffset.retryIntervalMs", "1000")
             .load()
         )
@@ -483,9 +496,13 @@ class SpeedJob:
                 record["views"] = [[record.pop("primary"), None]] if record.get("primary") else []
             held = {name: signature for name, signature in record["views"]}
             same = held.keys() == wanted.keys() and all(s in (None, wanted[n]) for n, s in held.items())
-            if same:
+            folder = f"{self.checkpoints}/{record['dir']}"
+            if same and _read_by_twin(folder):
+                why = "lambdalake's former Kafka source logged its offsets: Spark's cannot resume them"
+                record = self._move(record, wanted, why=why)
+            elif same:
                 record["views"] = [[n, wanted[n]] for n in held]  # its order: the state's
-            elif not _has_checkpoint(f"{self.checkpoints}/{record['dir']}"):
+            elif not _has_checkpoint(folder):
                 # Never ran (a move, then a stop before its first batch): it starts with these views,
                 # from where the move put it.
                 self._mark_starts(set(held), wanted, record.get("from_ms"))
@@ -500,7 +517,7 @@ class SpeedJob:
         if record.get("offsets") and not _has_checkpoint(self.main_dir):
             self._main_offsets = json.dumps(record["offsets"])
 
-    def _move(self, record: dict[str, Any], wanted: dict[str, str]) -> dict[str, Any]:
+    def _move(self, record: dict[str, Any], wanted: dict[str, str], *, why: str = "") -> dict[str, Any]:
         """A new checkpoint for the main query, whose windowed views changed.
 
         Without windowed views it starts where bronze has archived every offset. With them, it
@@ -531,8 +548,9 @@ class SpeedJob:
                 offsets = {p: max(min(early[p], unread[p]), ends[p][0]) for p in ends}
         held = {name for name, _ in record["views"]}
         self._mark_starts(held, wanted, from_ms)
-        log.info("the main query's windowed views changed (%s to %s): it moves to checkpoint main-g%d at %s, "
-                 "counting from %s", sorted(held), sorted(wanted), generation, offsets, from_ms)  # fmt: skip
+        why = why or f"its windowed views changed ({sorted(held)} to {sorted(wanted)})"
+        log.info("the main query moves to checkpoint main-g%d at %s, counting from %s: %s",
+                 generation, offsets, from_ms, why)  # fmt: skip
         return {
             "dir": f"main-g{generation}", "views": list(wanted.items()), "generation": generation,
             "offsets": {topic: {str(p): o for p, o in offsets.items()}}, "from_ms": from_ms,
@@ -579,12 +597,11 @@ class SpeedJob:
             passthrough=tuple(self._windowed_inputs(self.counted)) if self.counted else (),
             dedup=self._dedup(self.main_dir.rsplit("/", 1)[1]) if self.counted else None,
             archived=self._archived(),
+            last_read=self.last_read,
         )
-        source = transformed(
-            sink, from_arrow_schema(sink.output_schema), name=f"lambdalake_archive_{uuid.uuid4().hex}"
+        archived = self.records(starting=self._main_offsets).mapInArrow(
+            sink, from_arrow_schema(sink.output_schema)
         )
-        self.spark.dataSource.register(source)
-        archived = self.records(source.name(), starting=self._main_offsets)
         tables = [speed_table_def(self.pipeline, v) for v in self.counted]
         if len(tables) == 1:  # the rows of one view alone (:meth:`_windowed`)
             self._view_tables = [(tables[0], {c: c for c in tables[0].source_columns}, None)]
@@ -597,9 +614,21 @@ class SpeedJob:
 
     def _main_batch(self, df: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
+        start, end = self.batch_offsets(batch_id)
+        behind = [
+            (t, int(p), int(start[t][p]), int(o))
+            for t, ps in end.items() for p, o in ps.items() if int(o) < int(start.get(t, {}).get(p, o))
+        ]  # fmt: skip
+        if behind:
+            # Spark's source told to go on (failOnDataLoss false) plans from a log's end that went
+            # behind the checkpoint: the next batches would read offsets the broker handed out again.
+            raise lost_tail(*behind[0])
+        assert self.reads_check is not None
+        self.reads_check.check(list(self.batch_ranges(batch_id)))
         self.files.value = frozenset()
         self.read_progress.value = {}
         self.records_read.value = {}
+        self.last_read.value = {}
         if self._view_tables:
             upsert_views(df, tables=self._view_tables, cassandra=self.settings.cassandra)
         else:
@@ -616,6 +645,7 @@ class SpeedJob:
             layers=self.pipeline.layers, partitions=self.read_progress.value,
             ranges=self.batch_ranges(batch_id), speed=True,
         )  # fmt: skip
+        self.reads_check.record(self.last_read.value)
         if self.compactor is not None:
             self.compactor.committed()
         log.debug("main batch %d: pass %.2fs, commit %.2fs (%d files)", batch_id, t1 - t0,
@@ -628,6 +658,9 @@ class SpeedJob:
         require_log_append_time(self.settings, self.pipeline)
         self.deploy()
         self._choose_main()
+        self.reads_check = LastReadCheck(
+            settings=self.settings, checkpoint=self.main_dir, fail=self.options.fail_on_data_loss
+        )
         self.run_id = self._run_id()
         self.master.clear_staging(f"{self.run_id}-")
         self.compactor = _compactor(self.settings, self.master.path, staging_prefix=f"{self.run_id}-")
@@ -668,8 +701,18 @@ class SpeedJob:
                 ),
             )
         text = str(exc)
+        lost = offset_changed(text)
+        if lost is not None:
+            return LambdalakeError(f"query {query.name} stopped: {lost.message}", fix=lost.fix)
+        if "org.apache.kafka.common.errors.TimeoutException" in text:
+            return LambdalakeError(
+                f"query {query.name} stopped: the Kafka broker at {self.settings.kafka.bootstrap_servers} "
+                f"did not answer within {self.options.broker_wait_s:.0f}s",
+                fix="start the broker (`lambdalake up`), or raise `speed run --broker-wait`; the job "
+                "resumes from its checkpoint",
+            )
         # Errors whose own message names the partition, offsets, broker or table, and the fix.
-        for marker in ("DATA LOSS", "the Kafka broker at", "Cassandra refused writes"):
+        for marker in ("DATA LOSS", "Cassandra refused writes"):
             if marker in text:
                 detail = text[text.index(marker) :]
                 message, _, fix = detail.replace("\n  fix: ", " Fix: ").partition(" Fix: ")
@@ -693,6 +736,8 @@ class SpeedJob:
             # A round cut short by the process's exit leaves bronze as it was (its staged file is
             # cleared at the next start), so a stop waits for it a while, not for ever.
             self.compactor.close(timeout=30)
+        if self.reads_check is not None:
+            self.reads_check.close()
         self.progress.close(self.queries)
 
     def close(self) -> None:

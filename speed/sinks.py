@@ -24,11 +24,13 @@ from lambdalake.cassandra.writer import cassandra_values, upsert_arrow
 from lambdalake.filters import Node, arrow_expression
 from lambdalake.kafka import dlq
 from lambdalake.master_files import write_event_files
+from lambdalake.procs import LIGHT_TASK_ROWS, release_freed_memory
 from lambdalake.settings import CassandraSettings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decoder
 from lambdalake.spark.views import INGEST_TS
 from lambdalake.views import NULL_VERSION, latest_rank
 from speed.dedup import DedupLog
+from speed.last_read import Fingerprints, noting_last
 
 _producers: dict[str, Any] = {}
 
@@ -175,9 +177,8 @@ def winners(keys: list[tuple[Any, ...]], order: np.ma.MaskedArray) -> list[int]:
 
 @dataclass(frozen=True)
 class ArchiveSink:
-    """The speed job's one pass over each Kafka partition's records: run by the Kafka source's reader
-    where the records are read (:func:`lambdalake.spark.kafka_source.transformed`), or as a
-    ``mapInArrow`` function over the source's records (the same thing with a second Python worker).
+    """The speed job's one pass over each Kafka partition's records: a ``mapInArrow`` function over
+    Spark's Kafka source's records.
 
     Per task (one Kafka partition's range of a micro-batch): records are decoded
     (:func:`lambdalake.spark.decode.decoder`); failures go to the DLQ; valid events are written as
@@ -214,6 +215,8 @@ class ArchiveSink:
     #: Per partition, the highest offset bronze holds already (a checkpoint rebuilt by ``speed reset``
     #: re-reads records bronze archived): those are not archived or dead-lettered again.
     archived: dict[int, int] = field(default_factory=dict)
+    #: :class:`speed.last_read.LastRecords`: the last record read of each partition.
+    last_read: Accumulator | None = None
 
     @property
     def output_schema(self) -> pa.Schema:
@@ -222,7 +225,10 @@ class ArchiveSink:
         return pa.schema([schema.field(name) for name in self.passthrough])
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        decoded = list(decoder(self.decode)(batches))
+        last: Fingerprints = {}
+        decoded = list(decoder(self.decode)(noting_last(batches, last)))
+        if self.last_read is not None and last:
+            self.last_read.add(last)
         if not decoded:
             return
         table = pa.Table.from_batches(decoded)
@@ -262,6 +268,8 @@ class ArchiveSink:
             if self.dedup is not None:
                 events = events.filter(pa.array(self.dedup.fresh(events)))
             yield from events.select(list(self.passthrough)).to_batches()
+        if table.num_rows <= LIGHT_TASK_ROWS:
+            release_freed_memory()
 
     def _not_archived(self, table: pa.Table) -> pa.Array:
         """Which rows are past what bronze holds for their partition."""

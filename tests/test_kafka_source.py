@@ -1,4 +1,4 @@
-"""Offset logic of the Spark Kafka source, against the real broker (no Spark needed for most)."""
+"""Bounded reads of Kafka ranges (replay's pieces), against the real broker (no Spark needed)."""
 
 from __future__ import annotations
 
@@ -7,22 +7,16 @@ import json
 import pyarrow as pa
 import pytest
 from confluent_kafka import Producer, TopicPartition
-from confluent_kafka.admin import NewPartitions, NewTopic
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from confluent_kafka.admin import NewTopic
 
 from lambdalake.kafka.admin import admin_client
 from lambdalake.settings import Settings
 from lambdalake.spark.kafka_source import (
     KafkaBatchReader,
     KafkaPartition,
-    KafkaRanges,
     KafkaSourceError,
-    KafkaStreamReader,
     SourceOptions,
-    pack,
     plan,
-    positions,
-    rate_limit,
 )
 
 pytestmark = pytest.mark.services
@@ -85,8 +79,6 @@ def test_starting_and_ending_offsets(services: Settings, unique: str) -> None:
         (1, 2),
         (1, 3),
     ]
-    stream = KafkaStreamReader(options(services, topic, startingOffsets="latest"))
-    assert stream.initialOffset() == {topic: {"0": 10, "1": 4}}
 
 
 def test_starting_timestamp(services: Settings, unique: str) -> None:
@@ -104,14 +96,7 @@ def test_starting_timestamp(services: Settings, unique: str) -> None:
     assert values == [b"new0", b"new1", b"new2"]
 
 
-def test_rate_limit_and_plan() -> None:
-    start = {"t": {"0": 0, "1": 100}}
-    latest = {"t": {"0": 900, "1": 200}, "u": {"0": 0}}
-    limited = rate_limit(start, latest, 500)
-    taken = sum(limited["t"][p] - start["t"][p] for p in ("0", "1"))
-    assert 0 < taken <= 500 and limited["t"]["0"] - 0 > limited["t"]["1"] - 100  # shared by backlog
-    assert rate_limit(start, latest, 10_000) == latest
-    # A partition that appeared since the start is read from its beginning.
+def test_plan_reads_an_added_partition_from_its_beginning() -> None:
     parts = plan({"t": {"0": 5}}, {"t": {"0": 8, "1": 3}})
     assert [(p.partition, p.start, p.until, p.new) for p in parts] == [(0, 5, 8, False), (1, 0, 3, True)]
 
@@ -128,63 +113,6 @@ def test_plan_cuts_long_ranges_into_contiguous_pieces(max_records: int) -> None:
         sizes = [p.until - p.start for p in mine]
         assert max(sizes) <= max_records and max(sizes) - min(sizes) <= 1
     assert len(plan(start, end)) == 3  # without a limit: one per topic partition
-
-
-@pytest.mark.parametrize("min_records", [None, 1, 5, 12, 30, 1000])
-def test_pack_joins_small_ranges_whole_and_in_order(min_records: int | None) -> None:
-    parts = plan(
-        {"t": {"0": 0, "1": 0, "2": 0}, "u": {"0": 0}}, {"t": {"0": 10, "1": 3, "2": 8}, "u": {"0": 4}}
-    )
-    tasks = pack(parts, min_records)
-    flat = [q for t in tasks for q in (t.parts if isinstance(t, KafkaRanges) else (t,))]
-    assert flat == parts  # every range once, whole, in the plan's order
-    sizes = [sum(q.until - q.start for q in (t.parts if isinstance(t, KafkaRanges) else (t,))) for t in tasks]
-    if not min_records:
-        assert len(tasks) == len(parts)
-    else:
-        assert all(size >= min_records for size in sizes[:-1])  # a task closes once it holds enough
-        # ... and not before: without its last range, each task holds fewer than the bound.
-        for t, size in zip(tasks, sizes, strict=True):
-            if isinstance(t, KafkaRanges):
-                assert size - (t.parts[-1].until - t.parts[-1].start) < min_records
-    assert len(pack(parts, 1000)) == 1 and len(pack(parts, 1)) == len(parts)
-
-
-def test_stream_reads_packed_ranges_as_one_task(services: Settings, unique: str) -> None:
-    topic = f"pack-{unique}"
-    make_topic(services, topic, 3)
-    produce(services, topic, 40)
-    reader = KafkaStreamReader(options(services, topic, startingOffsets="earliest", minRecordsPerTask="100"))
-    start = reader.initialOffset()
-    end = reader.latestOffset(start, ReadAllAvailable())
-    (task,) = reader.partitions(start, end)
-    assert isinstance(task, KafkaRanges) and len(task.parts) == 3
-    rows = [r for b in reader.read(task) for r in zip(*b.to_pydict().values(), strict=True)]
-    assert sorted(r[1] for r in rows) == sorted(f"v{i}".encode() for i in range(40))
-    # Below the bound no longer: a task per partition, as without the option.
-    many = KafkaStreamReader(options(services, topic, startingOffsets="earliest", minRecordsPerTask="5"))
-    assert all(isinstance(t, KafkaPartition) for t in many.partitions(start, end))
-
-
-def test_stream_limits_and_added_partitions(services: Settings, unique: str) -> None:
-    topic = f"grow-{unique}"
-    make_topic(services, topic, 1)
-    produce(services, topic, 50, partition=0)
-    reader = KafkaStreamReader(
-        options(services, topic, startingOffsets="earliest", maxOffsetsPerTrigger="20")
-    )
-    start = reader.initialOffset()
-    assert isinstance(reader.getDefaultReadLimit(), ReadMaxRows)
-    end = reader.latestOffset(start, ReadMaxRows(20))
-    assert positions(end) == {topic: {"0": 20}}
-    assert positions(reader.latestOffset(start, ReadAllAvailable())) == {topic: {"0": 50}}
-    admin = admin_client(services)
-    admin.create_partitions([NewPartitions(topic, 2)])[topic].result()
-    produce(services, topic, 6, partition=1)
-    later = reader.latestOffset(end, ReadAllAvailable())
-    assert positions(later) == {topic: {"0": 50, "1": 6}}
-    rows = read_all(reader.opts, reader.partitions(end, later))
-    assert sorted((p, o) for p, o, _ in rows) == [(0, o) for o in range(20, 50)] + [(1, o) for o in range(6)]
 
 
 def test_gaps_and_control_records(services: Settings, unique: str) -> None:

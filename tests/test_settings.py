@@ -45,3 +45,35 @@ def test_the_embedded_controller_port_moves_with_the_broker_port(tmp_path) -> No
 def test_the_cql_protocol_is_negotiated_unless_pinned() -> None:
     assert Settings().cassandra.driver_options() == {}
     assert Settings(cassandra={"protocol_version": 4}).cassandra.driver_options() == {"protocol_version": 4}
+
+
+def test_the_java_client_config_carries_the_same_connection(tmp_path: Path) -> None:
+    """Spark's Kafka source takes Java client properties: SASL as a JAAS line, certificates as PEM."""
+    cert, key = tmp_path / "client.pem", tmp_path / "client.key"
+    cert.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n")
+    settings = Settings(
+        kafka={
+            "bootstrap_servers": "b1:9093,b2:9093", "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "svc", "sasl_password": 'pa"ss',
+            "ssl_ca_location": "/etc/ca.pem", "ssl_certificate_location": str(cert),
+            "ssl_key_location": str(key), "java_extra": {"client.rack": "a"},
+        }
+    )  # fmt: skip
+    conf = settings.kafka.java_client_config()
+    assert conf["bootstrap.servers"] == "b1:9093,b2:9093" and conf["security.protocol"] == "SASL_SSL"
+    assert conf["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert conf["sasl.jaas.config"] == (
+        'org.apache.kafka.common.security.scram.ScramLoginModule required username="svc" password="pa\\"ss";'
+    )
+    assert conf["ssl.truststore.type"] == "PEM" and conf["ssl.truststore.location"] == "/etc/ca.pem"
+    assert conf["ssl.keystore.type"] == "PEM"
+    assert "BEGIN CERTIFICATE" in conf["ssl.keystore.certificate.chain"]
+    assert "BEGIN PRIVATE KEY" in conf["ssl.keystore.key"] and conf["client.rack"] == "a"
+    plain = Settings(kafka={"sasl_mechanism": "PLAIN", "sasl_username": "u", "sasl_password": "p"})
+    assert plain.kafka.java_client_config()["sasl.jaas.config"].startswith(
+        "org.apache.kafka.common.security.plain.PlainLoginModule required"
+    )
+    # The JAAS line carries the password: masked where settings are shown.
+    shown = Settings(kafka={"java_extra": {"sasl.jaas.config": "x password=y;"}}).safe_dump()
+    assert shown["kafka"]["java_extra"]["sasl.jaas.config"] != "x password=y;"

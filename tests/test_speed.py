@@ -26,7 +26,7 @@ from lambdalake.settings import Settings
 from lambdalake.views import speed_table
 from speed.job import SpeedJob
 from tests.conftest import isolated, pipeline_named
-from tests.helpers import consume_all, run_speed_once, send_generated
+from tests.helpers import bronze_coordinates, consume_all, run_speed_once, send_generated
 from tests.reference import cassandra_rows, compare, differences, topic_events, windowed_view
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -420,35 +420,54 @@ def test_speed_status_counts_every_row_across_restarts(services: Settings, spark
     assert main["rows"] == 4965, main
 
 
-def test_packed_micro_batches_give_the_same_views_bronze_and_dead_letters(
+def test_small_micro_batches_give_the_same_views_bronze_and_dead_letters(
     services: Settings, spark, tmp_path: Path
 ) -> None:
-    """Small micro-batches whose partitions one task reads together (``min_records_per_task``, as with
-    ``LAMBDALAKE_SPARK__IDLE_PYTHON_WORKERS=1``): copies across tasks and batches still count once."""
+    """Micro-batches of 400 records: copies across tasks and batches still count once, and every
+    record is archived or dead-lettered once."""
     unique = os.urandom(4).hex()
     settings = isolated(services, tmp_path, unique)
     # A name of its own: query names are unique per Spark session, and the module's jobs still run.
     pipeline = pipeline_named(settings, "offers", topic=f"offers-{unique}", epoch="10 seconds").model_copy(
-        update={"name": "offers_packed"}
+        update={"name": "offers_small"}
     )
     producer = EventProducer(settings=settings, pipeline=pipeline)
     send_generated(producer, "offers", 3000, seed=41, mix=Mix(duplicates=0.05, invalid=0.01, late=0.03))
     bad = inject_bad_records(settings, pipeline)
-    run_speed_once(settings, pipeline, spark, max_offsets_per_trigger=400, min_records_per_task=100_000)
+    run_speed_once(settings, pipeline, spark, max_offsets_per_trigger=400)
 
     events, invalid = topic_events(settings, pipeline)
     assert invalid == bad and len(events) > 2800
     assert differences(settings, pipeline, events) == []
-    master = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
-    bronze = master.read()
-    coords = list(
-        zip(bronze.column("_partition").to_pylist(), bronze.column("_offset").to_pylist(), strict=True)
-    )
+    coords = bronze_coordinates(settings, pipeline)
     assert len(coords) == len(set(coords)) == len(events)
-    # Files named by a hash of their coordinates hold records of several partitions: packed tasks.
-    names = [Path(f).name for f in master.file_uris()]
-    assert any(f"-{pipeline.topic.name}-" not in n for n in names), names
-    letters = [
-        m for m in consume_all(settings, pipeline.topic.dlq) if dict(m.headers())[dlq.STAGE] == b"speed"
-    ]
-    assert len(letters) == bad
+
+
+def test_a_checkpoint_of_the_former_kafka_source_moves_once_and_stays_exact(
+    services: Settings, spark, tmp_path: Path
+) -> None:
+    """A main checkpoint whose offsets the Python Kafka source lambdalake had before logged (keys of
+    its own beside the offsets) cannot be resumed by Spark's source: the job moves it once to a new
+    checkpoint, archives nothing twice and counts every view exactly."""
+    unique = os.urandom(4).hex()
+    settings = isolated(services, tmp_path, unique)
+    pipeline = pipeline_named(settings, "offers", topic=f"offers-{unique}", epoch="10 seconds").model_copy(
+        update={"name": "offers_former"}
+    )
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    send_generated(producer, "offers", 1500, seed=43, mix=Mix(duplicates=0.05, invalid=0, late=0.03))
+    run_speed_once(settings, pipeline, spark)
+    job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
+    entries = sorted(Path(job.checkpoints, "main", "offsets").glob("[0-9]*"), key=lambda p: int(p.name))
+    lines = entries[-1].read_text().splitlines()
+    former = {**json.loads(lines[-1]), "$lambdalake.check": {}, "$lambdalake.from": {}}
+    entries[-1].write_text("\n".join([*lines[:-1], json.dumps(former)]))
+    send_generated(producer, "offers", 1500, seed=44, mix=Mix(duplicates=0.05, invalid=0, late=0.03))
+    run_speed_once(settings, pipeline, spark)
+
+    record = json.loads(Path(job.checkpoints, "lambdalake-main.json").read_text())
+    assert record["dir"] == "main-g1", record
+    events, _ = topic_events(settings, pipeline)
+    assert differences(settings, pipeline, events) == []
+    coords = bronze_coordinates(settings, pipeline)
+    assert len(coords) == len(set(coords)) == len(events)

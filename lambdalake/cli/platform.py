@@ -44,12 +44,12 @@ def up(only: OnlyOpt = None) -> None:
 
 @app.command()
 def install() -> None:
-    """Fetch the embedded services' JARs (Apache Kafka, Apache Cassandra) from Maven Central into the
-    cache, once, without starting them."""
-    from infra import jars
+    """Fetch the JARs (Apache Kafka and Apache Cassandra for the embedded services, Spark's Kafka
+    connector for every Spark session) from Maven Central into the cache, once, without starting them."""
+    from lambdalake import jars
 
     settings = get_settings()
-    for bundle in ("kafka", "cassandra"):
+    for bundle in ("kafka", "cassandra", "spark"):
         t0 = time.monotonic()
         with console.status(f"fetching {bundle} {jars.version(bundle)} with Maven..."):
             done = jars.cached(settings.cache_dir, bundle)

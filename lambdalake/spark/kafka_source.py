@@ -1,65 +1,38 @@
-"""A Kafka source for Spark written with PySpark 4's Python Data Source API.
+"""Bounded reads of Kafka partition ranges into Arrow, for Spark tasks: replay's pieces, and
+``spark.read.format("lambdalake_kafka")``.
 
-pyspark ships no ``spark-sql-kafka`` connector and none can be fetched here, so this is a twin of
-Spark's built-in ``kafka`` source: the same columns and types and the same option names, so switching
-a job to the built-in connector on a cluster that has it is the one-word change
-``format("lambdalake_kafka")`` -> ``format("kafka")``.
+The speed job reads with Spark's own Kafka source (``format("kafka")``, spark-sql-kafka-0-10, on
+every session's classpath). Replay still reads its pieces here: each task reads, decodes and
+archives one piece in one Python worker, so no record crosses into the JVM (measuring it against
+Spark's source is issue 46's next step).
 
-Columns: ``key`` binary, ``value`` binary, ``topic`` string, ``partition`` int, ``offset`` long,
-``timestamp`` timestamp, ``timestampType`` int, and ``headers`` array<struct<key string, value binary>>
-when ``includeHeaders`` is true.
+Columns (as Spark's source): ``key`` binary, ``value`` binary, ``topic`` string, ``partition`` int,
+``offset`` long, ``timestamp`` timestamp, ``timestampType`` int, and ``headers``
+array<struct<key string, value binary>> when ``includeHeaders`` is true.
 
 Options (as Spark's): ``kafka.<librdkafka property>`` (``kafka.bootstrap.servers`` required),
 ``subscribe`` (comma-separated topics) or ``assign`` (JSON ``{"topic": [0, 1]}``),
 ``startingOffsets`` (``earliest``, ``latest`` or JSON ``{"topic": {"0": 23, "1": -2}}``, -2 earliest,
--1 latest), ``startingTimestamp`` (ms, all partitions), ``endingOffsets`` (batch reads: ``latest`` or
-JSON), ``endingTimestamp`` (batch reads, ms), ``maxOffsetsPerTrigger``, ``maxRecordsPerPartition``,
-``minRecordsPerTask`` (streaming reads: partitions' ranges joined into one task up to that many
-offsets; not an option of Spark's source), ``failOnDataLoss`` (default true), ``includeHeaders``
-(default false), ``kafkaConsumer.pollTimeoutMs`` (default 120000), ``fetchOffset.numRetries``
-(default 3) and ``fetchOffset.retryIntervalMs`` (default 1000): how often and how far apart a
-metadata or offset request the broker did not answer is retried before the query fails naming the
-broker.
-
-Data loss: a broker that loses acknowledged records (a crashed one that had not written them, or an
-unclean leader election) loses the tail of a partition and hands the lost offsets to new records. The
-streaming reader notices both forms: the log's end behind the checkpoint, and the last record read
-no longer being the same record (each planned end carries the offset, timestamp and CRC of the record
-before it, checked when the next batch is planned). With ``failOnDataLoss`` true (the default) the
-query fails naming the partition and offsets; with false it goes on past the checkpoint with a
-warning naming the offsets whose new records it does not read (they would reuse archived coordinates).
-
-:func:`transformed` makes a streaming variant whose reader yields a function of each partition's
-records instead of the records (the speed job's archive pass runs there: one Python worker per task).
-
-Delivery guarantee: the streaming reader's offsets are Kafka's per-partition offsets and live in
-Spark's checkpoint, not in a consumer group; a restarted query re-reads exactly the planned ranges,
-so with idempotent sinks each record takes effect exactly once.
+-1 latest), ``startingTimestamp`` (ms, all partitions), ``endingOffsets`` (``latest`` or JSON),
+``endingTimestamp`` (ms), ``maxRecordsPerPartition``, ``failOnDataLoss`` (default true: records
+removed from a range fail the read), ``includeHeaders`` (default false),
+``kafkaConsumer.pollTimeoutMs`` (default 120000), ``fetchOffset.numRetries`` (default 3) and
+``fetchOffset.retryIntervalMs`` (default 1000): how often and how far apart a metadata or offset
+request the broker did not answer is retried before the read fails naming the broker.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import pickle
 import time
-import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import chain, pairwise
+from itertools import pairwise
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceReader,
-    DataSourceStreamReader,
-    InputPartition,
-)
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
-from pyspark.sql.types import StructType
-
-from lambdalake.procs import LIGHT_TASK_ROWS, release_freed_memory
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 log = logging.getLogger("lambdalake.kafka_source")
 
@@ -89,14 +62,6 @@ ARROW_HEADERS = pa.field(
 
 #: Offsets as Spark's kafka source writes them: {"topic": {"partition": offset}}.
 Offsets = dict[str, dict[str, int]]
-#: Key of the planned end offsets' fingerprints in a streaming offset ('$' is not valid in a topic
-#: name): {"topic/partition": [offset, timestamp_ms, crc32 of the value] | null}.
-CHECK = "$lambdalake.check"
-#: Key of a planned end offset's start (the previous end): {"topic": {"partition": offset}}. Kept in
-#: each offset-log entry so a micro-batch's whole range is known from its own entry (the first
-#: batch's start is logged nowhere else): bronze records the ranges it covered.
-FROM = "$lambdalake.from"
-Fingerprint = list[int] | None
 
 
 class KafkaSourceError(RuntimeError):
@@ -104,21 +69,16 @@ class KafkaSourceError(RuntimeError):
 
 
 class DataLossError(KafkaSourceError):
-    """Records the query read or planned are gone from the log (or were replaced by others)."""
+    """Records of the range are gone from the log."""
 
 
 class BrokerUnavailableError(KafkaSourceError):
     """The broker did not answer a metadata or offset request within the configured retries."""
 
 
-def positions(offsets: dict) -> Offsets:
-    """The topic/partition offsets of a streaming offset, without its fingerprints."""
-    return {t: ps for t, ps in offsets.items() if not t.startswith("$")}
-
-
 @dataclass(frozen=True)
 class SourceOptions:
-    """The parsed options of one ``readStream``/``read``."""
+    """The parsed options of one bounded read."""
 
     client_config: dict[str, str]
     subscribe: tuple[str, ...]
@@ -127,9 +87,7 @@ class SourceOptions:
     starting_timestamp: int | None
     ending: str
     ending_timestamp: int | None
-    max_offsets_per_trigger: int | None
     max_records_per_partition: int | None
-    min_records_per_task: int | None
     fail_on_data_loss: bool
     include_headers: bool
     poll_timeout_s: float
@@ -159,9 +117,7 @@ class SourceOptions:
             starting_timestamp=as_int("startingtimestamp"),
             ending=lower.get("endingoffsets", "latest"),
             ending_timestamp=as_int("endingtimestamp"),
-            max_offsets_per_trigger=as_int("maxoffsetspertrigger"),
             max_records_per_partition=as_int("maxrecordsperpartition"),
-            min_records_per_task=as_int("minrecordspertask"),
             fail_on_data_loss=lower.get("failondataloss", "true").lower() != "false",
             include_headers=lower.get("includeheaders", "false").lower() == "true",
             poll_timeout_s=int(lower.get("kafkaconsumer.polltimeoutms", "120000")) / 1000,
@@ -231,7 +187,6 @@ class OffsetOracle:
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
         self._consumer = None
-        self._fetcher = None
 
     @property
     def consumer(self) -> Any:
@@ -295,68 +250,10 @@ class OffsetOracle:
             out.setdefault(tp.topic, {})[str(tp.partition)] = offset
         return out
 
-    def latest(self) -> Offsets:
-        return {t: {str(p): self.watermarks(t, p)[1] for p in ps} for t, ps in self.partitions().items()}
-
-    def fingerprints(self, offsets: Offsets) -> dict[str, Fingerprint]:
-        """Offset, timestamp and value CRC of the record just before each offset (null where there is
-        none: offset 0, or a gap left by compaction)."""
-        wanted = {(t, int(p)): o - 1 for t, ps in offsets.items() for p, o in ps.items() if o > 0}
-        found = self.opts.retrying("a fetch of the last planned records", lambda: self._records_at(wanted))
-        return {f"{t}/{p}": found.get((t, int(p))) for t, ps in offsets.items() for p in ps}
-
-    def _records_at(self, wanted: dict[tuple[str, int], int]) -> dict[tuple[str, int], Fingerprint]:
-        """The fingerprint of the record at each wanted offset, one partition at a time (a fetch of
-        several at once lets one partition's prefetched records starve the others)."""
-        from confluent_kafka import KafkaError, TopicPartition
-
-        consumer = self.fetcher
-        out: dict[tuple[str, int], Fingerprint] = {}
-        for (topic, partition), offset in wanted.items():
-            consumer.assign([TopicPartition(topic, partition, offset)])
-            deadline = time.monotonic() + 10
-            try:
-                while (topic, partition) not in out:
-                    if time.monotonic() > deadline:
-                        raise _NoAnswer(f"no record or end of partition for {topic}-{partition} at {offset}")
-                    msg = consumer.poll(0.2)
-                    if msg is None:
-                        continue
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            out[(topic, partition)] = None
-                        continue
-                    if msg.offset() != offset:
-                        out[(topic, partition)] = None  # compacted away: nothing to compare
-                        continue
-                    ts_type, ts = msg.timestamp()
-                    out[(topic, partition)] = [offset, ts if ts_type else -1, zlib.crc32(msg.value() or b"")]
-            finally:
-                consumer.unassign()
-        return out
-
-    @property
-    def fetcher(self) -> Any:
-        """A consumer that fetches as little as possible: one record per partition is wanted."""
-        if self._fetcher is None:
-            self._fetcher = _consumer(
-                {
-                    **self.opts.client_config,
-                    "max.partition.fetch.bytes": "65536",
-                    "fetch.max.bytes": "1048576",
-                    # librdkafka postpones a partition's next fetch by this much once its queue holds
-                    # queued.min.messages: a 1 s stall per check with the default (measured).
-                    "fetch.queue.backoff.ms": "0",
-                }
-            )
-        return self._fetcher
-
     def close(self) -> None:
-        for consumer in (self._consumer, self._fetcher):
-            if consumer is not None:
-                consumer.close()
-        self._consumer = self._fetcher = None
+        if self._consumer is not None:
+            self._consumer.close()
+        self._consumer = None
 
 
 class KafkaPartition(InputPartition):
@@ -388,40 +285,6 @@ def plan(start: Offsets, end: Offsets, *, max_records: int | None = None) -> lis
             pieces = -(-(until - begin) // max_records) if max_records else 1
             bounds = [begin + (until - begin) * i // pieces for i in range(pieces)] + [until]
             out.extend(KafkaPartition(topic, int(p), lo, hi, new=not known) for lo, hi in pairwise(bounds))
-    return out
-
-
-class KafkaRanges(InputPartition):
-    """Several partitions' ranges read one after another by one task (see :func:`pack`)."""
-
-    def __init__(self, parts: Sequence[KafkaPartition]) -> None:
-        super().__init__(tuple(p.value for p in parts))
-        self.parts = tuple(parts)
-
-    def __repr__(self) -> str:
-        return f"KafkaRanges({', '.join(map(repr, self.parts))})"
-
-
-def pack(parts: list[KafkaPartition], min_records: int | None) -> list[KafkaPartition | KafkaRanges]:
-    """``parts`` with consecutive ones joined into one task until it holds ``min_records`` offsets
-    (``minRecordsPerTask``); each range stays whole within its task.
-
-    A small micro-batch costs a task's fixed overhead per Kafka partition and a Python worker per
-    task running at once; read by one task it costs one of each. A large one keeps a task per range.
-    """
-    if not min_records or len(parts) < 2:
-        return list(parts)
-    out: list[KafkaPartition | KafkaRanges] = []
-    group: list[KafkaPartition] = []
-    held = 0
-    for part in parts:
-        group.append(part)
-        held += part.until - part.start
-        if held >= min_records:
-            out.append(group[0] if len(group) == 1 else KafkaRanges(group))
-            group, held = [], 0
-    if group:
-        out.append(group[0] if len(group) == 1 else KafkaRanges(group))
     return out
 
 
@@ -543,166 +406,6 @@ def read_partition(opts: SourceOptions, part: KafkaPartition) -> Iterator[pa.Rec
         consumer.close()
 
 
-#: A function over one partition's Arrow batches, as ``mapInArrow`` takes (see :func:`transformed`).
-Transform = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
-
-
-class KafkaStreamReader(DataSourceStreamReader):
-    def __init__(self, opts: SourceOptions, transform: Transform | None = None) -> None:
-        self.opts = opts
-        self.transform = transform
-        self._oracle: OffsetOracle | None = None
-        self._latest: Offsets | None = None
-        self._checked_at = 0.0
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A live consumer does not travel to executors.
-        return {
-            "opts": self.opts, "transform": self.transform, "_oracle": None, "_latest": None,
-            "_checked_at": 0.0,
-        }  # fmt: skip
-
-    @property
-    def oracle(self) -> OffsetOracle:
-        if self._oracle is None:
-            self._oracle = OffsetOracle(self.opts)
-        return self._oracle
-
-    def initialOffset(self) -> dict:
-        return self.oracle.resolve(self.opts.starting, self.opts.starting_timestamp, LATEST)
-
-    def getDefaultReadLimit(self) -> ReadLimit:
-        if self.opts.max_offsets_per_trigger:
-            return ReadMaxRows(self.opts.max_offsets_per_trigger)
-        return ReadAllAvailable()
-
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        checks: dict[str, Fingerprint] = start.get(CHECK, {})
-        previous, start = start, positions(start)
-        latest = self._latest = self.oracle.latest()
-        for topic, ps in start.items():
-            missing = set(ps) - set(latest.get(topic, {}))
-            if missing:
-                message = f"partitions {sorted(missing)} of {topic!r} disappeared"
-                if self.opts.fail_on_data_loss:
-                    raise KafkaSourceError(f"{message}; set failOnDataLoss=false to go on without them")
-                log.warning("%s; going on without them", message)
-        lost = self._lost(start, latest, checks)
-        end = rate_limit(start, latest, limit.max_rows) if isinstance(limit, ReadMaxRows) else latest
-        # Never plan behind the checkpoint: new records at offsets the broker handed out again would
-        # reuse coordinates bronze already holds.
-        end = {t: {p: max(o, start.get(t, {}).get(p, 0)) for p, o in ps.items()} for t, ps in end.items()}
-        moved = {t: {p: o for p, o in ps.items() if o != start.get(t, {}).get(p)} for t, ps in end.items()}
-        fingerprints = {k: v for k, v in checks.items() if k not in lost}
-        fingerprints.update({k: None for k in lost})
-        fingerprints.update(self.oracle.fingerprints(moved))
-        if end == start and fingerprints == checks:
-            # Nothing to read: the same offset as before, so Spark plans no batch (a new FROM would
-            # read as new data).
-            return previous
-        return {**end, CHECK: fingerprints, FROM: start}
-
-    def _lost(self, start: Offsets, latest: Offsets, checks: dict[str, Fingerprint]) -> set[str]:
-        """Partitions whose log lost records the query had read: its end is behind the checkpoint,
-        or the last record read is not the same record any more. Raises :class:`DataLossError`
-        unless ``failOnDataLoss`` is false."""
-        problems: dict[str, str] = {}
-        for topic, ps in start.items():
-            for p, offset in ps.items():
-                end = latest.get(topic, {}).get(p)
-                if end is not None and end < offset:
-                    problems[f"{topic}/{p}"] = (
-                        f"{topic}-{p}: the log ends at offset {end} but the checkpoint has read up to "
-                        f"{offset - 1}: offsets {end}..{offset - 1} were lost by the broker"
-                    )
-        # Partitions about to be read are checked at every trigger; idle ones once a second (their
-        # next records are checked before they are read, and an idle query asks every few ms).
-        reading = {
-            f"{t}/{p}" for t, ps in latest.items() for p, o in ps.items() if o > start.get(t, {}).get(p, o)
-        }
-        due = time.monotonic() - self._checked_at >= 1.0
-        known = {
-            k: v for k, v in checks.items() if v is not None and k not in problems and (due or k in reading)
-        }
-        if due:
-            self._checked_at = time.monotonic()
-        if known:
-            wanted: Offsets = {}
-            for k, (offset, _ts, _crc) in known.items():
-                topic, _, p = k.rpartition("/")
-                wanted.setdefault(topic, {})[p] = offset + 1
-            now = self.oracle.fingerprints(wanted)
-            for k, then in known.items():
-                if now.get(k) is not None and now[k] != then:
-                    topic, _, p = k.rpartition("/")
-                    problems[k] = (
-                        f"{topic}-{p}: the record at offset {then[0]}, the last one the query read, has "
-                        f"been replaced (timestamp {then[1]} -> {now[k][1]}): the broker lost records up "
-                        f"to offset {then[0]} and gave their offsets to new records"
-                    )
-        if not problems:
-            return set()
-        message = "DATA LOSS: " + "; ".join(problems.values())
-        if self.opts.fail_on_data_loss:
-            raise DataLossError(
-                f"{message}. Fix: see the README (data loss): produce the lost records again, then restart "
-                "with failOnDataLoss=false to go on past them; new records at the reused offsets are "
-                "not read (they would take coordinates the archive already holds)"
-            )
-        log.warning(
-            "%s; going on after the checkpoint's offsets (failOnDataLoss=false): new records at the "
-            "reused offsets before them are not read",
-            message,
-        )
-        return set(problems)
-
-    def reportLatestOffset(self) -> dict | None:
-        # Spark asks right after latestOffset: answer from that snapshot instead of asking the
-        # broker for every partition's watermark a second time per trigger.
-        return self._latest
-
-    def partitions(self, start: dict, end: dict) -> list[KafkaPartition | KafkaRanges]:
-        parts = plan(positions(start), positions(end), max_records=self.opts.max_records_per_partition)
-        return pack(parts, self.opts.min_records_per_task)
-
-    def read(self, partition: KafkaPartition | KafkaRanges) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        if isinstance(partition, KafkaRanges):
-            records = chain.from_iterable(read_partition(self.opts, p) for p in partition.parts)
-        else:
-            records = read_partition(self.opts, partition)
-        return records if self.transform is None else self.transform(records)
-
-    def commit(self, end: dict) -> None:
-        # Progress lives in Spark's checkpoint; nothing to commit to Kafka.
-        pass
-
-    def stop(self) -> None:
-        if self._oracle is not None:
-            self._oracle.close()
-
-
-def rate_limit(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
-    """Cap the records of one trigger at ``max_rows``, shared across partitions by their backlog."""
-    backlog = {
-        (t, p): until - start.get(t, {}).get(p, 0)
-        for t, ps in latest.items()
-        for p, until in ps.items()
-        if until > start.get(t, {}).get(p, 0)
-    }
-    total = sum(backlog.values())
-    if total <= max_rows:
-        return latest
-    end: Offsets = {t: dict(ps) for t, ps in latest.items()}
-    granted = 0
-    for (t, p), lag in sorted(backlog.items()):
-        share = min(lag, max(1, lag * max_rows // total))
-        if granted + share > max_rows:
-            share = max(0, max_rows - granted)
-        end[t][p] = start.get(t, {}).get(p, 0) + share
-        granted += share
-    return end
-
-
 class KafkaBatchReader(DataSourceReader):
     """Bounded read between ``startingOffsets`` (default earliest) and ``endingOffsets`` (default latest)."""
 
@@ -729,7 +432,7 @@ class KafkaBatchReader(DataSourceReader):
 
 
 class KafkaSource(DataSource):
-    """``spark.read[Stream].format("lambdalake_kafka")``: see the module docstring."""
+    """``spark.read.format("lambdalake_kafka")``: see the module docstring."""
 
     @classmethod
     def name(cls) -> str:
@@ -741,50 +444,3 @@ class KafkaSource(DataSource):
 
     def reader(self, schema: Any) -> DataSourceReader:
         return KafkaBatchReader(SourceOptions.parse(self.options))
-
-    def streamReader(self, schema: Any) -> DataSourceStreamReader:
-        return KafkaStreamReader(SourceOptions.parse(self.options))
-
-
-def transformed(transform: Transform, schema: StructType, *, name: str) -> type[KafkaSource]:
-    """A streaming Kafka source named ``name`` whose reader yields ``transform`` of each partition's
-    records (of ``schema``) instead of the records.
-
-    The same as ``readStream.format("lambdalake_kafka")...load().mapInArrow(transform, schema)`` with
-    one Python worker per task instead of two, and without the round trip of every record through
-    the JVM (Arrow to rows and back) between them. Accumulators in ``transform`` report as from
-    ``mapInArrow``. It travels pickled and is unpickled where a partition is read only: the
-    processes that plan the query (one of them lives as long as the query) never import its code.
-    """
-    from pyspark import cloudpickle
-
-    pickled = cloudpickle.dumps(transform)
-
-    def run(records: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        read = 0
-
-        def counted() -> Iterator[pa.RecordBatch]:
-            nonlocal read
-            for batch in records:
-                read += batch.num_rows
-                yield batch
-
-        yield from pickle.loads(pickled)(counted())
-        if read <= LIGHT_TASK_ROWS:
-            release_freed_memory()
-
-    class Transformed(KafkaSource):
-        @classmethod
-        def name(cls) -> str:
-            return name
-
-        def schema(self) -> StructType:
-            return schema
-
-        def reader(self, schema: Any) -> DataSourceReader:
-            raise KafkaSourceError(f"{name} is a streaming source: read it with readStream")
-
-        def streamReader(self, schema: Any) -> DataSourceStreamReader:
-            return KafkaStreamReader(SourceOptions.parse(self.options), run)
-
-    return Transformed

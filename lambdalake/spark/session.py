@@ -9,6 +9,7 @@ from typing import Literal
 
 from pyspark.sql import SparkSession
 
+from lambdalake import jars
 from lambdalake.settings import QUICK_JIT, Settings
 
 LOG4J = Path(__file__).with_name("log4j2.properties")
@@ -134,7 +135,9 @@ def spark_session(
         derived[IDLE_WORKERS_CONF] = str(settings.spark.idle_python_workers)
     workload_defaults = {"stream": {}, "batch": BATCH_DEFAULTS, "replay": REPLAY_DEFAULTS}[workload]
     defaults = {**SPARK_DEFAULTS, **workload_defaults}
-    for key, value in {**defaults, **derived, **settings.spark.conf}.items():
+    conf = {**defaults, **derived, **settings.spark.conf}
+    conf["spark.jars"] = ",".join(filter(None, [*connector_jars(settings), conf.get("spark.jars")]))
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
@@ -142,3 +145,9 @@ def spark_session(
 
     spark.dataSource.register(KafkaSource)
     return spark
+
+
+def connector_jars(settings: Settings) -> list[str]:
+    """Spark's own Kafka source and Avro functions at pyspark's version (pyspark ships neither),
+    from the cache ``make setup`` fills; Spark sends them to a cluster's executors itself."""
+    return [str(jar) for jar in jars.classpath(settings.cache_dir, "spark")]

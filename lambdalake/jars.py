@@ -1,6 +1,6 @@
 """JVM bundles fetched from Maven Central with Maven itself into the state cache, once.
 
-``infra/maven/pom.xml`` holds one profile a bundle and every version as a property. A bundle lands in
+``lambdalake/maven/pom.xml`` holds one profile a bundle and every version as a property. A bundle lands in
 ``<cache>/jars/<bundle>-<version>/`` (a folder made complete under a temporary name, then renamed),
 so a later ``make setup`` finds it and asks no registry.
 """
@@ -82,7 +82,7 @@ def fetch(cache_dir: Path, bundle: Bundle) -> Path:
         raise LambdalakeError(
             f"fetching {bundle} {version(bundle)} failed: {_missing(out.stdout + out.stderr)}\n"
             f"  command: {command}",
-            fix="check that Maven Central is reachable and the version in infra/maven/pom.xml exists, "
+            fix="check that Maven Central is reachable and the version in lambdalake/maven/pom.xml exists, "
             "then `make setup`",
         )
     (partial / ".complete").write_text(version(bundle))
