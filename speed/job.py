@@ -147,6 +147,16 @@ def _source_offsets(entry: str | None) -> Offsets | None:
     return json.loads(entry.strip("\x00").splitlines()[-1])
 
 
+def _ranges(start: Offsets, end: Offsets) -> dict[str, list[tuple[int, int]]]:
+    """The offsets ``[start, end)`` per ``"topic/partition"`` with records between the two."""
+    return {
+        f"{topic}/{p}": [(int(start.get(topic, {}).get(p, 0)), int(until))]
+        for topic, ps in end.items()
+        for p, until in ps.items()
+        if int(until) > int(start.get(topic, {}).get(p, 0))
+    }
+
+
 def _read_by_twin(folder: str) -> bool:
     """Whether a checkpoint's offsets were logged by the Python Kafka source lambdalake had before
     Spark's own (its entries carry keys of its own, starting with ``$``)."""
@@ -392,17 +402,6 @@ class SpeedJob:
             start = _source_offsets(read_text(f"{self.main_dir}/sources/0/0")) or {}
         return start, end
 
-    def batch_ranges(self, batch_id: int) -> dict[str, list[tuple[int, int]]]:
-        """The offsets ``[start, end)`` per ``"topic/partition"`` that micro-batch ``batch_id`` of
-        the main query reads (:meth:`batch_offsets`)."""
-        start, end = self.batch_offsets(batch_id)
-        return {
-            f"{topic}/{p}": [(int(start.get(topic, {}).get(p, 0)), int(until))]
-            for topic, ps in end.items()
-            for p, until in ps.items()
-            if int(until) > int(start.get(topic, {}).get(p, 0))
-        }
-
     def _reset_from_ms(self) -> int | None:
         """Where ``speed reset`` left the windowed views to count from (None: no reset)."""
         text = read_text(f"{self.checkpoints}/{RESET_FROM_FILE}")
@@ -623,8 +622,9 @@ class SpeedJob:
             # Spark's source told to go on (failOnDataLoss false) plans from a log's end that went
             # behind the checkpoint: the next batches would read offsets the broker handed out again.
             raise lost_tail(*behind[0])
+        ranges = _ranges(start, end)
         assert self.reads_check is not None
-        self.reads_check.check(list(self.batch_ranges(batch_id)))
+        self.reads_check.check(list(ranges))
         self.files.value = frozenset()
         self.read_progress.value = {}
         self.records_read.value = {}
@@ -643,7 +643,7 @@ class SpeedJob:
         self.master.commit(
             files, app_id=f"speed-{self.pipeline.name}-{self.run_id}", batch_id=batch_id,
             layers=self.pipeline.layers, partitions=self.read_progress.value,
-            ranges=self.batch_ranges(batch_id), speed=True,
+            ranges=ranges, speed=True,
         )  # fmt: skip
         self.reads_check.record(self.last_read.value)
         if self.compactor is not None:

@@ -22,11 +22,13 @@ import re
 import zlib
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer
 from pyspark.accumulators import AccumulatorParam
 
 from lambdalake.errors import LambdalakeError
+from lambdalake.kafka.offsets import record_at
 from lambdalake.settings import Settings
 from lambdalake.storage import read_text, write_text
 
@@ -72,14 +74,12 @@ def noting_last(batches: Iterator[pa.RecordBatch], last: Fingerprints) -> Iterat
     """``batches`` unchanged; ``last`` holds the last row's fingerprint of each partition seen."""
     for batch in batches:
         if batch.num_rows:
-            topics, parts = batch.column("topic"), batch.column("partition")
-            ends: dict[str, int] = {}
-            for i, key in enumerate(
-                f"{t}/{p}" for t, p in zip(topics.to_pylist(), parts.to_pylist(), strict=True)
-            ):
-                ends[key] = i
-            for key, i in ends.items():
-                last[key] = fingerprint(batch, i)
+            # Over columns: this runs on every record read (one group: a task reads one partition).
+            index = pa.array(np.arange(batch.num_rows))
+            rows = pa.table({"t": batch.column("topic"), "p": batch.column("partition"), "i": index})
+            rows = rows.group_by(["t", "p"]).aggregate([("i", "max")])
+            for t, p, i in zip(*(rows.column(c).to_pylist() for c in ("t", "p", "i_max")), strict=True):
+                last[f"{t}/{p}"] = fingerprint(batch, i)
         yield batch
 
 
@@ -87,16 +87,10 @@ def record_fingerprint(
     consumer: Consumer, topic: str, partition: int, offset: int, timeout: float
 ) -> list[int] | None:
     """The fingerprint of the record at ``offset`` now (None: the log holds no record there)."""
-    consumer.assign([TopicPartition(topic, partition, offset)])
-    try:
-        msg = consumer.poll(timeout)
-        while msg is not None and msg.error() is not None:
-            msg = consumer.poll(timeout)
-        if msg is None or msg.offset() != offset:
-            return None
-        return [msg.offset(), msg.timestamp()[1], zlib.crc32(msg.value() or b"")]
-    finally:
-        consumer.unassign()
+    msg = record_at(consumer, topic, partition, offset, timeout)
+    if msg is None or msg.offset() != offset:
+        return None
+    return [msg.offset(), msg.timestamp()[1], zlib.crc32(msg.value() or b"")]
 
 
 class LastReadCheck:

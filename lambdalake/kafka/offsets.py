@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from lambdalake.errors import ConfigurationError, LambdalakeError, ServiceUnavailable
 from lambdalake.settings import Settings
@@ -91,18 +91,26 @@ def offsets_at(consumer: Consumer, topic: str, ms: int, timeout: float = 30) -> 
             for tp in consumer.offsets_for_times(asked, timeout=timeout)}  # fmt: skip
 
 
-def record_time(consumer: Consumer, topic: str, partition: int, offset: int, timeout: float = 30) -> int:
-    """The timestamp (ms) of the record at ``offset`` (or the next one present, in a compacted log)."""
+def record_at(
+    consumer: Consumer, topic: str, partition: int, offset: int, timeout: float = 30
+) -> Message | None:
+    """The record at ``offset``, or the next one present (a compacted log); None if none came in time."""
     consumer.assign([TopicPartition(topic, partition, offset)])
     try:
         msg = consumer.poll(timeout)
         while msg is not None and msg.error() is not None:
             msg = consumer.poll(timeout)
-        if msg is None:
-            raise LambdalakeError(f"no record at {topic}-{partition}@{offset} within {timeout:.0f}s")
-        return msg.timestamp()[1]
+        return msg
     finally:
         consumer.unassign()
+
+
+def record_time(consumer: Consumer, topic: str, partition: int, offset: int, timeout: float = 30) -> int:
+    """The timestamp (ms) of the record at ``offset`` (or the next one present, in a compacted log)."""
+    msg = record_at(consumer, topic, partition, offset, timeout)
+    if msg is None:
+        raise LambdalakeError(f"no record at {topic}-{partition}@{offset} within {timeout:.0f}s")
+    return msg.timestamp()[1]
 
 
 def parse_offsets(text: str, option: str) -> dict[int, int]:
