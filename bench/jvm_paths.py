@@ -1,12 +1,14 @@
 """Issue 46's engine path against today's, in one Spark session (local[2]), rounds alternating.
 
 - Read: a whole-topic batch read of the same records (a 3-partition topic on the bench broker) to
-  Spark's ``noop`` sink, with the Python twin (``lambdalake_kafka``, bounded reads) and with Spark's
-  own ``kafka`` source; and the floor of Spark's: a streaming query's micro-batch of one record.
+  Spark's ``noop`` sink with Spark's own ``kafka`` source (the Python twin it was measured against
+  on 2026-11-28 is gone); and the floor of Spark's: a streaming query's micro-batch of one record.
 - Decode: the same Confluent-wire records (``offers``, 10 % written with its first schema version),
   cached in Spark, decoded by today's Python path (columnar decode, rules checked, failures kept
-  with their reasons) and by Spark's ``from_avro`` in the JVM, one per writer schema id with the
-  reader schema as ``avroSchema`` (decode only: no rules, no reasons).
+  with their reasons), by Spark's ``from_avro`` in the JVM, one per writer schema id with the
+  reader schema as ``avroSchema`` (decode only: no rules, no reasons), and by ``from_avro`` followed
+  by today's rule checks over the decoded columns in a Python worker (``jvm+rules``: what a JVM
+  decode would still need before the archive pass; decode failures without their reasons).
 
 Spark's connectors at pyspark's version are fetched with Maven into the state cache (the ``spark``
 profile of ``lambdalake/maven/pom.xml``).
@@ -17,6 +19,7 @@ profile of ``lambdalake/maven/pom.xml``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -24,7 +27,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from confluent_kafka import Producer
@@ -37,10 +42,12 @@ from bench.common import bench_settings, write_result
 from bench.decode import source_batches
 from infra.services import running
 from lambdalake import jars
+from lambdalake.avro import parse_schema
+from lambdalake.columnar.validate import ColumnarValidator
 from lambdalake.spark import decode
-from lambdalake.spark.kafka_source import KafkaSource
+from lambdalake.validation import RecordValidator
 
-SOURCES = ("lambdalake_kafka", "kafka")
+SOURCES = ("kafka",)
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
@@ -109,6 +116,36 @@ def jvm_decode(df: DataFrame, writers: dict[int, str], reader: str) -> DataFrame
     return out
 
 
+def jvm_checked(df: DataFrame, spec: decode.DecodeSpec) -> DataFrame:
+    """:func:`jvm_decode`, then the pipeline's rules over its columns in a Python worker, as the
+    Python path checks them: the rows the columnar checks cannot clear get the per-record verdict."""
+    decoded = jvm_decode(df, dict(spec.writer_schemas), spec.reader_schema)
+    reader = json.loads(spec.reader_schema)
+    names = [f["name"] for f in reader["fields"]]
+    rules = spec.rules
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        parsed = parse_schema(reader)
+        validator = RecordValidator(rules, schema=reader, parsed_schema=parsed, check_shape=False)
+        checks = ColumnarValidator(rules, schema=reader, check_shape=False)
+        millis = decode._millis_fields(reader)
+        for batch in batches:
+            ruled = decode._millis_as_ints(batch.select(names), millis)
+            now = batch.column("timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False) / 1e6
+            rule: list[str | None] = [None] * batch.num_rows
+            reason: list[str | None] = [None] * batch.num_rows
+            for i in np.flatnonzero(checks.suspects(ruled, now=now)).tolist():
+                rejection = validator.check(ruled.slice(i, 1).to_pylist()[0], now=now[i])
+                if rejection is not None:
+                    rule[i], reason[i] = rejection.rule, rejection.reason
+            yield batch.append_column("_error_rule", pa.array(rule, pa.string())).append_column(
+                "_error_reason", pa.array(reason, pa.string())
+            )
+
+    schema = decoded.schema.add("_error_rule", "string").add("_error_reason", "string")
+    return decoded.mapInArrow(run, schema)
+
+
 def timed(df: DataFrame) -> float:
     t0 = time.perf_counter()
     df.write.format("noop").mode("overwrite").save()
@@ -129,7 +166,7 @@ def main() -> None:
     values = [v for b in batches for v in b.column("value").to_pylist()]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     result: dict = {"events": args.events, "read_s": {s: [] for s in SOURCES}, "floor_ms": {},
-                    "decode_s": {"python": [], "jvm": []}}  # fmt: skip
+                    "decode_s": {"python": [], "jvm": [], "jvm+rules": []}}  # fmt: skip
     with running(settings, only=["broker"]):
         bootstrap = settings.kafka.bootstrap_servers
         topic = f"jvm-paths-{uuid.uuid4().hex[:8]}"
@@ -139,13 +176,12 @@ def main() -> None:
             .config("spark.sql.shuffle.partitions", "2").config("spark.ui.enabled", "false").getOrCreate()
         )  # fmt: skip
         spark.sparkContext.setLogLevel("ERROR")
-        spark.dataSource.register(KafkaSource)
         for r in range(args.rounds):
             for source in SOURCES:
                 seconds = timed(read(spark, source, bootstrap, topic))
                 result["read_s"][source].append(seconds)
                 print(f"round {r} read {source}: {seconds:.2f} s ({args.events / seconds:,.0f} records/s)")
-        for source in ("kafka",):  # the twin reads bounded ranges only now
+        for source in SOURCES:
             floor = floor_ms(spark, source, bootstrap, f"{topic}-floor-{source}", args.floor_seconds)
             result["floor_ms"][source] = floor
             print(f"floor {source}: micro-batches of one record {floor} ms")
@@ -157,6 +193,7 @@ def main() -> None:
             plans = {
                 "python": lambda: decode.decode(records, spec),
                 "jvm": lambda: jvm_decode(records, writers, spec.reader_schema),
+                "jvm+rules": lambda: jvm_checked(records, spec),
             }
             for r in range(args.rounds):
                 for name, plan in plans.items():

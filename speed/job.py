@@ -58,6 +58,7 @@ from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.procs import TreeMemory, tree_memory
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import DecodeSpec
+from lambdalake.spark.kafka import Offsets, source_options
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.sinks import upsert_views
 from lambdalake.spark.views import INGEST_TS, together_column, together_row, windowed, windowed_together
@@ -133,10 +134,6 @@ def view_signature(view: WindowedView) -> str:
     """What a windowed view's Spark state depends on: its definition and the types it holds."""
     text = view.model_dump_json() + json.dumps(sorted(view.stored_types.items()))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-#: Per topic, per partition (a string), an offset: how Spark's Kafka source logs its offsets.
-Offsets = dict[str, dict[str, int]]
 
 
 def _source_offsets(entry: str | None) -> Offsets | None:
@@ -419,19 +416,14 @@ class SpeedJob:
 
         What the source does not check is checked around each micro-batch (:meth:`_main_batch`):
         offsets the broker gave to new records, and a plan that goes behind the checkpoint."""
-        reader = self.spark.readStream.format("kafka")
-        for key, value in self.settings.kafka.java_client_config().items():
-            reader = reader.option(f"kafka.{key}", value)
+        options = source_options(self.settings, broker_wait_s=self.options.broker_wait_s)
         return (
-            reader.option("subscribe", self.pipeline.topic.name)
+            self.spark.readStream.format("kafka")
+            .options(**options)
+            .option("subscribe", self.pipeline.topic.name)
             .option("startingOffsets", starting or self.starting_offsets())
             .option("maxOffsetsPerTrigger", str(self.options.max_offsets_per_trigger))
             .option("failOnDataLoss", str(self.options.fail_on_data_loss).lower())
-            # Each of the source's offset requests waits a third of the broker wait, three times: a
-            # log end behind the checkpoint is also asked again that often before it counts as a loss.
-            .option("kafka.default.api.timeout.ms", str(max(10_000, int(self.options.broker_wait_s * 333))))
-            .option("fetchOffset.numRetries", "3")
-            .option("fetchOffset.retryIntervalMs", "1000")
             .load()
         )
 

@@ -48,8 +48,7 @@ from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import Settings
 from lambdalake.spark.bronze import read_events
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decoder
-from lambdalake.spark.kafka_source import KafkaPartition, SourceOptions, read_partition
-from lambdalake.spark.kafka_source import plan as plan_pieces
+from lambdalake.spark.kafka import read_ranges
 from lambdalake.spark.sinks import upsert_view
 from lambdalake.spark.views import (
     INGEST_EPOCH,
@@ -197,26 +196,50 @@ def _horizon(settings: Settings, pipeline: Pipeline) -> int | None:
 
 #: A replay whose range holds at least 1/SHARE_DEDUP_ALL of bronze deduplicates all of bronze.
 SHARE_DEDUP_ALL = 4
-#: A range is cut into one piece per core, but no piece under this many offsets.
+#: A range is cut into one task per core, but no task under this many offsets.
 MIN_PIECE = 50_000
-#: Rows per bronze file a piece writes (bounds a task's memory).
+#: Rows per bronze file a task writes (bounds a task's memory).
 FILE_ROWS = 250_000
+#: Offsets of bronze's coordinates a task holds at a time, to tell which records bronze lacks.
+HELD_WINDOW = 1_000_000
 
 
 #: What each archive task returns.
 PIECE_DONE = pa.schema([("files", pa.list_(pa.string())), ("valid", pa.int64())])
 
 
+class _Held:
+    """The offsets bronze holds, per partition, read from its files a window at a time as a task's
+    records go by (a task reads one contiguous range of a partition, in order)."""
+
+    def __init__(self, holding: dict[int, tuple[str, ...]]) -> None:
+        self.holding = holding
+        self.windows: dict[int, tuple[int, int, pa.Array]] = {}
+
+    def among(self, partition: int, offsets: pa.Array) -> pa.Array:
+        """Whether bronze holds each of ``offsets`` (of ``partition``)."""
+        files = self.holding.get(partition, ())
+        if not files or not len(offsets):
+            return pa.array([False] * len(offsets))
+        low, high = pc.min(offsets).as_py(), pc.max(offsets).as_py() + 1
+        start, end, held = self.windows.get(partition, (0, 0, None))
+        if held is None or low < start or high > end:
+            start, end = low, max(high, low + HELD_WINDOW)
+            held = offsets_present(files, partition=partition, start=start, end=end)
+            self.windows[partition] = (start, end, held)
+        return pc.is_in(offsets, value_set=held)
+
+
 @dataclass(frozen=True)
 class _ArchiveJob:
-    """Archives pieces of a range on executors: read, decode, drop what bronze holds, write files.
+    """Archives a range on executors, over Spark's Kafka source's records: drop what bronze holds,
+    decode, write files.
 
     Attributes:
-        work: Per piece, its offsets and the bronze files that may hold some of them.
+        holding: Per partition, the bronze files that may hold some offsets of the range.
     """
 
-    work: tuple[tuple[KafkaPartition, tuple[str, ...]], ...]
-    source: SourceOptions
+    holding: dict[int, tuple[str, ...]]
     spec: DecodeSpec
     path: str
     event_time: str
@@ -228,30 +251,42 @@ class _ArchiveJob:
     speed_end: dict[int, int] = field(default_factory=dict)
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """The ``mapInArrow`` function over the pieces' indexes."""
-        for batch in batches:
-            for index in batch.column("id").to_pylist():
-                files, valid = self.archive(*self.work[index])
-                yield pa.RecordBatch.from_pydict({"files": [files], "valid": [valid]}, schema=PIECE_DONE)
+        """The ``mapInArrow`` function: one task's records in, the files it wrote and the valid
+        events its records hold out (one row)."""
+        held = _Held(self.holding)
+        present = 0  # bronze holds valid events only
 
-    def archive(self, piece: KafkaPartition, holding: tuple[str, ...]) -> tuple[list[str], int]:
-        """Archive one piece; returns the files written and the valid events the piece holds."""
-        present = offsets_present(holding, partition=piece.partition, start=piece.start, end=piece.until)
-        valid = len(present)  # bronze holds valid events only
+        def lacking() -> Iterator[pa.RecordBatch]:
+            nonlocal present
+            for batch in batches:
+                for part in _by_partition(batch):
+                    known = held.among(part.column("partition")[0].as_py(), part.column("offset"))
+                    present += pc.sum(known).as_py() or 0
+                    part = part.filter(pc.invert(known))
+                    if part.num_rows:
+                        yield part  # only these are decoded again
+
+        files, valid = self.archive(decoder(self.spec)(lacking()))
+        yield pa.RecordBatch.from_pydict({"files": [files], "valid": [valid + present]}, schema=PIECE_DONE)
+
+    def archive(self, decoded: Iterator[pa.RecordBatch]) -> tuple[list[str], int]:
+        """Write the valid events of ``decoded`` (batches of one partition each) to bronze files;
+        returns the files written and how many valid events there were."""
+        valid = 0
         files: list[str] = []
-        pending: list[pa.Table] = []
+        pending: dict[int, list[pa.Table]] = {}
 
-        def write() -> None:
-            table = pa.concat_tables(pending)
-            pending.clear()
-            name = f"{self.run_id}-{piece.partition}-{table.column('_offset')[0].as_py()}"
+        def write(partition: int) -> None:
+            table = pa.concat_tables(pending.pop(partition))
+            name = f"{self.run_id}-{partition}-{table.column('_offset')[0].as_py()}"
             files.extend(write_event_files(table, path=self.path, event_time=self.event_time, name=name))
 
-        unread = self.speed_end.get(piece.partition, 0)
-        for batch in decoder(self.spec)(_lacking(read_partition(self.source, piece), present)):
+        for batch in decoded:
+            partition = batch.column("_partition")[0].as_py()
             failed = pc.is_valid(batch.column("_error_rule"))
             # Invalid records reached the dead-letter topic on their first read, if the speed job
             # has made it (at least once: the job may yet read some of these too).
+            unread = self.speed_end.get(partition, 0)
             first_read = pc.and_(failed, pc.greater_equal(batch.column("_offset"), unread))
             if self.dlq_topic and pc.any(first_read).as_py():
                 send_dead_letters(
@@ -261,21 +296,22 @@ class _ArchiveJob:
             table = pa.Table.from_batches([batch]).filter(pc.invert(failed))
             valid += table.num_rows
             if table.num_rows:
-                pending.append(table.drop_columns(list(ERROR_FIELDS)))
-            if sum(t.num_rows for t in pending) >= FILE_ROWS:
-                write()
-        if pending:
-            write()
+                pending.setdefault(partition, []).append(table.drop_columns(list(ERROR_FIELDS)))
+            if sum(t.num_rows for t in pending.get(partition, [])) >= FILE_ROWS:
+                write(partition)
+        for partition in list(pending):
+            write(partition)
         return files, valid
 
 
-def _lacking(batches: Iterator[pa.RecordBatch], present: pa.Array) -> Iterator[pa.RecordBatch]:
-    """The records whose offsets are not in ``present``: only those are decoded again."""
-    for batch in batches:
-        if len(present):
-            batch = batch.filter(pc.invert(pc.is_in(batch.column("offset"), value_set=present)))
-        if batch.num_rows:
-            yield batch
+def _by_partition(batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+    """``batch``'s records a Kafka partition at a time (a batch of Spark's source holds one)."""
+    partitions = pc.unique(batch.column("partition"))
+    if len(partitions) == 1:
+        yield batch
+        return
+    for p in partitions:
+        yield batch.filter(pc.equal(batch.column("partition"), p))
 
 
 class Replayer:
@@ -309,27 +345,21 @@ class Replayer:
         """Read the range, decode it and commit what bronze lacks (by coordinates); returns the valid
         events read and how many were archived.
 
-        One pass per piece of the range, in Spark tasks: the bounded Kafka reader, the decoder and the
-        bronze file writer run back to back in the Python worker, so records never cross into the JVM
-        (a DataFrame would turn the raw and then the decoded records into rows and back).
+        Spark's Kafka source reads the range, cut into a task per core at least; each task drops
+        what bronze holds, decodes the rest and writes its files in one Python pass.
         """
         topic = self.pipeline.topic.name
         cores = max(1, self.spark.sparkContext.defaultParallelism)
-        pieces = plan_pieces(
-            {topic: {str(p): s for p, (s, _) in plan.ranges.items()}},
-            {topic: {str(p): e for p, (_, e) in plan.ranges.items()}},
-            max_records=max(MIN_PIECE, -(-plan.records // cores)),
-        )
-        holding = self.bronze.files_holding([(p.partition, p.start, p.until) for p in pieces])
+        tasks = max(1, min(cores, plan.records // MIN_PIECE))
+        partitions = sorted(plan.ranges)
+        holding = self.bronze.files_holding([(p, *plan.ranges[p]) for p in partitions])
         run_id = f"replay-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        options = {f"kafka.{k}": str(v) for k, v in self.settings.kafka.client_config().items()}
         # Imported here: the tasks import this module, and must not import the registry client.
         from lambdalake.registry import subject_schemas
 
         writers = subject_schemas(self.settings, self.pipeline.schema_.subject)
         job = _ArchiveJob(
-            work=tuple((piece, tuple(files)) for piece, files in zip(pieces, holding, strict=True)),
-            source=SourceOptions.parse({**options, "subscribe": topic}),
+            holding={p: tuple(files) for p, files in zip(partitions, holding, strict=True)},
             spec=DecodeSpec.of(self.pipeline, self.settings, writer_schemas=writers),
             path=self.bronze.path,
             event_time=self.pipeline.event.time,
@@ -338,10 +368,9 @@ class Replayer:
             kafka_config=self.settings.kafka.client_config(),
             speed_end=dict(plan.speed_end),
         )
-        # One task per piece (range() spreads n ids over n partitions, one each). mapInArrow, not an
-        # RDD: the Cassandra writes after it then reuse the same warm Python workers.
-        n = len(pieces)
-        done = self.spark.range(0, n, 1, n).mapInArrow(job.run, from_arrow_schema(PIECE_DONE)).collect()
+        records = read_ranges(self.spark, self.settings, topic, plan.ranges, min_partitions=tasks)
+        # mapInArrow, not an RDD: the Cassandra writes after it then reuse the same warm Python workers.
+        done = records.mapInArrow(job.run, from_arrow_schema(PIECE_DONE)).collect()
         files = [f for row in done for f in row["files"]]
         read = sum(row["valid"] for row in done)
         # The commit records the range as read (so a gap it fills counts as archived) and leaves out

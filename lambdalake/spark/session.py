@@ -141,9 +141,6 @@ def spark_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    from lambdalake.spark.kafka_source import KafkaSource
-
-    spark.dataSource.register(KafkaSource)
     return spark
 
 
