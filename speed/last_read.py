@@ -28,7 +28,7 @@ from confluent_kafka import Consumer
 from pyspark.accumulators import AccumulatorParam
 
 from lambdalake.errors import LambdalakeError
-from lambdalake.kafka.offsets import record_at
+from lambdalake.kafka.offsets import lookup_consumer, record_at
 from lambdalake.settings import Settings
 from lambdalake.storage import read_text, write_text
 
@@ -144,10 +144,7 @@ class LastReadCheck:
 
     def _kafka(self) -> Consumer:
         if self._consumer is None:
-            self._consumer = Consumer(
-                {**self.settings.kafka.client_config(), "group.id": "lambdalake-last-read",
-                 "enable.auto.commit": False, "fetch.queue.backoff.ms": 0}
-            )  # fmt: skip
+            self._consumer = lookup_consumer(self.settings, "lambdalake-last-read")
         return self._consumer
 
     def close(self) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -214,20 +215,24 @@ class _Held:
 
     def __init__(self, holding: dict[int, tuple[str, ...]]) -> None:
         self.holding = holding
-        self.windows: dict[int, tuple[int, int, pa.Array]] = {}
+        self.windows: dict[int, tuple[int, int, np.ndarray]] = {}
 
     def among(self, partition: int, offsets: pa.Array) -> pa.Array:
         """Whether bronze holds each of ``offsets`` (of ``partition``)."""
         files = self.holding.get(partition, ())
         if not files or not len(offsets):
-            return pa.array([False] * len(offsets))
-        low, high = pc.min(offsets).as_py(), pc.max(offsets).as_py() + 1
+            return pa.array(np.zeros(len(offsets), dtype=bool))
+        wanted = offsets.to_numpy(zero_copy_only=False)
+        low, high = int(wanted.min()), int(wanted.max()) + 1
         start, end, held = self.windows.get(partition, (0, 0, None))
         if held is None or low < start or high > end:
             start, end = low, max(high, low + HELD_WINDOW)
-            held = offsets_present(files, partition=partition, start=start, end=end)
+            found = offsets_present(files, partition=partition, start=start, end=end)
+            held = np.sort(found.to_numpy(zero_copy_only=False))
             self.windows[partition] = (start, end, held)
-        return pc.is_in(offsets, value_set=held)
+        # A binary search in the sorted window: no hash set built per batch.
+        at = np.minimum(np.searchsorted(held, wanted), max(len(held) - 1, 0))
+        return pa.array(held[at] == wanted if len(held) else np.zeros(len(wanted), dtype=bool))
 
 
 @dataclass(frozen=True)

@@ -44,13 +44,20 @@ def while_electing(call: Callable[[], T], timeout: float = LEADER_WAIT_S) -> T:
             time.sleep(0.2)
 
 
-@contextmanager
-def offset_consumer(settings: Settings, group: str | None = None) -> Iterator[Consumer]:
-    """A consumer that never subscribes (only asks offsets, or commits them for ``group``)."""
-    consumer = Consumer(
+def lookup_consumer(settings: Settings, group: str | None = None) -> Consumer:
+    """A consumer that never subscribes (only asks offsets and reads records at them, or commits
+    offsets for ``group``); the caller closes it."""
+    return Consumer(
         {**settings.kafka.client_config(), "group.id": group or f"lambdalake-offsets-{uuid.uuid4().hex[:8]}",
          "enable.auto.commit": False, "fetch.queue.backoff.ms": 0}
     )  # fmt: skip
+
+
+@contextmanager
+def offset_consumer(settings: Settings, group: str | None = None) -> Iterator[Consumer]:
+    """:func:`lookup_consumer` for a block, closed after it; a broker that does not answer becomes
+    :class:`ServiceUnavailable`."""
+    consumer = lookup_consumer(settings, group)
     try:
         yield consumer
     except KafkaException as exc:

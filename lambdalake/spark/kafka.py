@@ -20,6 +20,17 @@ if TYPE_CHECKING:
 Offsets = dict[str, dict[str, int]]
 
 
+#: Bounded reads fetch more than the Java consumer's defaults (500 records a poll, 1 MB a
+#: partition): 1M records into Python read in 2.8 s instead of 3.3 (local[2], warm). The speed
+#: job keeps the defaults it was measured with.
+FETCH = {
+    "kafka.max.poll.records": "20000",
+    "kafka.max.partition.fetch.bytes": str(8 << 20),
+    "kafka.fetch.max.bytes": str(64 << 20),
+    "kafka.receive.buffer.bytes": str(4 << 20),
+}
+
+
 def source_options(settings: Settings, *, broker_wait_s: float) -> dict[str, str]:
     """The source's options for the platform's broker.
 
@@ -60,7 +71,8 @@ def read_ranges(
     Records removed from a range after it was planned (retention, or a broker that lost them) fail
     the read, naming the offsets; the gaps compaction leaves do not.
     """
-    reader = spark.read.format("kafka").options(**source_options(settings, broker_wait_s=broker_wait_s))
+    options = {**source_options(settings, broker_wait_s=broker_wait_s), **FETCH}
+    reader = spark.read.format("kafka").options(**options)
     reader = (
         reader.option("assign", json.dumps({topic: sorted(ranges)}))
         .option("startingOffsets", json.dumps({topic: {str(p): s for p, (s, _) in ranges.items()}}))
