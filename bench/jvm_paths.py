@@ -37,6 +37,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
+from pyspark.sql.types import StringType, StructField, StructType
 
 from bench.common import bench_settings, write_result
 from bench.decode import source_batches
@@ -142,7 +143,8 @@ def jvm_checked(df: DataFrame, spec: decode.DecodeSpec) -> DataFrame:
                 "_error_reason", pa.array(reason, pa.string())
             )
 
-    schema = decoded.schema.add("_error_rule", "string").add("_error_reason", "string")
+    failure = [StructField("_error_rule", StringType()), StructField("_error_reason", StringType())]
+    schema = StructType([*decoded.schema.fields, *failure])  # a new one: the frame's own is cached
     return decoded.mapInArrow(run, schema)
 
 
