@@ -7,8 +7,9 @@ contiguous offset range per partition, found exactly with offsets-for-times), be
 
 1. Records of the range that bronze lacks (by Kafka coordinates) are decoded and committed to bronze
    in one commit; valid records only (invalid ones reached the dead-letter topic on their first read).
-   Each piece of the range is read, decoded, checked against bronze's coordinates (files picked by
-   their offset stats) and written in one pass of a Spark task.
+   Spark's Kafka source reads the range (a task per core at least); each task checks its records
+   against bronze's coordinates (files picked by their offset stats), decodes the rest and writes
+   them in one Python pass.
 2. For each touched epoch after the batch horizon that has closed, every cell is recomputed from all
    of bronze for that epoch, deduplicated over the whole history as the batch layer does, with the
    shared view definitions, and written as absolute values (a partial range never overwrites a
@@ -379,7 +380,7 @@ class Replayer:
         files = [f for row in done for f in row["files"]]
         read = sum(row["valid"] for row in done)
         # The commit records the range as read (so a gap it fills counts as archived) and leaves out
-        # whatever a concurrent writer archived since the pieces looked (decided in the commit).
+        # whatever a concurrent writer archived since the tasks looked (decided in the commit).
         ranges = {f"{topic}/{p}": [(start, end)] for p, (start, end) in plan.ranges.items()}
         rows = self.bronze.commit(
             files, app_id=run_id, batch_id=0, layers=self.pipeline.layers, ranges=ranges
