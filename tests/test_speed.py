@@ -51,6 +51,17 @@ def produce_mixed(settings: Settings, pipeline: Pipeline, n: int, seed: int) -> 
         assert stats.unacknowledged == 0
 
 
+def own_pipeline(
+    services: Settings, tmp_path: Path, shipped: str, name: str, **kw: str
+) -> tuple[Settings, Pipeline]:
+    """A shipped pipeline under a name of its own (query names are unique per Spark session, and the
+    module's jobs still run), on a topic, storage root and keyspace of the test's own."""
+    unique = os.urandom(4).hex()
+    settings = isolated(services, tmp_path, unique)
+    pipeline = pipeline_named(settings, shipped, topic=f"{name}-{unique}", **kw)
+    return settings, pipeline.model_copy(update={"name": name})
+
+
 def records_in(settings: Settings, topic: str) -> int:
     """How many records ``topic`` holds (a new topic: its offsets have no gaps)."""
     from confluent_kafka import Consumer, TopicPartition
@@ -364,11 +375,7 @@ def test_a_checkpoint_with_other_stateful_steps_fails_naming_the_rebuild(
 ) -> None:
     """A checkpoint written by a plan with other stateful operators (e.g. before deduplication left
     Spark state) cannot be resumed by Spark: the job says so and names the fix."""
-    unique = os.urandom(4).hex()
-    settings = isolated(services, tmp_path, unique)
-    pipeline = pipeline_named(settings, "telemetry", topic=f"telemetry-old-{unique}").model_copy(
-        update={"name": "telemetry_old"}
-    )
+    settings, pipeline = own_pipeline(services, tmp_path, "telemetry", "telemetry_old")
     producer = EventProducer(settings=settings, pipeline=pipeline)
     for r in generate("telemetry", 200, seed=5, mix=Mix(invalid=0)):
         producer.send(r)
@@ -404,12 +411,7 @@ def test_speed_status_counts_every_row_across_restarts(services: Settings, spark
     with each run of the job)."""
     from tests.conftest import run_cli
 
-    unique = os.urandom(4).hex()
-    settings = isolated(services, tmp_path, unique)
-    # A name of its own: query names are unique per Spark session, and the module's jobs still run.
-    pipeline = pipeline_named(settings, "telemetry", topic=f"telemetry-{unique}").model_copy(
-        update={"name": "telemetry_status"}
-    )
+    settings, pipeline = own_pipeline(services, tmp_path, "telemetry", "telemetry_status")
     producer = EventProducer(settings=settings, pipeline=pipeline)
     for n, seed in ((4950, 1), (15, 2)):
         send_generated(producer, "telemetry", n, seed=seed, mix=Mix(duplicates=0, invalid=0, late=0))
@@ -425,12 +427,7 @@ def test_small_micro_batches_give_the_same_views_bronze_and_dead_letters(
 ) -> None:
     """Micro-batches of 400 records: copies across tasks and batches still count once, and every
     record is archived or dead-lettered once."""
-    unique = os.urandom(4).hex()
-    settings = isolated(services, tmp_path, unique)
-    # A name of its own: query names are unique per Spark session, and the module's jobs still run.
-    pipeline = pipeline_named(settings, "offers", topic=f"offers-{unique}", epoch="10 seconds").model_copy(
-        update={"name": "offers_small"}
-    )
+    settings, pipeline = own_pipeline(services, tmp_path, "offers", "offers_small", epoch="10 seconds")
     producer = EventProducer(settings=settings, pipeline=pipeline)
     send_generated(producer, "offers", 3000, seed=41, mix=Mix(duplicates=0.05, invalid=0.01, late=0.03))
     bad = inject_bad_records(settings, pipeline)
@@ -449,11 +446,7 @@ def test_a_checkpoint_of_the_former_kafka_source_moves_once_and_stays_exact(
     """A main checkpoint whose offsets the Python Kafka source lambdalake had before logged (keys of
     its own beside the offsets) cannot be resumed by Spark's source: the job moves it once to a new
     checkpoint, archives nothing twice and counts every view exactly."""
-    unique = os.urandom(4).hex()
-    settings = isolated(services, tmp_path, unique)
-    pipeline = pipeline_named(settings, "offers", topic=f"offers-{unique}", epoch="10 seconds").model_copy(
-        update={"name": "offers_former"}
-    )
+    settings, pipeline = own_pipeline(services, tmp_path, "offers", "offers_former", epoch="10 seconds")
     producer = EventProducer(settings=settings, pipeline=pipeline)
     send_generated(producer, "offers", 1500, seed=43, mix=Mix(duplicates=0.05, invalid=0, late=0.03))
     run_speed_once(settings, pipeline, spark)
