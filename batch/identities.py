@@ -4,20 +4,18 @@ history by reading 16 bytes per identity instead of all of bronze (:mod:`batch.i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
-import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, DoubleType, FloatType, IntegralType, StringType
 
 from batch.run import RUN_ID, BatchRun, identities_path
-from lambdalake.delta import commit_files, open_table
+from lambdalake.delta import commit_metadata, open_table
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
+from lambdalake.spark.delta import read_table, write_table
 from lambdalake.spark.views import INGEST_TS
-from lambdalake.storage import list_files
 
 #: What the index keeps of each identity's first delivery (its coordinate).
 COORDINATE = ("_topic", "_partition", "_offset", INGEST_TS)
@@ -63,39 +61,18 @@ class IdentityIndex:
     def run_id(self) -> str | None:
         """The run whose commit is the newest (None: no index)."""
         table = open_table(self.path)
-        return None if table is None else table.history(1)[0].get(RUN_ID)
+        return None if table is None else commit_metadata(table.history(1)[0]).get(RUN_ID)
 
     def read(self, spark: SparkSession) -> DataFrame | None:
-        table = open_table(self.path)
-        files = table.file_uris() if table is not None else []
-        return spark.read.parquet(*files) if files else None
+        return read_table(spark, self.path)
 
-    def stage(self, firsts: DataFrame, run: BatchRun) -> Staged:
-        """Write the first deliveries ``firsts`` as the run's index files, not yet committed (no
-        reader sees them; :meth:`commit` makes them the index)."""
-        from pyspark.sql.pandas.types import to_arrow_schema
-
+    def write(self, firsts: DataFrame, run: BatchRun, *, mode: Literal["append", "overwrite"]) -> int:
+        """Record the first deliveries ``firsts`` in one commit naming the run (``overwrite``: they are
+        the whole index); returns the index's version."""
         rows = firsts.select(*identity_hashes(firsts, self.pipeline), *COORDINATE)
-        folder = f"data/{run.run_id}"
-        rows.write.mode("errorifexists").parquet(f"{self.path}/{folder}")
-        written = list_files(f"{self.path}/{folder}", suffix=".parquet")
-        files = [f"{folder}/{uri.rsplit('/', 1)[1]}" for uri in written]
-        return Staged(files, to_arrow_schema(rows.schema, timezone="UTC"))
-
-    def commit(self, staged: Staged, run: BatchRun, *, mode: Literal["append", "overwrite"]) -> None:
-        """Commit staged files (``overwrite``: they are the whole index)."""
-        commit_files(
-            self.path, staged.files, mode=mode, schema=staged.schema,
-            metadata={RUN_ID: run.run_id, "lambdalake.horizon": str(run.horizon)},
-        )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Staged:
-    """Index files a run wrote and has not committed yet, and their schema."""
-
-    files: list[str]
-    schema: pa.Schema
+        return write_table(
+            rows, self.path, mode=mode, metadata={RUN_ID: run.run_id, "lambdalake.horizon": str(run.horizon)}
+        )
 
 
 #: Columns :func:`classify` adds: the identity is in the index; and the delivery precedes the

@@ -38,7 +38,7 @@ from batch.run import RUN_ID, views_path
 from lambdalake.cassandra.active import ActiveBatch, read_meta
 from lambdalake.cassandra.session import connect
 from lambdalake.coverage import Coverage, difference, from_json, intersection, normalized
-from lambdalake.delta import commit_info, open_table
+from lambdalake.delta import commit_info, commit_metadata, open_table
 from lambdalake.master import EPOCH_MS, RANGES, MasterDataset
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
@@ -93,7 +93,7 @@ def find_base(settings: Settings, pipeline: Pipeline, *, horizon: int) -> Base |
                 f"the active batch is not the newest Delta version of view {name!r} (a restore, or a run "
                 "that did not publish)"
             )
-        entry = table.history(1)[0]
+        entry = commit_metadata(table.history(1)[0])
         if BOUNDARIES not in entry:
             return "the active batch was written before incremental runs"
         entries[view.name] = entry

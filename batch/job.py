@@ -8,9 +8,9 @@ One run:
    deduplicate by identity across the whole history (first by ingest time, partition, offset),
    then keep the events of epochs at or before the horizon (dedup first, then the horizon: a copy
    after the horizon of an event before it must not count again later), then every view;
-4. **Delta views**: Spark writes each view's Parquet files in parallel under
-   ``<storage_root>/views/<pipeline>/<view>/data/<run>/``; delta-rs commits them as one overwrite
-   carrying the run's metadata, so history and time travel work;
+4. **Delta views**: delta-spark writes each view as one overwrite of its table
+   (``<storage_root>/views/<pipeline>/<view>``) carrying the run's metadata, so history and time
+   travel work;
 5. **publish** (:mod:`batch.publish`): rows go to a new Cassandra table per view and version; one
    metadata row then switches serving to it (the atomic swap).
 
@@ -50,16 +50,17 @@ from batch.incremental import (
 )
 from batch.merge import OFFSET, PARTITION, TOUCHED, merge_latest, merge_windowed, read_view, same_columns
 from batch.run import RUN_ID, BatchRun, views_path
-from lambdalake.delta import commit_files, open_table
+from lambdalake.delta import commit_metadata, open_table
 from lambdalake.errors import ConfigurationError
 from lambdalake.master import EPOCH_MS, bronze_of
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.bronze import bronze_schema, read_events
+from lambdalake.spark.delta import write_table
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.views import INGEST_EPOCH, deduplicate, latest, latest_order, windowed
 from lambdalake.status import batch_status_file
-from lambdalake.storage import list_files, write_text
+from lambdalake.storage import write_text
 from lambdalake.view_versions import public_name
 from lambdalake.views import RANK
 
@@ -168,14 +169,14 @@ class BatchJob:
             for view in self.pipeline.views:
                 with clock(f"delta {view.name}"):
                     progress(f"writing the Delta view {view.name}")
-                    run.delta_versions[view.name], _ = self._write_view(outputs[view.name], view.name, run)
+                    run.delta_versions[view.name] = self._write_view(outputs[view.name], view.name, run)
             with clock("identity index"):
                 # After the views: index and views of one run, or the previous run's index (the
                 # next run, finding them apart, is a full one).
                 progress("recording the identities counted")
-                index = IdentityIndex(self.settings, self.pipeline)
-                staged = index.stage(events, run)
-                index.commit(staged, run, mode="append" if increment is not None else "overwrite")
+                IdentityIndex(self.settings, self.pipeline).write(
+                    events, run, mode="append" if increment is not None else "overwrite"
+                )
             if publish:
                 from batch.publish import Publisher
 
@@ -314,7 +315,7 @@ class BatchJob:
         table = open_table(views_path(self.settings.storage_root, self.pipeline.name, view))
         if table is None:
             return None
-        rows = table.history(1)[0].get("lambdalake.rows")
+        rows = commit_metadata(table.history(1)[0]).get("lambdalake.rows")
         return int(rows) if rows is not None else None
 
     def compute(self, covered: DataFrame, view) -> DataFrame:
@@ -324,10 +325,10 @@ class BatchJob:
             return out.withColumn(RANK, latest_order(out, view).cast("long"))
         return windowed(covered, self.pipeline, view)
 
-    def _write_view(self, out: DataFrame, view: str, run: BatchRun) -> tuple[int, int]:
-        """Write the rows as one Delta overwrite of the view's table (:func:`overwrite_table`)."""
-        return overwrite_table(
-            out, views_path(self.settings.storage_root, self.pipeline.name, view), f"data/{run.run_id}",
+    def _write_view(self, out: DataFrame, view: str, run: BatchRun) -> int:
+        """Write the rows as one Delta overwrite of the view's table naming the run; returns its version."""
+        return write_table(
+            out, views_path(self.settings.storage_root, self.pipeline.name, view), mode="overwrite",
             metadata={
                 RUN_ID: run.run_id, "lambdalake.horizon": str(run.horizon),
                 "lambdalake.horizon_end_ms": str(run.horizon_end_ms),
@@ -337,21 +338,6 @@ class BatchJob:
                 BOUNDARIES: json.dumps(run.boundaries, sort_keys=True),
             },
         )  # fmt: skip
-
-
-def overwrite_table(out: DataFrame, path: str, folder: str, *, metadata: dict[str, str]) -> tuple[int, int]:
-    """Write ``out`` as Parquet under ``path/folder`` (in parallel, by Spark) and commit the files as
-    one Delta overwrite of the table at ``path`` with ``metadata``; returns (version, rows)."""
-    out.write.mode("errorifexists").parquet(f"{path}/{folder}")
-    written = list_files(f"{path}/{folder}", suffix=".parquet")
-    relative = [f"{folder}/{uri.rsplit('/', 1)[1]}" for uri in written]
-    return commit_files(path, relative, mode="overwrite", schema=_arrow_schema(out), metadata=metadata)
-
-
-def _arrow_schema(df: DataFrame):
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return to_arrow_schema(df.schema, timezone="UTC")
 
 
 def _unpersist(cached: list[DataFrame]) -> None:

@@ -10,8 +10,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from lambdalake.delta import open_table
 from lambdalake.pipeline import LatestView, WindowedView
+from lambdalake.spark.delta import read_table
 from lambdalake.views import RANK, WINDOW_START, view_components
 
 #: The ``latest`` rows' columns the merge breaks a tie of ranks with (the lower Kafka partition, then
@@ -24,9 +24,8 @@ TOUCHED = "_touched"
 
 def read_view(spark: SparkSession, path: str, version: int, schema: StructType) -> DataFrame:
     """A Delta view's rows at ``version`` (``schema``: the columns of an empty one)."""
-    table = open_table(path, version=version)
-    uris = table.file_uris() if table is not None else []
-    return spark.read.parquet(*uris) if uris else spark.createDataFrame([], schema)
+    rows = read_table(spark, path, version=version)
+    return rows if rows is not None else spark.createDataFrame([], schema)
 
 
 def same_columns(a: DataFrame, b: DataFrame) -> bool:

@@ -45,10 +45,10 @@ from lambdalake.cassandra.tables import (
     ensure_table,
 )
 from lambdalake.cassandra.writer import bulk_options
-from lambdalake.delta import open_table
 from lambdalake.errors import ConfigurationError
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
+from lambdalake.spark.delta import read_table
 from lambdalake.spark.sinks import upsert_view
 from lambdalake.views import CELL_VERSION
 
@@ -149,11 +149,8 @@ class Publisher:
 
     def _delta_rows(self, run: BatchRun, view: str) -> DataFrame | None:
         """Every row of ``view`` as the run committed it to Delta (None: no rows)."""
-        delta = open_table(views_path(self.settings.storage_root, self.pipeline.name, view),
-                           version=run.delta_versions[view])  # fmt: skip
-        assert delta is not None
-        files = delta.file_uris()
-        return self.spark.read.parquet(*files) if files else None
+        path = views_path(self.settings.storage_root, self.pipeline.name, view)
+        return read_table(self.spark, path, version=run.delta_versions[view])
 
     def _refuse_below(self, active: ActiveBatch | None, run: BatchRun, rebuilt_through: int | None) -> None:
         """A version whose horizon is below the active one's would move the horizon back with no

@@ -11,7 +11,7 @@ from batch.publish import Publisher
 from batch.run import BatchRun, views_path
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
-from lambdalake.delta import open_table
+from lambdalake.delta import commit_metadata, open_table
 from lambdalake.errors import ConfigurationError
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
@@ -45,7 +45,7 @@ def restore(
                 fix=f"run `lambdalake batch run {pipeline.name}` first",
             )
         wanted = table.version() if version is None else version
-        entry = next((e for e in table.history() if e.get("version") == wanted), None)
+        entry = next((commit_metadata(e) for e in table.history() if e.get("version") == wanted), None)
         if entry is None or "lambdalake.run_id" not in entry:
             raise ConfigurationError(
                 f"view {view.name!r} has no batch run at Delta version {wanted} (newest: {table.version()})",

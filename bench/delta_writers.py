@@ -1,10 +1,10 @@
-"""How a batch view's overwrite costs with today's writer and with delta-spark (issue 46, item 3).
+"""How a batch view's overwrite costs with delta-spark and with the writer it replaced (issue 46, item 3).
 
-Today a batch view is written by Spark as Parquet files and committed to Delta by delta-rs
-(``batch.job.overwrite_table``, which ``BatchJob`` calls: one ``commit_files`` overwrite).
-delta-spark writes and commits in the JVM (``df.write.format("delta").mode("overwrite")``). Both
-write the same rows, in turn, into tables of their own, in one Spark session made as a batch run
-makes its own (``workload="batch"``, the quick JIT below 1M events), for a small view and a large one.
+A batch view is written by delta-spark (``lambdalake.spark.delta.write_table``, which ``BatchJob``
+calls: Spark writes and commits in the JVM). Until 2026-11-29 Spark wrote Parquet files that delta-rs
+committed (one ``commit_files`` overwrite): kept here as the baseline. Both write the same rows, in
+turn, into tables of their own, in one Spark session made as a batch run makes its own
+(``workload="batch"``, the quick JIT below 1M events), for a small view and a large one.
 
     python -m bench.delta_writers [--small 2000] [--large 1000000] [--rounds 6]
     # -> bench/results/delta_writers.json
@@ -19,18 +19,14 @@ import tempfile
 import time
 import uuid
 
-from batch.job import overwrite_table
-from bench.common import write_result
-from lambdalake import jars
-from lambdalake.settings import Settings
-from lambdalake.spark.session import spark_session
+from pyspark.sql.pandas.types import to_arrow_schema
 
-DELTA_CONF = {
-    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-    # The log's state in one task, not 50: these tables have a few files.
-    "spark.databricks.delta.snapshotPartitions": "1",
-}
+from bench.common import write_result
+from lambdalake.delta import commit_files
+from lambdalake.settings import Settings
+from lambdalake.spark.delta import write_table
+from lambdalake.spark.session import spark_session
+from lambdalake.storage import list_files
 
 
 def rows(spark, n: int):
@@ -41,15 +37,20 @@ def rows(spark, n: int):
     )
 
 
-def today(df, path: str) -> float:
+def parquet_then_delta_rs(df, path: str) -> float:
+    """The replaced writer: Spark's Parquet files, then one delta-rs overwrite adopting them."""
     t0 = time.perf_counter()
-    overwrite_table(df, path, f"data/{uuid.uuid4().hex}", metadata={"lambdalake.rows": "0"})
+    folder = f"data/{uuid.uuid4().hex}"
+    df.write.mode("errorifexists").parquet(f"{path}/{folder}")
+    files = [f"{folder}/{uri.rsplit('/', 1)[1]}" for uri in list_files(f"{path}/{folder}", suffix=".parquet")]
+    schema = to_arrow_schema(df.schema, timezone="UTC")
+    commit_files(path, files, mode="overwrite", schema=schema, metadata={"lambdalake.run_id": folder})
     return time.perf_counter() - t0
 
 
 def delta_spark(df, path: str) -> float:
     t0 = time.perf_counter()
-    df.write.format("delta").mode("overwrite").option("userMetadata", '{"lambdalake.rows": "0"}').save(path)
+    write_table(df, path, mode="overwrite", metadata={"lambdalake.run_id": uuid.uuid4().hex})
     return time.perf_counter() - t0
 
 
@@ -62,16 +63,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     settings = Settings()
-    delta = ",".join(str(j) for j in jars.classpath(settings.cache_dir, "delta"))
-    conf = {**settings.spark.conf, **DELTA_CONF, "spark.jars": delta}
-    settings = settings.model_copy(update={"spark": settings.spark.model_copy(update={"conf": conf})})
     spark = spark_session(settings, "bench-delta-writers", workload="batch", events=args.small)
     root = tempfile.mkdtemp(prefix="delta-writers-")
     result: dict = {"rounds": args.rounds, "seconds": {}}
     for size in (args.small, args.large):
         df = rows(spark, size).cache()
         df.count()
-        order = [("parquet+delta-rs", today), ("delta-spark", delta_spark)]
+        order = [("parquet+delta-rs", parquet_then_delta_rs), ("delta-spark", delta_spark)]
         for name, _ in order:
             result["seconds"][f"{name} {size}"] = []
         for r in range(args.rounds):

@@ -1,8 +1,9 @@
-"""Delta tables whose Parquet files someone else wrote (Arrow on executors, Spark), committed with
-delta-rs: no Delta JARs are needed, and a commit adopts the files where they lie (no copy).
+"""Delta tables through delta-rs: commits of Parquet files someone else wrote (Arrow on executors),
+adopted where they lie (no copy), and every reader that runs without Spark.
 
-Shared by the master dataset (appends, one app transaction per micro-batch) and the batch views
-(one overwrite per rebuild, so history and time travel work).
+The master dataset (bronze) is committed this way: Python tasks write its files, and each commit
+carries app transactions and a coverage record. The tables Spark writes itself (batch views, the
+identity index) are delta-spark's (:mod:`lambdalake.spark.delta`); every table is read here too.
 """
 
 from __future__ import annotations
@@ -239,3 +240,17 @@ def commit_info(uri: str, version: int) -> dict | None:
         if line.startswith('{"commitInfo"'):
             return json.loads(line)["commitInfo"]
     return {}
+
+
+def commit_metadata(entry: dict) -> dict:
+    """A commit's information with the metadata its writer gave merged in: delta-rs writes it as keys
+    of the commit (bronze, and views written before delta-spark), delta-spark as one JSON object in
+    ``userMetadata`` (:mod:`lambdalake.spark.delta`)."""
+    text = entry.get("userMetadata")
+    if not text:
+        return entry
+    try:
+        given = json.loads(text)
+    except ValueError:
+        return entry
+    return {**entry, **given} if isinstance(given, dict) else entry

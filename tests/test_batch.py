@@ -20,10 +20,12 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from batch.job import BatchJob, views_path
+from batch.run import RUN_ID, identities_path
 from lambdalake.avro import WireEncoder, parse_schema
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import batch_table_def
+from lambdalake.delta import commit_metadata
 from lambdalake.errors import ConfigurationError
 from lambdalake.pipeline import Pipeline
 from lambdalake.produce.generator import Mix, generate
@@ -151,6 +153,13 @@ def test_batch_views_equal_the_reference_up_to_the_horizon(archived: dict, spark
     want = batch_views(events, pipeline, first.horizon)
     assert all(len(want[v.name]) == first.rows[v.name] > 100 for v in pipeline.views), first.rows
     assert batch_differences(pipeline, want, delta_rows(settings, pipeline)) == []
+    # delta-spark wrote the views and the identity index (no Parquet files committed by delta-rs),
+    # each commit naming the run, and delta-rs reads them (above) and their run back.
+    tables = [views_path(settings.storage_root, pipeline.name, v.name) for v in pipeline.views]
+    for path in [*tables, identities_path(settings.storage_root, pipeline.name)]:
+        newest = DeltaTable(path).history(1)[0]
+        assert "Delta-Lake/" in newest.get("engineInfo", ""), (path, newest)
+        assert commit_metadata(newest)[RUN_ID] == first.run_id, (path, newest)
     version, rows = published_rows(settings, pipeline)
     assert version == first.batch_version
     assert batch_differences(pipeline, want, rows) == []

@@ -28,6 +28,7 @@ from batch.restore import restore
 from batch.run import views_path
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
+from lambdalake.delta import commit_metadata
 from lambdalake.master_files import table_path
 from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.produce.producer import EventProducer
@@ -104,7 +105,7 @@ def take(world: World, step: str, spark: Any) -> str | None:
         reset_speed(world.settings, world.pipeline, spark)
     elif step == "restore":
         path = views_path(world.settings.storage_root, world.pipeline.name, world.pipeline.views[0].name)
-        runs = [e["version"] for e in DeltaTable(path).history() if "lambdalake.run_id" in e]
+        runs = [e["version"] for e in DeltaTable(path).history() if "lambdalake.run_id" in commit_metadata(e)]
         version = world.rng.choice(sorted(runs)[:-1] or runs)
         replayer = Replayer(settings=world.settings, pipeline=world.pipeline, spark=spark)
         restore(world.settings, world.pipeline, spark, version=version, rebuild_speed=replayer.recompute)

@@ -45,11 +45,12 @@ def up(only: OnlyOpt = None) -> None:
 @app.command()
 def install() -> None:
     """Fetch the JARs (Apache Kafka and Apache Cassandra for the embedded services, Spark's Kafka
-    connector for every Spark session) from Maven Central into the cache, once, without starting them."""
+    connector and delta-spark for every Spark session) from Maven Central into the cache, once, without
+    starting them."""
     from lambdalake import jars
 
     settings = get_settings()
-    for bundle in ("kafka", "cassandra", "spark"):
+    for bundle in ("kafka", "cassandra", "spark", "delta"):
         t0 = time.monotonic()
         with console.status(f"fetching {bundle} {jars.version(bundle)} with Maven..."):
             done = jars.cached(settings.cache_dir, bundle)

@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 
 from lambdalake import jars
 from lambdalake.settings import QUICK_JIT, Settings
+from lambdalake.spark.delta import DELTA_CONF
 
 LOG4J = Path(__file__).with_name("log4j2.properties")
 
@@ -47,6 +48,8 @@ SPARK_DEFAULTS = {
     # heap (RocksDB). At 2g the JVM grew to 0.9-1.25 GB resident, at 1g to 0.7 GB, as fast
     # (BENCHMARKS.md, bench.peers); LAMBDALAKE_SPARK__CONF sets it for larger batches.
     "spark.driver.memory": "1g",
+    # delta-spark writes and reads the Delta tables Spark makes (views, identity index).
+    **DELTA_CONF,
 }
 
 #: Spark's bound on the idle Python workers an executor keeps (``settings.spark.idle_python_workers``).
@@ -145,6 +148,6 @@ def spark_session(
 
 
 def connector_jars(settings: Settings) -> list[str]:
-    """Spark's own Kafka source and Avro functions at pyspark's version (pyspark ships neither),
-    from the cache ``make setup`` fills; Spark sends them to a cluster's executors itself."""
-    return [str(jar) for jar in jars.classpath(settings.cache_dir, "spark")]
+    """Spark's own Kafka source and Avro functions at pyspark's version, and delta-spark (pyspark ships
+    none of them), from the cache ``make setup`` fills; Spark sends them to a cluster's executors itself."""
+    return [str(jar) for bundle in ("spark", "delta") for jar in jars.classpath(settings.cache_dir, bundle)]

@@ -1,0 +1,87 @@
+"""Delta tables Spark writes and reads itself, with delta-spark: the batch views and the identity index.
+
+Spark writes the files and commits them in the JVM, in one Delta commit per write, so a reader sees
+the whole write or none of it. The commit carries the caller's metadata as Delta's ``userMetadata``
+(one JSON object), which :func:`lambdalake.delta.commit_metadata` reads back for delta-rs readers.
+Every table written here stays readable by delta-rs: no reader or writer feature is turned on.
+
+Guarantee: a write is atomic; it is not idempotent by itself (the caller's run names its commit).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Literal
+
+from pyspark.sql import DataFrame, SparkSession
+
+from lambdalake.delta import open_table
+from lambdalake.errors import LambdalakeError
+
+#: What a session needs to write and read Delta tables with delta-spark (its JARs are on the session's
+#: classpath: :func:`lambdalake.spark.session.connector_jars`).
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # The log's state in one task, not 50: the tables Spark writes have a few files a version.
+    "spark.databricks.delta.snapshotPartitions": "1",
+    # A write that adds no rows still commits: its commit names the run (an incremental batch run with
+    # no new identities is the index's newest run all the same).
+    "spark.databricks.delta.skipRecordingEmptyCommits": "false",
+}
+
+#: How many commits back a write looks for its own commit (one writer per pipeline and role: it is
+#: the newest, unless a restore or a second table writer committed in between).
+_OWN_COMMIT_SCAN = 20
+
+
+def write_table(
+    df: DataFrame, path: str, *, mode: Literal["append", "overwrite"], metadata: Mapping[str, str]
+) -> int:
+    """Write ``df`` to the Delta table at ``path`` (created if needed) in one commit; returns its version.
+
+    Args:
+        df: The rows.
+        path: The table.
+        mode: ``append``, or ``overwrite`` (the rows replace every live one, atomically, and the table's
+            columns become ``df``'s: a view whose definition changed replaces its schema).
+        metadata: Commit metadata, kept in the table's history; it must name the write (a run id), so
+            the commit can be found again.
+    """
+    text = json.dumps(dict(metadata), sort_keys=True)
+    writer = df.write.format("delta").mode(mode).option("userMetadata", text)
+    if mode == "overwrite":
+        writer = writer.option("overwriteSchema", "true")
+    else:
+        writer = writer.option("mergeSchema", "true")
+    writer.save(path)
+    return _version_of(path, text)
+
+
+def read_table(spark: SparkSession, path: str, *, version: int | None = None) -> DataFrame | None:
+    """The rows of the Delta table at ``path`` at ``version`` (default the newest now), or None when
+    there is no table there.
+
+    The DataFrame is pinned to that version: Spark recomputes a cached DataFrame whose plan reads a
+    table it then writes (delta-spark refreshes the cache by path), and a run's later write to the
+    same table must not change what it already read.
+    """
+    table = open_table(path)
+    if table is None:
+        return None
+    pinned = table.version() if version is None else version
+    return spark.read.format("delta").option("versionAsOf", pinned).load(path)
+
+
+def _version_of(path: str, text: str) -> int:
+    """The version of the newest commit of ``path`` whose user metadata is ``text``."""
+    table = open_table(path)
+    history = table.history(_OWN_COMMIT_SCAN) if table is not None else []
+    for entry in history:
+        if entry.get("userMetadata") == text:
+            return int(entry["version"])
+    raise LambdalakeError(
+        f"the Delta write to {path} committed, but its commit is not among the newest {_OWN_COMMIT_SCAN}",
+        fix="another writer is writing this table: stop it, then run again",
+    )
