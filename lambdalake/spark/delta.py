@@ -67,11 +67,10 @@ def read_table(spark: SparkSession, path: str, *, version: int | None = None) ->
     table it then writes (delta-spark refreshes the cache by path), and a run's later write to the
     same table must not change what it already read.
     """
-    table = open_table(path)
+    table = open_table(path, version=version)
     if table is None:
         return None
-    pinned = table.version() if version is None else version
-    return spark.read.format("delta").option("versionAsOf", pinned).load(path)
+    return spark.read.format("delta").option("versionAsOf", table.version()).load(path)
 
 
 def _version_of(path: str, text: str) -> int:
