@@ -37,7 +37,12 @@ _OWN_COMMIT_SCAN = 20
 
 
 def write_table(
-    df: DataFrame, path: str, *, mode: Literal["append", "overwrite"], metadata: Mapping[str, str]
+    df: DataFrame,
+    path: str,
+    *,
+    mode: Literal["append", "overwrite"],
+    metadata: Mapping[str, str],
+    properties: Mapping[str, str] | None = None,
 ) -> int:
     """Write ``df`` to the Delta table at ``path`` (created if needed) in one commit; returns its version.
 
@@ -48,9 +53,16 @@ def write_table(
             columns become ``df``'s: a view whose definition changed replaces its schema).
         metadata: Commit metadata, kept in the table's history; it must name the write (a run id), so
             the commit can be found again.
+        properties: Delta table properties the table must have (default None: none). A new table is
+            created with them; a table made before they were asked for gets them in a commit of their
+            own, before the write (delta-spark takes a writer's table properties only at creation).
     """
     text = json.dumps(dict(metadata), sort_keys=True)
     writer = df.write.format("delta").mode(mode).option("userMetadata", text)
+    if properties:
+        _set_properties(df.sparkSession, path, properties)
+        for key, value in properties.items():
+            writer = writer.option(key, value)
     if mode == "overwrite":
         writer = writer.option("overwriteSchema", "true")
     else:
@@ -71,6 +83,20 @@ def read_table(spark: SparkSession, path: str, *, version: int | None = None) ->
     if table is None:
         return None
     return spark.read.format("delta").option("versionAsOf", table.version()).load(path)
+
+
+def _set_properties(spark: SparkSession, path: str, properties: Mapping[str, str]) -> None:
+    """Give the existing table at ``path`` the ``properties`` it lacks (nothing when there is no table)."""
+    table = open_table(path)
+    if table is None:
+        return
+    have = table.metadata().configuration
+    missing = {k: v for k, v in properties.items() if have.get(k) != v}
+    if not missing:
+        return
+    pairs = ", ".join(f"'{k}' = '{v}'" for k, v in sorted(missing.items()))
+    quoted = path.replace("`", "``")
+    spark.sql(f"ALTER TABLE delta.`{quoted}` SET TBLPROPERTIES ({pairs})")
 
 
 def _version_of(path: str, text: str) -> int:
