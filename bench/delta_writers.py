@@ -4,9 +4,12 @@ A batch view is written by delta-spark (``lambdalake.spark.delta.write_table``, 
 calls: Spark writes and commits in the JVM). Until 2026-11-29 Spark wrote Parquet files that delta-rs
 committed (one ``commit_files`` overwrite): kept here as the baseline. Both write the same rows, in
 turn, into tables of their own, in one Spark session made as a batch run makes its own
-(``workload="batch"``, the quick JIT below 1M events), for a small view and a large one.
+(``workload="batch"``, the quick JIT below 1M events), for a small view and a large one. With
+``--index N``, instead, an identity index of N rows is written with column statistics and without
+(``batch.identities.TABLE_PROPERTIES``), in turn, in a session made for N events
+(-> bench/results/delta_index.json).
 
-    python -m bench.delta_writers [--small 2000] [--large 1000000] [--rounds 6]
+    python -m bench.delta_writers [--small 2000] [--large 1000000] [--rounds 6] [--index 10000000]
     # -> bench/results/delta_writers.json
 """
 
@@ -21,6 +24,7 @@ import uuid
 
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from batch.identities import TABLE_PROPERTIES
 from bench.common import write_result
 from lambdalake.delta import commit_files
 from lambdalake.settings import Settings
@@ -48,6 +52,23 @@ def parquet_then_delta_rs(df, path: str) -> float:
     return time.perf_counter() - t0
 
 
+def index_rows(spark, n: int):
+    """Rows shaped as the identity index's (two hashes, then the coordinate of the first delivery)."""
+    return spark.range(n).selectExpr(
+        "xxhash64(id) AS _id_h1", "xxhash64('lambdalake-id', id) AS _id_h2", "'offers' AS _topic",
+        "CAST(id % 4 AS INT) AS _partition", "id AS _offset",
+        "timestamp_millis(1700000000000 + id) AS _ingest_ts",
+    )  # fmt: skip
+
+
+def index_write(df, path: str, *, properties: dict | None) -> float:
+    """One full run's index write: a new table (as a first full run makes), then its overwrite."""
+    write_table(df.limit(10), path, mode="overwrite", metadata={"run": "seed"}, properties=properties)
+    t0 = time.perf_counter()
+    write_table(df, path, mode="overwrite", metadata={"run": uuid.uuid4().hex}, properties=properties)
+    return time.perf_counter() - t0
+
+
 def delta_spark(df, path: str) -> float:
     t0 = time.perf_counter()
     write_table(df, path, mode="overwrite", metadata={"lambdalake.run_id": uuid.uuid4().hex})
@@ -61,12 +82,18 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=2_000)
     parser.add_argument("--large", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--index", type=int, default=0,
+        help="time an identity index of this many rows written with statistics and without, instead",
+    )  # fmt: skip
     args = parser.parse_args()
     settings = Settings()
-    spark = spark_session(settings, "bench-delta-writers", workload="batch", events=args.small)
+    # A session as a batch run of that many events makes (the quick JIT below 1M, C2 above).
+    events = args.index or args.small
+    spark = spark_session(settings, "bench-delta-writers", workload="batch", events=events)
     root = tempfile.mkdtemp(prefix="delta-writers-")
     result: dict = {"rounds": args.rounds, "seconds": {}}
-    for size in (args.small, args.large):
+    for size in () if args.index else (args.small, args.large):
         df = rows(spark, size).cache()
         df.count()
         order = [("parquet+delta-rs", parquet_then_delta_rs), ("delta-spark", delta_spark)]
@@ -78,11 +105,21 @@ def main() -> None:
                 result["seconds"][f"{name} {size}"].append(round(took, 3))
                 print(f"round {r} {size:>9,} rows {name:<17} {took:6.2f} s", flush=True)
         df.unpersist()
+    if args.index:
+        df = index_rows(spark, args.index).cache()
+        df.count()
+        order = [("index with statistics", None), ("index without", TABLE_PROPERTIES)]
+        for r in range(args.rounds):
+            for name, properties in order if r % 2 == 0 else order[::-1]:
+                took = index_write(df, f"{root}/{uuid.uuid4().hex}", properties=properties)
+                result["seconds"].setdefault(f"{name} {args.index}", []).append(round(took, 3))
+                print(f"round {r} {args.index:>9,} rows {name:<22} {took:6.2f} s", flush=True)
+        df.unpersist()
     for key, values in result["seconds"].items():
         later = values[1:] or values
         print(f"{key:<28} first {values[0]:.2f} s, later median {statistics.median(later):.2f} s")
     spark.stop()
-    print("->", write_result("delta_writers", result), file=sys.stderr)
+    print("->", write_result("delta_index" if args.index else "delta_writers", result), file=sys.stderr)
 
 
 if __name__ == "__main__":
