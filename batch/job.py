@@ -56,7 +56,7 @@ from lambdalake.master import EPOCH_MS, bronze_of
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.bronze import bronze_schema, read_events
-from lambdalake.spark.delta import write_table
+from lambdalake.spark.delta import write_table, write_tables
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.views import INGEST_EPOCH, deduplicate, latest, latest_order, windowed
 from lambdalake.status import batch_status_file
@@ -166,10 +166,9 @@ class BatchJob:
             with clock("quality gate"):
                 progress("checking the quality gate")
                 self._gate(events, outputs, run)
-            for view in self.pipeline.views:
-                with clock(f"delta {view.name}"):
-                    progress(f"writing the Delta view {view.name}")
-                    run.delta_versions[view.name] = self._write_view(outputs[view.name], view.name, run)
+            with clock("delta views"):
+                progress(f"writing the Delta views ({', '.join(v.name for v in self.pipeline.views)})")
+                run.delta_versions.update(self._write_views(outputs, run))
             with clock("identity index"):
                 # After the views: index and views of one run, or the previous run's index (the
                 # next run, finding them apart, is a full one).
@@ -324,6 +323,11 @@ class BatchJob:
             out = latest(covered, self.pipeline, view, carry=(PARTITION, OFFSET))
             return out.withColumn(RANK, latest_order(out, view).cast("long"))
         return windowed(covered, self.pipeline, view)
+
+    def _write_views(self, outputs: dict[str, DataFrame], run: BatchRun) -> dict[str, int]:
+        """Every view's Delta overwrite, side by side (:func:`write_tables`); returns their versions."""
+        names = [view.name for view in self.pipeline.views]
+        return write_tables({name: partial(self._write_view, outputs[name], name, run) for name in names})
 
     def _write_view(self, out: DataFrame, view: str, run: BatchRun) -> int:
         """Write the rows as one Delta overwrite of the view's table naming the run; returns its version."""

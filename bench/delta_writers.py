@@ -7,9 +7,12 @@ turn, into tables of their own, in one Spark session made as a batch run makes i
 (``workload="batch"``, the quick JIT below 1M events), for a small view and a large one. With
 ``--index N``, instead, an identity index of N rows is written with column statistics and without
 (``batch.identities.TABLE_PROPERTIES``), in turn, in a session made for N events
-(-> bench/results/delta_index.json).
+(-> bench/results/delta_index.json). With ``--together K``, instead, K small views (the first
+``--small`` rows, the next twice that, ...) are overwritten one after another and side by side
+(``write_tables``, as a batch run writes its views), in turn (-> bench/results/delta_views.json).
 
-    python -m bench.delta_writers [--small 2000] [--large 1000000] [--rounds 6] [--index 10000000]
+    python -m bench.delta_writers [--small 2000] [--large 1000000] [--rounds 6]
+    python -m bench.delta_writers --index 10000000 | --together 3
     # -> bench/results/delta_writers.json
 """
 
@@ -21,6 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
+from functools import partial
 
 from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -28,7 +32,7 @@ from batch.identities import TABLE_PROPERTIES
 from bench.common import write_result
 from lambdalake.delta import commit_files
 from lambdalake.settings import Settings
-from lambdalake.spark.delta import write_table
+from lambdalake.spark.delta import write_table, write_tables
 from lambdalake.spark.session import spark_session
 from lambdalake.storage import list_files
 
@@ -69,6 +73,26 @@ def index_write(df, path: str, *, properties: dict | None) -> float:
     return time.perf_counter() - t0
 
 
+def views_one_by_one(dfs: list, root: str) -> float:
+    t0 = time.perf_counter()
+    for i, df in enumerate(dfs):
+        write_table(df, f"{root}/view{i}", mode="overwrite", metadata={"run": uuid.uuid4().hex})
+    return time.perf_counter() - t0
+
+
+def views_side_by_side(dfs: list, root: str) -> float:
+    t0 = time.perf_counter()
+    write_tables(
+        {
+            str(i): partial(
+                write_table, df, f"{root}/view{i}", mode="overwrite", metadata={"run": uuid.uuid4().hex}
+            )
+            for i, df in enumerate(dfs)
+        }
+    )
+    return time.perf_counter() - t0
+
+
 def delta_spark(df, path: str) -> float:
     t0 = time.perf_counter()
     write_table(df, path, mode="overwrite", metadata={"lambdalake.run_id": uuid.uuid4().hex})
@@ -86,6 +110,10 @@ def main() -> None:
         "--index", type=int, default=0,
         help="time an identity index of this many rows written with statistics and without, instead",
     )  # fmt: skip
+    parser.add_argument(
+        "--together", type=int, default=0,
+        help="time this many small views written one after another and side by side, instead",
+    )  # fmt: skip
     args = parser.parse_args()
     settings = Settings()
     # A session as a batch run of that many events makes (the quick JIT below 1M, C2 above).
@@ -93,7 +121,7 @@ def main() -> None:
     spark = spark_session(settings, "bench-delta-writers", workload="batch", events=events)
     root = tempfile.mkdtemp(prefix="delta-writers-")
     result: dict = {"rounds": args.rounds, "seconds": {}}
-    for size in () if args.index else (args.small, args.large):
+    for size in () if args.index or args.together else (args.small, args.large):
         df = rows(spark, size).cache()
         df.count()
         order = [("parquet+delta-rs", parquet_then_delta_rs), ("delta-spark", delta_spark)]
@@ -115,11 +143,22 @@ def main() -> None:
                 result["seconds"].setdefault(f"{name} {args.index}", []).append(round(took, 3))
                 print(f"round {r} {args.index:>9,} rows {name:<22} {took:6.2f} s", flush=True)
         df.unpersist()
+    if args.together:
+        dfs = [rows(spark, args.small * (i + 1)).cache() for i in range(args.together)]
+        for df in dfs:
+            df.count()
+        order = [("views one by one", views_one_by_one), ("views side by side", views_side_by_side)]
+        for r in range(args.rounds):
+            for name, write in order if r % 2 == 0 else order[::-1]:
+                took = write(dfs, f"{root}/{name.replace(' ', '-')}")
+                result["seconds"].setdefault(f"{name} {args.together}", []).append(round(took, 3))
+                print(f"round {r} {args.together} views {name:<19} {took:6.2f} s", flush=True)
     for key, values in result["seconds"].items():
         later = values[1:] or values
         print(f"{key:<28} first {values[0]:.2f} s, later median {statistics.median(later):.2f} s")
     spark.stop()
-    print("->", write_result("delta_index" if args.index else "delta_writers", result), file=sys.stderr)
+    name = "delta_index" if args.index else "delta_views" if args.together else "delta_writers"
+    print("->", write_result(name, result), file=sys.stderr)
 
 
 if __name__ == "__main__":
