@@ -20,8 +20,8 @@ from lambdalake.spark.views import INGEST_TS
 #: What the index keeps of each identity's first delivery (its coordinate).
 COORDINATE = ("_topic", "_partition", "_offset", INGEST_TS)
 #: The index's table properties: no column statistics. An incremental run reads the whole index, so
-#: statistics skip nothing, and collecting them over 10M rows cost ~2-3 s of a ~9 s write (measured
-#: with delta-spark 4.4, BENCHMARKS.md).
+#: statistics skip nothing, and collecting them cost ~1.9 s of a 10M-row write's ~9.3 s (delta-spark
+#: 4.4, BENCHMARKS.md).
 TABLE_PROPERTIES = {"delta.dataSkippingNumIndexedCols": "0"}
 #: The index's identity: 128 bits, two 64-bit xxhash64 of the identity's values (under two
 #: prefixes), as the speed layer's deduplication compares identities by 128-bit hashes: two identities
