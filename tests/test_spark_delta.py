@@ -91,3 +91,46 @@ def test_writes_side_by_side_each_commit_once_and_a_failure_is_raised_after_the_
     # The other write ended (committed) before the failure was raised.
     assert DeltaTable(paths["a"]).version() == 2
     assert commit_metadata(DeltaTable(paths["a"]).history(1)[0])["run"] == "r2"
+
+
+#: Avro's promotions (``int`` to ``long``, ``float``, ``double``; ``long`` to ``float``, ``double``;
+#: ``float`` to ``double``) that Delta's type widening does not cover.
+NOT_DELTA_WIDENINGS = [("bigint", "double"), ("bigint", "float"), ("int", "float")]
+
+
+@pytest.mark.parametrize(("written", "promoted"), NOT_DELTA_WIDENINGS)
+def test_bronze_stays_on_delta_rs_delta_spark_refuses_an_append_of_an_avro_promotion(
+    spark, tmp_path: Path, written: str, promoted: str
+) -> None:
+    """Why bronze is not appended by Spark's Delta writer (README, "A schema that changes"): a
+    pipeline whose field is promoted as Avro allows appends events with the wider column, which
+    delta-spark refuses, type widening on or not. When this fails, delta-spark accepts the promotion."""
+    from pyspark.errors import AnalysisException
+
+    path = str(tmp_path / "bronze")
+    spark.createDataFrame([(1,)], f"a {written}").write.format("delta").option(
+        "delta.enableTypeWidening", "true"
+    ).save(path)
+    with pytest.raises(AnalysisException, match="DELTA_FAILED_TO_MERGE_FIELDS"):
+        spark.createDataFrame([(2.5,)], f"a {promoted}").write.format("delta").mode("append").option(
+            "mergeSchema", "true"
+        ).save(path)
+
+
+def test_bronze_stays_on_delta_rs_a_widened_table_locks_delta_rs_out(spark, tmp_path: Path) -> None:
+    """The promotions Delta can widen (``int`` to ``long`` here) need its type-widening reader
+    feature, which delta-rs refuses to read or write: bronze, read by delta-rs where Python runs
+    without Spark, cannot have it. When this fails, delta-rs reads such a table."""
+    from deltalake.exceptions import DeltaError
+
+    path = str(tmp_path / "bronze")
+    spark.createDataFrame([(1,)], "a int").write.format("delta").option(
+        "delta.enableTypeWidening", "true"
+    ).save(path)
+    spark.createDataFrame([(3_000_000_000,)], "a bigint").write.format("delta").mode("append").option(
+        "mergeSchema", "true"
+    ).save(path)
+    assert sorted(r.a for r in spark.read.format("delta").load(path).collect()) == [1, 3_000_000_000]
+    assert "typeWidening" in (DeltaTable(path).protocol().reader_features or [])
+    with pytest.raises(DeltaError, match="typeWidening"):
+        DeltaTable(path).to_pyarrow_table()
