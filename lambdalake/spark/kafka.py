@@ -22,7 +22,8 @@ Offsets = dict[str, dict[str, int]]
 
 #: Bounded reads fetch more than the Java consumer's defaults (500 records a poll, 1 MB a
 #: partition): 1M records into Python read in 2.8 s instead of 3.3 (local[2], warm). The speed
-#: job keeps the defaults it was measured with.
+#: job keeps the defaults: with these it drained a backlog no faster and held 6-9 % more memory
+#: (BENCHMARKS.md, 2026-11-29, fifth session).
 FETCH = {
     "kafka.max.poll.records": "20000",
     "kafka.max.partition.fetch.bytes": str(8 << 20),
@@ -71,7 +72,7 @@ def read_ranges(
     Records removed from a range after it was planned (retention, or a broker that lost them) fail
     the read, naming the offsets; the gaps compaction leaves do not.
     """
-    options = {**source_options(settings, broker_wait_s=broker_wait_s), **FETCH}
+    options = {**FETCH, **source_options(settings, broker_wait_s=broker_wait_s)}  # the user's settings win
     reader = spark.read.format("kafka").options(**options)
     reader = (
         reader.option("assign", json.dumps({topic: sorted(ranges)}))
