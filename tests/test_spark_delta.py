@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from lambdalake.delta import commit_metadata
 from lambdalake.spark.delta import write_table, write_tables
@@ -111,6 +111,7 @@ def test_bronze_stays_on_delta_rs_delta_spark_refuses_an_append_of_an_avro_promo
     spark.createDataFrame([(1,)], f"a {written}").write.format("delta").option(
         "delta.enableTypeWidening", "true"
     ).save(path)
+    assert DeltaTable(path).metadata().configuration.get("delta.enableTypeWidening") == "true"
     with pytest.raises(AnalysisException, match="DELTA_FAILED_TO_MERGE_FIELDS"):
         spark.createDataFrame([(2.5,)], f"a {promoted}").write.format("delta").mode("append").option(
             "mergeSchema", "true"
@@ -134,3 +135,5 @@ def test_bronze_stays_on_delta_rs_a_widened_table_locks_delta_rs_out(spark, tmp_
     assert "typeWidening" in (DeltaTable(path).protocol().reader_features or [])
     with pytest.raises(DeltaError, match="typeWidening"):
         DeltaTable(path).to_pyarrow_table()
+    with pytest.raises(DeltaError, match=r"(?i)typewidening"):
+        write_deltalake(path, pa.table({"a": pa.array([5], pa.int64())}), mode="append")
