@@ -104,7 +104,7 @@ def test_bronze_stays_on_delta_rs_delta_spark_refuses_an_append_of_an_avro_promo
 ) -> None:
     """Why bronze is not appended by Spark's Delta writer (README, "A schema that changes"): a
     pipeline whose field is promoted as Avro allows appends events with the wider column, which
-    delta-spark refuses, type widening on or not. When this fails, delta-spark accepts the promotion."""
+    delta-spark refuses even with type widening on. When this fails, delta-spark accepts the promotion."""
     from pyspark.errors import AnalysisException
 
     path = str(tmp_path / "bronze")
@@ -116,6 +116,22 @@ def test_bronze_stays_on_delta_rs_delta_spark_refuses_an_append_of_an_avro_promo
         spark.createDataFrame([(2.5,)], f"a {promoted}").write.format("delta").mode("append").option(
             "mergeSchema", "true"
         ).save(path)
+
+
+def test_bronze_stays_on_delta_rs_delta_spark_refuses_a_promotion_on_a_table_delta_rs_made(
+    spark, tmp_path: Path
+) -> None:
+    """Bronze as it is made (by delta-rs, without type widening): delta-spark refuses even ``int`` to
+    ``long``, the promotion Delta's type widening covers."""
+    from pyspark.errors import AnalysisException
+
+    path = str(tmp_path / "bronze")
+    write_deltalake(path, pa.table({"a": pa.array([1, 2], pa.int32())}))
+    with pytest.raises(AnalysisException, match="DELTA_FAILED_TO_MERGE_FIELDS"):
+        spark.createDataFrame([(3_000_000_000,)], "a bigint").write.format("delta").mode("append").option(
+            "mergeSchema", "true"
+        ).save(path)
+    assert DeltaTable(path).to_pyarrow_table().column("a").to_pylist() == [1, 2]
 
 
 def test_bronze_stays_on_delta_rs_a_widened_table_locks_delta_rs_out(spark, tmp_path: Path) -> None:
