@@ -8,10 +8,10 @@ from typing import Literal
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import DecimalType, DoubleType, FloatType, IntegralType, StringType
 
 from batch.run import RUN_ID, BatchRun, identities_path
 from lambdalake.delta import commit_metadata, open_table
+from lambdalake.identity import ENCODING, spark_hashes
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.delta import read_table, write_table
@@ -23,29 +23,20 @@ COORDINATE = ("_topic", "_partition", "_offset", INGEST_TS)
 #: statistics skip nothing, and collecting them cost ~1.9 s of a 10M-row write's ~9.3 s (delta-spark
 #: 4.4, BENCHMARKS.md).
 TABLE_PROPERTIES = {"delta.dataSkippingNumIndexedCols": "0"}
-#: The index's identity: 128 bits, two 64-bit xxhash64 of the identity's values (under two
-#: prefixes), as the speed layer's deduplication compares identities by 128-bit hashes: two identities
-#: are taken for one only on a 128-bit collision.
+#: The index's identity: 128 bits, the two hashes of :mod:`lambdalake.identity` (the speed layer's
+#: deduplication compares identities by the same two): two identities are taken for one only on a
+#: 128-bit collision.
 HASHES = ("_id_h1", "_id_h2")
+#: Commit metadata naming the identity encoding of the index's hashes (absent: encoding 1, the
+#: batch layer's own before :mod:`lambdalake.identity`). An index of another encoding cannot be
+#: compared with this one's hashes: the run is full, and rewrites it.
+ENCODING_KEY = "lambdalake.identity_encoding"
 
 
 def identity_hashes(df: DataFrame, pipeline: Pipeline) -> list[Column]:
-    """:data:`HASHES` of each row's identity. Each part is hashed with its null flag (so a null
-    cannot move between parts) and as a canonical type (integers as long, floats as double, text as
-    bytes, decimals at 38 digits), so a promotion of the field's type keeps its identities' hashes."""
-    parts: list[Column] = []
-    for name in pipeline.event.identity:
-        col, kind = F.col(name), df.schema[name].dataType
-        if isinstance(kind, IntegralType):
-            col = col.cast("long")
-        elif isinstance(kind, FloatType | DoubleType):
-            col = col.cast("double")
-        elif isinstance(kind, StringType):
-            col = col.cast("binary")
-        elif isinstance(kind, DecimalType):
-            col = col.cast(DecimalType(38, kind.scale))
-        parts += [F.col(name).isNull(), col]
-    return [F.xxhash64(*parts).alias(HASHES[0]), F.xxhash64(F.lit("lambdalake-id"), *parts).alias(HASHES[1])]
+    """:data:`HASHES` of each row's identity (:func:`lambdalake.identity.spark_hashes`)."""
+    h1, h2 = spark_hashes(df, pipeline.event.identity)
+    return [h1.alias(HASHES[0]), h2.alias(HASHES[1])]
 
 
 class IdentityIndex:
@@ -67,6 +58,13 @@ class IdentityIndex:
         table = open_table(self.path)
         return None if table is None else commit_metadata(table.history(1)[0]).get(RUN_ID)
 
+    def encoding(self) -> int | None:
+        """The identity encoding of the index's hashes (None: no index)."""
+        table = open_table(self.path)
+        if table is None:
+            return None
+        return int(commit_metadata(table.history(1)[0]).get(ENCODING_KEY, 1))
+
     def read(self, spark: SparkSession) -> DataFrame | None:
         return read_table(spark, self.path)
 
@@ -76,7 +74,9 @@ class IdentityIndex:
         rows = firsts.select(*identity_hashes(firsts, self.pipeline), *COORDINATE)
         return write_table(
             rows, self.path, mode=mode, properties=TABLE_PROPERTIES,
-            metadata={RUN_ID: run.run_id, "lambdalake.horizon": str(run.horizon)},
+            metadata={
+                RUN_ID: run.run_id, "lambdalake.horizon": str(run.horizon), ENCODING_KEY: str(ENCODING),
+            },
         )  # fmt: skip
 
 

@@ -39,6 +39,7 @@ from lambdalake.cassandra.active import ActiveBatch, read_meta
 from lambdalake.cassandra.session import connect
 from lambdalake.coverage import Coverage, difference, from_json, intersection, normalized
 from lambdalake.delta import commit_info, commit_metadata, open_table
+from lambdalake.identity import ENCODING
 from lambdalake.master import EPOCH_MS, RANGES, MasterDataset
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
@@ -104,8 +105,14 @@ def find_base(settings: Settings, pipeline: Pipeline, *, horizon: int) -> Base |
     if int(entry.get(EPOCH_MS, 0)) != pipeline.layers.epoch_ms:
         return "the [layers] epoch changed"
     run_id = str(entry[RUN_ID])
-    if IdentityIndex(settings, pipeline).run_id() != run_id:
+    index = IdentityIndex(settings, pipeline)
+    if index.run_id() != run_id:
         return "the identity index does not match the active batch"
+    if index.encoding() != ENCODING:
+        return (
+            f"the identity index holds hashes of identity encoding {index.encoding()} (this version "
+            f"compares encoding {ENCODING}): a full run rewrites it"
+        )
     base_horizon = int(entry["lambdalake.horizon"])
     if horizon < base_horizon:
         return f"the horizon moves back (from {base_horizon} to {horizon})"

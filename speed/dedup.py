@@ -16,8 +16,12 @@ records it read) beside the checkpoint. A task that finds its process's index be
 batch ran in another worker or executor) reads the segments it misses; one whose process has no
 index (a restart, a replay) rebuilds it from the segments. Cost per batch: the batch's own rows.
 
-Identities are compared by a 128-bit hash (SipHash under two keys, pandas' ``hash_pandas_object``):
-two different identities are taken for one only on a 128-bit collision.
+Identities are compared by their 128-bit hash (:mod:`lambdalake.identity`, the batch layer's identity
+index's too): typed and null-aware, computed on the Arrow columns as they are, so a row hashes the
+same whatever else its micro-batch holds; two different identities are taken for one only on a
+128-bit collision. Segments are kept per identity encoding (``e<N>/`` under the root): a job of a new
+encoding does not read an older one's hashes, so a copy delivered within one window across the
+upgrade may count twice in the speed layer until the batch covers its epoch (the batch counts it once).
 
 Eviction cannot change a decision that counts: the windowed view drops rows whose ingest time is
 at or behind Spark's watermark, which trails the newest ingest time passed on by ``window``, so no
@@ -32,23 +36,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lambdalake.identity import ENCODING, arrow_hashes
 from lambdalake.spark.views import INGEST_TS
 from lambdalake.storage import delete_file, list_files, read_bytes, write_bytes
 
-_KEYS = ("lambdalake-id-k1", "lambdalake-id-k2")  # two 16-byte SipHash keys: 128 bits per identity
 _SEGMENT = re.compile(r"^(\d{20})-(\d{20})-(-?\d+)-(-?\d+)\.arrow$")
-
-
-def identity_hashes(table: pa.Table, columns: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Two independent 64-bit hashes of each row's identity (the same in every process)."""
-    frame = table.select(columns).to_pandas()
-    return tuple(  # type: ignore[return-value]
-        pd.util.hash_pandas_object(frame, index=False, hash_key=key).to_numpy() for key in _KEYS
-    )
 
 
 @dataclass
@@ -211,7 +206,7 @@ class DedupLog:
         # A record without a timestamp (old message formats) counts as the oldest: the windowed view
         # drops it behind the watermark anyway, and the batch layer counts it.
         ts = pc.fill_null(ingest, 0).to_numpy()
-        h1, h2 = identity_hashes(events, list(self.identity))
+        h1, h2 = arrow_hashes(events, self.identity)
 
         state = self._state(topic, partition, before=int(offsets[0]))
         seen = state.index.seen_since(h1, h2, ts - self.window_us)
@@ -232,7 +227,7 @@ class DedupLog:
         return state.newest - 2 * self.window_us
 
     def _folder(self, topic: str, partition: int) -> str:
-        return f"{self.root.rstrip('/')}/{topic}/{partition}"
+        return f"{self.root.rstrip('/')}/e{ENCODING}/{topic}/{partition}"
 
     def _state(self, topic: str, partition: int, *, before: int) -> _PartitionState:
         """This process's index of the partition brought up to (not including) offset ``before``,

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 import speed.dedup as dedup
+from lambdalake.identity import ENCODING
 from speed.dedup import DedupLog, IdentityIndex, repeats_within
 
 WINDOW = 10_000_000  # ten seconds, in µs
@@ -98,7 +99,7 @@ def test_segments_beyond_twice_the_window_are_deleted(tmp_path: Path) -> None:
     log = DedupLog(root=str(tmp_path / "dedup"), identity=("key", "n"), window_us=WINDOW)
     dedup._states.clear()
     run_batches(log, rows, list(range(200, 4000, 200)), rng=random.Random(0))
-    kept = sorted((tmp_path / "dedup" / "t" / "0").glob("*.arrow"))
+    kept = sorted((tmp_path / "dedup" / f"e{ENCODING}" / "t" / "0").glob("*.arrow"))
     assert 2 <= len(kept) < 19
     state = dedup._states[(log.root, "t", 0)]
     assert len(state.index) < 4000
@@ -184,4 +185,4 @@ def test_a_table_of_two_partitions_is_judged_per_partition(tmp_path: Path) -> No
     dedup._states.clear()
     log = DedupLog(root=str(tmp_path / "dedup"), identity=("key", "n"), window_us=WINDOW)
     assert log.fresh(mixed).tolist() == [True, True, False, False, True, True]
-    assert sorted(p.name for p in (tmp_path / "dedup" / "t").iterdir()) == ["0", "1"]
+    assert sorted(p.name for p in (tmp_path / "dedup" / f"e{ENCODING}" / "t").iterdir()) == ["0", "1"]
