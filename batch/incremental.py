@@ -48,6 +48,10 @@ from lambdalake.view_versions import public_name
 
 #: Commit metadata of the Delta views: the offsets per ``"topic/partition"`` the run's horizon ends at.
 BOUNDARIES = "lambdalake.boundaries"
+#: Commit metadata of the Delta views: the layout of their ``latest`` ranks (absent: the 64-bit
+#: ranks of :data:`lambdalake.latest.LEGACY_RANK`, which a merge cannot compare with today's).
+LATEST_RULE = "lambdalake.latest_layout"
+LATEST_LAYOUT = 2
 
 
 class FullRunNeeded(Exception):
@@ -97,6 +101,8 @@ def find_base(settings: Settings, pipeline: Pipeline, *, horizon: int) -> Base |
         entry = commit_metadata(table.history(1)[0])
         if BOUNDARIES not in entry:
             return "the active batch was written before incremental runs"
+        if entry.get(LATEST_RULE) != str(LATEST_LAYOUT):
+            return "the active batch's latest ranks are of the 64-bit layout (versions bounded to 2^43)"
         entries[view.name] = entry
     runs = {e.get(RUN_ID) for e in entries.values()}
     if len(runs) != 1:

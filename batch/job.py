@@ -39,6 +39,8 @@ from batch.horizon import Horizon, find_horizon
 from batch.identities import EARLIER, KNOWN, IdentityIndex, classify
 from batch.incremental import (
     BOUNDARIES,
+    LATEST_LAYOUT,
+    LATEST_RULE,
     FullRunNeeded,
     Increment,
     changed_by,
@@ -48,10 +50,11 @@ from batch.incremental import (
     old_epochs,
     plan,
 )
-from batch.merge import OFFSET, PARTITION, TOUCHED, merge_latest, merge_windowed, read_view, same_columns
+from batch.merge import TOUCHED, merge_latest, merge_windowed, read_view, same_columns
 from batch.run import RUN_ID, BatchRun, views_path
 from lambdalake.delta import commit_metadata, open_table
 from lambdalake.errors import ConfigurationError
+from lambdalake.latest import OFFSET, PARTITION, RANK
 from lambdalake.master import EPOCH_MS, bronze_of
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
@@ -62,7 +65,6 @@ from lambdalake.spark.views import INGEST_EPOCH, deduplicate, latest, latest_ord
 from lambdalake.status import batch_status_file
 from lambdalake.storage import write_text
 from lambdalake.view_versions import public_name
-from lambdalake.views import RANK
 
 log = logging.getLogger("lambdalake.batch")
 
@@ -321,7 +323,7 @@ class BatchJob:
         """One view's batch rows (the speed layer's view functions; ``latest`` rows with their rank)."""
         if isinstance(view, LatestView):
             out = latest(covered, self.pipeline, view, carry=(PARTITION, OFFSET))
-            return out.withColumn(RANK, latest_order(out, view).cast("long"))
+            return out.withColumn(RANK, latest_order(out, view))
         return windowed(covered, self.pipeline, view)
 
     def _write_views(self, outputs: dict[str, DataFrame], run: BatchRun) -> dict[str, int]:
@@ -340,6 +342,7 @@ class BatchJob:
                 EPOCH_MS: str(self.pipeline.layers.epoch_ms),
                 "lambdalake.rows": str(run.rows[view]), "lambdalake.kind": run.kind,
                 BOUNDARIES: json.dumps(run.boundaries, sort_keys=True),
+                LATEST_RULE: str(LATEST_LAYOUT),
             },
         )  # fmt: skip
 

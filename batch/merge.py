@@ -10,14 +10,11 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from lambdalake.latest import spark_merge_order
 from lambdalake.pipeline import LatestView, WindowedView
 from lambdalake.spark.delta import read_table
-from lambdalake.views import RANK, WINDOW_START, view_components
+from lambdalake.views import WINDOW_START, view_components
 
-#: The ``latest`` rows' columns the merge breaks a tie of ranks with (the lower Kafka partition, then
-#: offset wins, as in :func:`lambdalake.spark.views.latest`).
-PARTITION = "_partition"
-OFFSET = "_offset"
 #: The merged rows' column marking the cells the new events touched.
 TOUCHED = "_touched"
 
@@ -62,12 +59,11 @@ def merge_windowed(previous: DataFrame, new: DataFrame, view: WindowedView) -> D
 
 
 def merge_latest(previous: DataFrame, new: DataFrame, view: LatestView) -> DataFrame:
-    """The base's ``latest`` rows with the new events' rows merged in: per key the higher rank, then
-    the lower partition and offset (:func:`lambdalake.spark.views.latest`'s order); :data:`TOUCHED`
+    """The base's ``latest`` rows with the new events' rows merged in: per key the latest rule's winner
+    (:func:`lambdalake.latest.spark_merge_order`); :data:`TOUCHED`
     marks the keys whose row the new events replaced."""
     both = previous.withColumn(TOUCHED, F.lit(False)).unionByName(new.withColumn(TOUCHED, F.lit(True)))
     rest = [c for c in both.columns if c not in view.key]
-    order = F.struct(F.col(RANK), -F.col(PARTITION), -F.col(OFFSET))
-    winner = F.max_by(F.struct(*[F.col(c) for c in rest]), order)
+    winner = F.max_by(F.struct(*[F.col(c) for c in rest]), spark_merge_order())
     out = both.groupBy(*view.key).agg(winner.alias("_w")).select(*view.key, *[F.col(f"_w.{c}") for c in rest])
     return out.select(*previous.columns, TOUCHED)

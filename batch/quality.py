@@ -78,13 +78,27 @@ def _extra(pipelines_dir: Path, pipeline: str) -> dict[str, Any]:
         ) from None
 
 
+def _nullable_fields(pipeline: Pipeline) -> frozenset[str]:
+    """Top-level fields whose reader-schema type admits null (a union with ``null``)."""
+    return frozenset(
+        f["name"]
+        for f in pipeline.reader_schema["fields"]
+        if f["type"] == "null" or (isinstance(f["type"], list) and "null" in f["type"])
+    )
+
+
 def bronze_expectations(pipeline: Pipeline) -> list[Spec]:
     """Schema, nulls and the pipeline's rules, on the events a batch covers."""
     out: list[Spec] = [
         {"type": "expect_column_to_exist", "kwargs": {"column": c}}
         for c in [*pipeline.reader_fields, INGEST_TS, "_partition", "_offset"]
     ]
-    required = [pipeline.event.key, pipeline.event.time, *pipeline.event.identity, INGEST_TS, "_offset"]
+    # What the edge took is what the batch takes: a field of the event's key, time or identity must be
+    # set only where the schema says so (a null there is a reference the producer may leave out, and
+    # the speed layer counts it); a ``required`` rule makes any field so.
+    declared = [pipeline.event.key, pipeline.event.time, *pipeline.event.identity]
+    optional = _nullable_fields(pipeline)
+    required = [*(c for c in declared if c not in optional), INGEST_TS, "_offset"]
     required += [r.field for r in pipeline.rules if isinstance(r, RequiredRule)]
     out += [
         {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": c}}

@@ -119,7 +119,7 @@ def main() -> None:
 
         def visible(view: str, vids: list[str]) -> set[str]:
             table, column = {
-                "latest": ("telemetry__vehicle_latest__speed_ranked", "event_time"),
+                "latest": ("telemetry__vehicle_latest__speed_latest", "event_time"),
                 "windowed": ("telemetry__vehicle_minute__speed", "readings"),
             }[view]
             marks = ", ".join(["%s"] * len(vids))

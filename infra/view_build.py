@@ -207,7 +207,9 @@ def drop_retired(settings: Settings, pipeline: Pipeline, progress: Progress) -> 
     tables = set(session.cluster.metadata.keyspaces[keyspace].tables)
     for name in retired:
         progress(f"dropping version {name}")
-        pattern = re.compile(rf"^{re.escape(pipeline.name)}__{re.escape(name)}__(speed|speed_ranked|b\d+)$")
+        pattern = re.compile(
+            rf"^{re.escape(pipeline.name)}__{re.escape(name)}__(speed|speed_ranked|speed_latest|b\d+)$"
+        )
         for table in sorted(t for t in tables if pattern.match(t)):
             session.execute(f'DROP TABLE IF EXISTS "{keyspace}"."{table}"', timeout=120)
         delete_folder(f"{checkpoints}/{name}")

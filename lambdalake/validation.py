@@ -21,14 +21,12 @@ from lambdalake.columnar.unions import branch_name, union_value
 from lambdalake.event_schema import decimal_of, general_union_fields, largest_decimal
 from lambdalake.pipeline import (
     AllowedRule,
-    LatestView,
     NotFutureRule,
     Pipeline,
     RangeRule,
     RequiredRule,
     Rule,
 )
-from lambdalake.views import NULL_VERSION, TIEBREAK_BITS
 
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
@@ -46,24 +44,10 @@ class Rejection:
 Check = Callable[[Mapping[str, Any], float], Rejection | None]
 
 
-@dataclass(frozen=True)
-class RankRule:
-    """A ``latest`` view's version must fit its rank: ``|version| < 2^43`` (the rank is
-    ``version * 2^20 + tiebreak`` in a 64-bit long; epoch milliseconds qualify until 2248)."""
-
-    field: str
-    view: str
-    kind: str = "latest_rank"
-
-
-#: Versions at or beyond this (in magnitude) would wrap a ``latest`` rank.
-RANK_VERSION_LIMIT = 1 << (63 - TIEBREAK_BITS)
-
-
-def checked_rules(pipeline: Pipeline) -> list[Rule | RankRule]:
-    """The pipeline's rules plus the ones its views imply, in the order records are checked."""
-    ranks = [RankRule(v.version, v.name) for v in pipeline.views if isinstance(v, LatestView)]
-    return [*pipeline.rules, *ranks]
+def checked_rules(pipeline: Pipeline) -> list[Rule]:
+    """The rules records are checked against, in order: the pipeline's own. (Its views imply none:
+    a ``latest`` view ranks any 64-bit version, :mod:`lambdalake.latest`.)"""
+    return list(pipeline.rules)
 
 
 def _int_test(bounds: tuple[int, int]) -> Callable[[Any], bool]:
@@ -206,28 +190,10 @@ def compile_schema_check(schema: dict[str, Any], parsed_schema: Any) -> Check:
     return check
 
 
-def compile_rule(rule: Rule | RankRule) -> Check:
+def compile_rule(rule: Rule) -> Check:
     name = f"{rule.field}.{rule.kind}"
     field = rule.field
     match rule:
-        case RankRule(view=view):
-
-            def fits_rank(r: Mapping[str, Any], _now: float) -> Rejection | None:
-                v = r.get(field)
-                if type(v) is int and NULL_VERSION < v < RANK_VERSION_LIMIT:
-                    return None  # the common case, cheaply
-                ms = int(v.timestamp() * 1000) if isinstance(v, datetime) else v
-                if isinstance(ms, int | float) and not NULL_VERSION < ms < RANK_VERSION_LIMIT:
-                    return Rejection(
-                        name,
-                        f"{field}={v} is beyond +-2^43 ({RANK_VERSION_LIMIT:,}): view {view!r} ranks "
-                        "versions "
-                        "as version x 2^20 in a 64-bit long, which would wrap; use a smaller version "
-                        "(e.g. epoch milliseconds, not nanoseconds)",
-                    )
-                return None
-
-            return fits_rank
         case RequiredRule():
 
             def required(r: Mapping[str, Any], _now: float) -> Rejection | None:
@@ -295,7 +261,7 @@ def _utc(ms: float) -> str:
         return "beyond the years 1-9999"
 
 
-def _on_union_value(rule: Rule | RankRule, unions: frozenset[str]) -> Check:
+def _on_union_value(rule: Rule, unions: frozenset[str]) -> Check:
     """``rule``'s check; on a general union's field, of the value whatever form it comes in
     (fastavro's tuple notation from producers, the struct of members from decoded rows)."""
     check = compile_rule(rule)
@@ -320,7 +286,7 @@ class RecordValidator:
 
     def __init__(
         self,
-        rules: Sequence[Rule | RankRule],
+        rules: Sequence[Rule],
         *,
         schema: dict[str, Any],
         parsed_schema: Any,

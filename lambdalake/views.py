@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import partial
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from lambdalake import filters, sketches
 from lambdalake.pipeline import Aggregate, LatestView, Pipeline, WindowedView
@@ -179,62 +179,22 @@ def merge(
     return merger.finish(acc)
 
 
-#: Low bits of a ``latest`` rank that order deliveries of one version (2^20 s: about 12 days).
-TIEBREAK_BITS = 20
-
-#: The version a delivery without one (a null version field) ranks with: below every version a
-#: record may carry (validation keeps versions in ``(NULL_VERSION, 2^43)``), so a key whose versions
-#: are all null still has a row, its first delivery's, and any delivery with a version outranks it.
-#: Its rank stays above ``-2^63``, the value Cassandra reserves for "no write timestamp".
-NULL_VERSION = -(1 << (63 - TIEBREAK_BITS)) + 1
-
-Numeric = TypeVar("Numeric")
-
-
-def latest_rank(version: Numeric, ingest_seconds: Numeric) -> Numeric:
-    """How ``latest`` ranks deliveries of a key, as one long: the version, then the earlier delivery.
-
-    The latest rule, in every layer: the highest version wins (a null version is :data:`NULL_VERSION`,
-    below all others); between deliveries of one version the earlier ingest second; then the lower
-    offset. Callers put :data:`NULL_VERSION` in place of a null version before calling this.
-
-    ``version * 2^20 + (2^20 - 1 - ingest second mod 2^20)``: the highest version wins, and between
-    two deliveries of one version the first wins when they are less than 2^20 s apart. The speed
-    layer writes it as the Cassandra write timestamp, so the highest version wins whatever the order
-    of writes. Versions must stay below 8.7e12 (epoch milliseconds qualify until 2248).
-
-    Written once with arithmetic operators only, so the very same formula runs on Spark columns (the
-    batch layer's ``latest``) and on numpy arrays (the speed layer's archive pass). Both arguments are
-    integers: a timestamp version as epoch milliseconds, ingest time as non-negative epoch seconds
-    (so ``%`` is the floor modulo in both engines).
-    """
-    return version * (1 << TIEBREAK_BITS) + latest_tiebreak(ingest_seconds)  # type: ignore[operator]
-
-
-def latest_tiebreak(ingest_seconds: Numeric) -> Numeric:
-    """The low part of :func:`latest_rank`, in ``[0, 2^20)``: higher for the earlier delivery.
-
-    Because it stays below ``2^20``, ordering deliveries by (version, tiebreak) is exactly ordering
-    them by rank, for any version: an engine may compare the two parts instead of computing the rank
-    (Spark's ``latest`` does, in longs instead of 38-digit decimals)."""
-    span = 1 << TIEBREAK_BITS
-    return span - 1 - ingest_seconds % span  # type: ignore[operator]
-
-
 def speed_table(pipeline: Pipeline, view: LatestView | WindowedView) -> str:
     """The Cassandra table of a view's speed rows: named per pipeline, so two pipelines may each
     have a view called ``hourly``, and told apart from the batch table by its suffix. A ``latest``
-    view's table holds ranked candidates (:data:`CANDIDATE`): a name of its own, since the table it
-    replaced (:func:`legacy_latest_table`) had another primary key."""
+    view's table holds candidates in the latest rule's order (:data:`lambdalake.latest.CANDIDATE`):
+    a name of its own, since the tables it replaced (:func:`legacy_latest_tables`) had other
+    primary keys."""
     if isinstance(view, LatestView):
-        return f"{pipeline.name}__{view.name}__speed_ranked"
+        return f"{pipeline.name}__{view.name}__speed_latest"
     return f"{pipeline.name}__{view.name}__speed"
 
 
-def legacy_latest_table(pipeline: Pipeline, view: LatestView) -> str:
-    """The speed table a ``latest`` view had before candidates were ranked: one row per key, the rank
-    its write timestamp (two deliveries of one rank mixed their cells there)."""
-    return f"{pipeline.name}__{view.name}__speed"
+def legacy_latest_tables(pipeline: Pipeline, view: LatestView) -> tuple[str, str]:
+    """The speed tables a ``latest`` view had before, oldest first: one row per key with the rank as
+    its write timestamp (``__speed``), then ranked candidates with a 64-bit rank
+    (``__speed_ranked``, :data:`lambdalake.latest.LEGACY_RANK`)."""
+    return f"{pipeline.name}__{view.name}__speed", f"{pipeline.name}__{view.name}__speed_ranked"
 
 
 def batch_table(pipeline: Pipeline, view: LatestView | WindowedView, generation: int) -> str:
@@ -270,17 +230,6 @@ def newest_cells(
         if seen is None or seen[at] < v:
             best[k] = row
     return list(best.values())
-
-
-#: The ``latest`` rows' column holding their :func:`latest_rank` (batch rows and speed candidates).
-RANK = "_rank"
-
-#: A ``latest`` speed row's clustering columns: per key, candidates in the rule's order (the highest
-#: rank, then the lowest Kafka partition and offset: the first delivery) so the first row is the
-#: winner, whatever order micro-batches and tasks wrote them in; a write also deletes the key's
-#: candidates of lower rank (a range tombstone at the rank as write timestamp, so a lower candidate
-#: written later stays deleted). Two deliveries of one rank are two rows, never one row of mixed cells.
-CANDIDATE = (RANK, "_partition", "_offset")
 
 
 def latest_columns(pipeline: Pipeline, view: LatestView) -> list[str]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from decimal import Decimal
 from typing import Any, Literal
 
 import orjson
+
+from lambdalake.json_form import json_value
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class LatestRow:
 
     Attributes:
         values: The row's columns.
-        rank: Its :func:`lambdalake.views.latest_rank` (the higher wins).
+        rank: Its rank by the latest rule (:mod:`lambdalake.latest`; the higher wins).
         source: ``"batch"`` or ``"speed"``.
     """
 
@@ -90,16 +91,16 @@ class Answer:
         return self.latest is not None or bool(self.windows)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: timestamps as ISO-8601 strings."""
-        return _jsonable(self._plain())
+        """The answer in its JSON form (:mod:`lambdalake.json_form`)."""
+        return json_value(self._plain())
 
     def to_json(self) -> bytes:
         """:meth:`to_dict` serialized (orjson: the HTTP API's hot path)."""
-        plain = self._plain()
+        plain = self.to_dict()
         try:
-            return orjson.dumps(plain, default=_decimal_text, option=orjson.OPT_UTC_Z)
-        except orjson.JSONEncodeError:  # an integer beyond 64 bits: the standard library takes it
-            return json.dumps(_jsonable(plain)).encode()
+            return orjson.dumps(plain)
+        except orjson.JSONEncodeError:  # an integer beyond 64 bits (a rank): the standard library takes it
+            return json.dumps(plain).encode()
 
     def _plain(self) -> dict[str, Any]:
         """The answer as dicts and lists, values as read. Built by hand: ``dataclasses.asdict``
@@ -122,27 +123,3 @@ class Answer:
             for w in self.windows
         ]  # fmt: skip
         return out
-
-
-def _iso(value: datetime) -> str:
-    return value.isoformat().replace("+00:00", "Z")
-
-
-def _decimal_text(value: Any) -> str:
-    """A decimal as the text of its exact digits ("12.50"): a JSON number would pass through a
-    float in most readers and lose them."""
-    if isinstance(value, Decimal):
-        return str(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, datetime):
-        return _iso(value)
-    if isinstance(value, Decimal):
-        return _decimal_text(value)
-    return value

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from lambdalake.json_form import DESCRIPTION
+
 #: Times a view stores (epoch ms): a ``from``/``to`` outside them is a 422.
 EARLIEST_MS, LATEST_MS = -(2**62), 2**62
 
@@ -31,10 +33,7 @@ class Provenance(BaseModel):
 
 
 #: What a ``values`` object holds.
-VALUES = (
-    "Each column by name, as stored: timestamps as ISO-8601 text, decimals as the text of their "
-    'exact digits ("12.50"), other values as JSON numbers, strings, booleans or null.'
-)
+VALUES = DESCRIPTION
 
 
 class LatestBody(BaseModel):

@@ -85,7 +85,9 @@ def aware_utc_values(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def pick_latest(batch: LatestRow | None, speed: LatestRow | None) -> LatestRow | None:
-    """The higher-ranked of the two (the batch's on a tie: the same delivery)."""
+    """The higher-ranked of the two by the latest rule (:mod:`lambdalake.latest`; the batch's on a tie
+    of ranks: deliveries of one rank share an ingest second, so an epoch, and the batch covers that
+    epoch whole or not at all)."""
     if batch is None or speed is None:
         return batch or speed
     return speed if speed.rank > batch.rank else batch

@@ -44,6 +44,7 @@ from lambdalake.cassandra.tables import speed_table_def
 from lambdalake.cassandra.writer import bulk_options, upsert_arrow
 from lambdalake.errors import ConfigurationError
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, record_time, watermarks
+from lambdalake.latest import CANDIDATE, RANK
 from lambdalake.master import bronze_of
 from lambdalake.master_files import offsets_present, write_event_files
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
@@ -62,7 +63,7 @@ from lambdalake.spark.views import (
     window_cells,
     windowed,
 )
-from lambdalake.views import CANDIDATE, EPOCH, RANK, WINDOW_START
+from lambdalake.views import EPOCH, WINDOW_START
 from speed.sinks import send_dead_letters
 
 log = logging.getLogger("lambdalake.replay")
@@ -503,10 +504,10 @@ def _delete_cells(settings: Settings, table: Any, cell: list[str], rows: list[An
 def _upsert_latest(
     events: DataFrame, pipeline: Pipeline, view: LatestView, table: Any, cassandra: Any
 ) -> int:
-    """The epochs' winners per key, written with their rank as the write timestamp (a stored row of a
-    higher rank keeps winning)."""
+    """The epochs' winners per key, written as candidates with their rank (a stored candidate the
+    latest rule ranks higher keeps winning)."""
     rows = latest(events, pipeline, view, carry=CANDIDATE[1:])
-    rows = rows.withColumn(RANK, latest_order(rows, view).cast("long"))
+    rows = rows.withColumn(RANK, latest_order(rows, view))
     columns = list(dict.fromkeys([*table.source_columns, RANK]))
 
     bulk = bulk_options(cassandra)
@@ -514,8 +515,7 @@ def _upsert_latest(
     def write(batches: Any) -> Any:
         written = 0
         for batch in batches:
-            ranks = batch.column(RANK)
-            written += upsert_arrow(batch, table=table, settings=cassandra, write_timestamps=ranks, **bulk)
+            written += upsert_arrow(batch, table=table, settings=cassandra, **bulk)
         yield pa.RecordBatch.from_pydict({"rows": [written]})
 
     return sum(r["rows"] for r in rows.select(*columns).mapInArrow(write, "rows long").collect())

@@ -23,12 +23,12 @@ from lambdalake.cassandra.tables import TableDef
 from lambdalake.cassandra.writer import cassandra_values, upsert_arrow
 from lambdalake.filters import Node, arrow_expression
 from lambdalake.kafka import dlq
+from lambdalake.latest import RANK, arrow_winners, rank_array
 from lambdalake.master_files import write_event_files
 from lambdalake.procs import LIGHT_TASK_ROWS, release_freed_memory
 from lambdalake.settings import CassandraSettings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decoder
 from lambdalake.spark.views import INGEST_TS
-from lambdalake.views import NULL_VERSION, latest_rank
 from speed.dedup import DedupLog
 from speed.last_read import Fingerprints, noting_last
 
@@ -141,40 +141,6 @@ class LatestSink:
     where: Node | None = None
 
 
-def _int64s(col: pa.ChunkedArray, *, per: int = 1) -> np.ndarray:
-    """Integers (timestamps as microseconds) floor-divided by ``per``, nulls as 0."""
-    if pa.types.is_timestamp(col.type):
-        col = pc.cast(col, pa.timestamp("us")).cast(pa.int64())
-    ints = pc.fill_null(pc.cast(col, pa.int64(), safe=False), 0).to_numpy()
-    return np.floor_divide(ints, per) if per != 1 else ints
-
-
-def latest_order(table: pa.Table, version: str) -> np.ma.MaskedArray:
-    """:func:`lambdalake.views.latest_rank` of each row (a null version as :data:`NULL_VERSION`;
-    masked where the ingest time is null), computed as :func:`lambdalake.spark.views.latest_order`
-    computes it in Spark."""
-    v, ingest = table.column(version), table.column(INGEST_TS)
-    millis = _int64s(v, per=1000) if pa.types.is_timestamp(v.type) else _int64s(v)
-    millis = np.where(pc.is_null(v).to_numpy(zero_copy_only=False), NULL_VERSION, millis)
-    rank = latest_rank(millis, _int64s(ingest, per=1_000_000))
-    mask = pc.is_null(ingest).to_numpy(zero_copy_only=False)
-    return np.ma.masked_array(rank, mask=mask)
-
-
-def winners(keys: list[tuple[Any, ...]], order: np.ma.MaskedArray) -> list[int]:
-    """Row index of each key's highest order (among equals the first); rows without order lose."""
-    ranks = order.data.tolist()  # masked rows are skipped below, whatever their data
-    mask = np.ma.getmaskarray(order).tolist()
-    best: dict[tuple[Any, ...], int] = {}
-    for i, k in enumerate(keys):
-        if mask[i]:
-            continue
-        j = best.get(k)
-        if j is None or ranks[i] > ranks[j]:
-            best[k] = i
-    return sorted(best.values())
-
-
 @dataclass(frozen=True)
 class ArchiveSink:
     """The speed job's one pass over each Kafka partition's records: a ``mapInArrow`` function over
@@ -183,9 +149,9 @@ class ArchiveSink:
     Per task (one Kafka partition's range of a micro-batch): records are decoded
     (:func:`lambdalake.spark.decode.decoder`); failures go to the DLQ; valid events are written as
     master-dataset files named by their Kafka coordinates (reported through ``files`` for the driver
-    to commit); each ``latest`` view gets the winning row per key (highest
-    :func:`lambdalake.views.latest_rank`; among equals the earliest offset), upserted with the rank
-    as write timestamp so Cassandra keeps the highest version across tasks and batches. Yields the
+    to commit); each ``latest`` view gets the winning row per key (the latest rule,
+    :func:`lambdalake.latest.arrow_winners`) as a candidate, which Cassandra keeps in the rule's order
+    across tasks and batches. Yields the
     ``passthrough`` columns (those the windowed view downstream reads; none without one) of the
     valid events that are first deliveries (``dedup``: :class:`speed.dedup.DedupLog`).
 
@@ -258,12 +224,12 @@ class ArchiveSink:
                 kept = events.filter(arrow_expression(sink.where, events.schema))
             if kept.num_rows == 0:
                 continue
-            order = latest_order(kept, sink.version)
             keys = list(zip(*cassandra_values(kept, list(sink.key)), strict=True))
-            best = winners(keys, order)
-            chosen = pa.array(best, type=pa.int64())
-            upsert_arrow(kept.take(chosen), table=sink.table, settings=self.cassandra,
-                         write_timestamps=pa.array(order.data[best]))  # fmt: skip
+            rows, ranks = arrow_winners(kept, keys, sink.version)
+            chosen = kept.take(pa.array(rows, type=pa.int64()))
+            upsert_arrow(
+                chosen.append_column(RANK, rank_array(ranks)), table=sink.table, settings=self.cassandra
+            )
         if self.passthrough:
             if self.dedup is not None:
                 events = events.filter(pa.array(self.dedup.fresh(events)))

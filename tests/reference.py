@@ -179,7 +179,7 @@ def cassandra_rows(settings: Settings, table: str) -> list[dict[str, Any]]:
         session = cluster.connect(settings.cassandra.keyspace)
         rows = []
         # A ranked latest table's first candidate of a key is its row.
-        limit = " PER PARTITION LIMIT 1" if table.endswith("__speed_ranked") else ""
+        limit = " PER PARTITION LIMIT 1" if table.endswith("__speed_latest") else ""
         for r in session.execute(f'SELECT * FROM "{table}"{limit}', timeout=60):
             d = r._asdict()
             # The driver returns naive UTC datetimes.

@@ -36,10 +36,10 @@ def test_a_new_field_is_refused_at_once_until_deploy_adds_its_column(
         "offer_id": "o-1", "merchant_id": "m", "title": "t", "price_cents": 1, "currency": "EUR",
         "stock": 1, "status": "active", "version": 1, "updated_at": datetime(2026, 1, 1, tzinfo=UTC),
         "promo_code": "SPRING", "_ingest_ts": datetime(2026, 1, 1, tzinfo=UTC), "_epoch": 1,
-        "_rank": 1 << 20, "_partition": 0, "_offset": 0,
+        "_latest_rank": 1 << 20, "_partition": 0, "_offset": 0,
     }  # fmt: skip
-    values = [*(row[c] for c in table.column_names), row["_rank"]]  # the rank: the write timestamp too
-    ranked = {"write_timestamp_index": len(table.column_names)}
+    values = [row[c] for c in table.column_names]
+    ranked: dict = {}
     t0 = time.monotonic()
     with pytest.raises(WriteRefused) as refused:
         upsert([values], table=table, settings=settings.cassandra, **ranked)
@@ -59,10 +59,9 @@ def test_a_value_of_the_wrong_type_is_refused_at_once(
     pipeline = pipeline_named(settings, "offers")
     deploy_speed_tables(connect(settings.cassandra), settings.cassandra, pipeline)
     table = speed_table_def(pipeline, pipeline.view("offer_latest"))
-    values = ["o-1"] + ["not a number"] * (len(table.column_names) - 1) + [1]
+    values = ["o-1"] + ["not a number"] * (len(table.column_names) - 1)
     with pytest.raises(WriteRefused):
-        upsert([values], table=table, settings=settings.cassandra, give_up_after_s=600,
-               write_timestamp_index=len(table.column_names))  # fmt: skip
+        upsert([values], table=table, settings=settings.cassandra, give_up_after_s=600)
 
 
 def test_speed_rows_of_windowed_views_expire_with_the_pipelines_ttl(

@@ -1,7 +1,8 @@
 """A ``latest`` speed table on a real Cassandra keeps the rule's winner whole, whatever micro-batches,
-tasks and write order the deliveries came in: two deliveries of one version in one ingest second (one
-rank) are two candidates, never one row of mixed cells; the first by (partition, offset) is served.
-A speed table of the layout before (one row per key, its rank the write timestamp) is adopted."""
+tasks and write order the deliveries came in, for any 64-bit version: two deliveries of one version in
+one ingest second (one rank) are two candidates, never one row of mixed cells; the first by
+(partition, offset) is served. Speed tables of the layouts before (one row per key, its rank the
+write timestamp; candidates under a 64-bit rank) are adopted with their ranks converted."""
 
 from __future__ import annotations
 
@@ -19,13 +20,13 @@ from lambdalake.cassandra.legacy_latest import adopt_legacy_latest
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import deploy_speed_tables, speed_table_def
 from lambdalake.cassandra.writer import upsert_arrow
+from lambdalake.latest import RANK, arrow_winners, latest_tiebreak, rank_array
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.settings import Settings
-from lambdalake.views import NULL_VERSION, latest_rank, legacy_latest_table
+from lambdalake.views import legacy_latest_tables
 from serving import ServingClient
-from speed.sinks import latest_order, winners
 from tests.conftest import isolated
-from tests.test_latest_rule import BASE_S, SCHEMA, TOML, _table
+from tests.test_latest_rule import BASE_S, SCHEMA, TOML, _table, plain_rule
 
 pytestmark = pytest.mark.services
 
@@ -46,18 +47,6 @@ def readings(services: Settings, tmp_path_factory: pytest.TempPathFactory) -> Se
     return out
 
 
-def _reference(rows: list[dict]) -> dict[str, dict]:
-    """The rule, written out plainly: per device the highest version (null lowest), then the earliest
-    ingest second, then the lowest partition, then offset."""
-    best: dict[str, tuple] = {}
-    for r in rows:
-        version = NULL_VERSION if r["rev"] is None else r["rev"]
-        order = (-version, r["_second"], r["_partition"], r["_offset"])
-        if r["device"] not in best or order < best[r["device"]][0]:
-            best[r["device"]] = (order, r)
-    return {d: {c: r[c] for c in COLUMNS} for d, (_, r) in best.items()}
-
-
 _counter = itertools.count()
 
 
@@ -66,7 +55,8 @@ _counter = itertools.count()
     drawn=st.lists(
         st.tuples(
             st.sampled_from(["a", "b"]),  # device: few, so keys collide
-            st.none() | st.integers(0, 1),  # rev: few values, so versions tie
+            # rev: few values, so versions tie; the ends of the 64-bit range
+            st.none() | st.integers(0, 1) | st.sampled_from([-(2**63), 2**63 - 1]),
             st.integers(0, 1),  # ingest second: few, so ranks tie
             st.integers(0, 2),  # Kafka partition: ties across tasks
             st.none() | st.integers(-3, 3),  # level
@@ -104,14 +94,11 @@ def test_tied_deliveries_across_micro_batches_and_tasks_keep_one_whole_winner(
     random.Random(order_seed).shuffle(tasks)
     for task in tasks:
         data = _table(task)
-        order = latest_order(data, "rev")
-        best = winners([(d,) for d in data.column("device").to_pylist()], order)
-        upsert_arrow(
-            data.take(pa.array(best, pa.int64())), table=table, settings=readings.cassandra,
-            write_timestamps=pa.array(order.data[best]),
-        )  # fmt: skip
+        best, ranks = arrow_winners(data, [(d,) for d in data.column("device").to_pylist()], "rev")
+        chosen = data.take(pa.array(best, pa.int64())).append_column(RANK, rank_array(ranks))
+        upsert_arrow(chosen, table=table, settings=readings.cassandra)
     client = ServingClient(settings=readings, meta_ttl_s=0)
-    want = _reference(rows)
+    want = plain_rule(rows)
     got = {}
     for device in want:
         answer = client.query("readings", view.name, device).latest
@@ -120,46 +107,68 @@ def test_tied_deliveries_across_micro_batches_and_tasks_keep_one_whole_winner(
     assert got == want
 
 
-def test_an_old_layout_speed_table_is_adopted_with_its_ranks(readings: Settings) -> None:
-    """Rows of the table before ranked candidates (rank = write timestamp) answer as before once
-    adopted; a higher-ranked delivery written after still wins, a lower one does not; the old table
-    is dropped only when asked."""
+def _legacy_rank(rev: int | None, seconds: int) -> int:
+    """A rank of the 64-bit layout: versions within 2^43, a null version at -2^43 + 1."""
+    return (-(1 << 43) + 1 if rev is None else rev) * 2**20 + latest_tiebreak(seconds)
+
+
+def test_old_layout_speed_tables_are_adopted_with_their_ranks(readings: Settings) -> None:
+    """Rows of both tables before (rank = write timestamp; candidates under a 64-bit ``_rank``) answer
+    as before once adopted; a higher-ranked delivery written after still wins, a lower one does not;
+    an old table is dropped only when asked."""
     pipeline = configured_pipeline("readings", readings)
     view = pipeline.views[0]
     ks = readings.cassandra.keyspace
     session = connect(readings.cassandra)
-    old = legacy_latest_table(pipeline, view)
+    first, ranked = legacy_latest_tables(pipeline, view)
     session.execute(
-        f'CREATE TABLE "{ks}"."{old}" (device text PRIMARY KEY, level int, note text, rev bigint, id text, '
+        f'CREATE TABLE "{ks}"."{first}" (device text PRIMARY KEY, level int, note text, rev bigint, id text, '
         '"_ingest_ts" timestamp, "_epoch" bigint)'
+    )
+    session.execute(
+        f'CREATE TABLE "{ks}"."{ranked}" (device text, level int, note text, rev bigint, id text, '
+        '"_ingest_ts" timestamp, "_epoch" bigint, "_rank" bigint, "_partition" int, "_offset" bigint, '
+        'PRIMARY KEY (device, "_rank", "_partition", "_offset")) WITH CLUSTERING ORDER BY ("_rank" DESC, '
+        '"_partition" ASC, "_offset" ASC)'
     )
     at = datetime.fromtimestamp(BASE_S, UTC)
     for device, rev in (("old-1", 5), ("old-2", None), ("old-3", 2)):
-        rank = latest_rank(NULL_VERSION if rev is None else rev, BASE_S)
         session.execute(
-            f'INSERT INTO "{ks}"."{old}" (device, level, note, rev, id, "_ingest_ts", "_epoch") '
-            f"VALUES (%s, 1, 'kept', %s, 'o', %s, 0) USING TIMESTAMP {rank}",
+            f'INSERT INTO "{ks}"."{first}" (device, level, note, rev, id, "_ingest_ts", "_epoch") '
+            f"VALUES (%s, 1, 'kept', %s, 'o', %s, 0) USING TIMESTAMP {_legacy_rank(rev, BASE_S)}",
             [device, rev, at],
         )
+    for device, rev in (("ranked-1", 5), ("ranked-2", None)):
+        session.execute(
+            f'INSERT INTO "{ks}"."{ranked}" (device, level, note, rev, id, "_ingest_ts", "_epoch", "_rank", '
+            "\"_partition\", \"_offset\") VALUES (%s, 1, 'kept', %s, 'o', %s, 0, %s, 1, 7)",
+            [device, rev, at, _legacy_rank(rev, BASE_S)],
+        )
     session.cluster.refresh_schema_metadata()
-    assert adopt_legacy_latest(session, readings.cassandra, pipeline, drop=False) == {old: 3}
+    assert adopt_legacy_latest(session, readings.cassandra, pipeline, drop=False) == {first: 3, ranked: 2}
     table = speed_table_def(pipeline, view)
     later = [
         {"device": "old-1", "rev": 4, "level": 9, "note": "lower version", "id": "n1"},
         {"device": "old-3", "rev": 3, "level": 9, "note": "higher version", "id": "n3"},
+        {"device": "ranked-1", "rev": 4, "level": 9, "note": "lower version", "id": "n4"},
+        {"device": "ranked-2", "rev": -(2**62), "level": 9, "note": "any version", "id": "n5"},
     ]
     at_5 = datetime.fromtimestamp(BASE_S + 5, UTC)
     data = _table([
         {**r, "_ingest_ts": at_5, "_offset": i, "_partition": 0, "_epoch": 0} for i, r in enumerate(later)
     ])  # fmt: skip
-    upsert_arrow(data, table=table, settings=readings.cassandra,
-                 write_timestamps=pa.array(latest_order(data, "rev").data))  # fmt: skip
+    best, ranks = arrow_winners(data, [(d,) for d in data.column("device").to_pylist()], "rev")
+    upsert_arrow(data.take(pa.array(best)).append_column(RANK, rank_array(ranks)), table=table,
+                 settings=readings.cassandra)  # fmt: skip
     client = ServingClient(settings=readings, meta_ttl_s=0)
-    keys = ("old-1", "old-2", "old-3")
+    keys = ("old-1", "old-2", "old-3", "ranked-1", "ranked-2")
     notes = {d: client.query("readings", view.name, d).latest.values["note"] for d in keys}
-    assert notes == {"old-1": "kept", "old-2": "kept", "old-3": "higher version"}
+    assert notes == {
+        "old-1": "kept", "old-2": "kept", "old-3": "higher version", "ranked-1": "kept",
+        "ranked-2": "any version",
+    }  # fmt: skip
     session.cluster.refresh_schema_metadata()
-    assert old in session.cluster.metadata.keyspaces[ks].tables
+    assert {first, ranked} <= set(session.cluster.metadata.keyspaces[ks].tables)
     adopt_legacy_latest(session, readings.cassandra, pipeline, drop=True)
     session.cluster.refresh_schema_metadata()
-    assert old not in session.cluster.metadata.keyspaces[ks].tables
+    assert not {first, ranked} & set(session.cluster.metadata.keyspaces[ks].tables)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import zlib
 from datetime import UTC, datetime
 
@@ -17,11 +18,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lambdalake.latest import (
+    TIEBREAK_BITS,
+    arrow_winners,
+    from_legacy_rank,
+    latest_tiebreak,
+    rank,
+    winner_key,
+)
 from lambdalake.pipeline import Pipeline, load
-from lambdalake.views import NULL_VERSION, latest_rank
 from serving.answers import LatestRow
 from serving.merge import pick_latest
-from speed.sinks import latest_order, winners
 
 SCHEMA = {
     "type": "record", "name": "Reading", "namespace": "test.latest",
@@ -66,7 +73,8 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Pipeline:
 
 delivery = st.tuples(
     st.sampled_from(["d1", "d2", "d3"]),  # device
-    st.none() | st.integers(-2, 2),  # rev: few values, so versions tie
+    # rev: few values, so versions tie; and the ends of the 64-bit range, adjacent values beyond 2^53
+    st.none() | st.integers(-2, 2) | st.sampled_from([-(2**63), 2**63 - 1, 2**60, 2**60 + 1]),
     st.integers(0, 3),  # ingest second: few, so seconds tie
     st.integers(0, 999),  # its millisecond
     st.none() | st.integers(-5, 5),  # level
@@ -88,10 +96,11 @@ def _table(rows: list[dict]) -> pa.Table:
     })  # fmt: skip
 
 
-def _speed(rows: list[dict], cuts: list[int]) -> dict[str, LatestRow]:
-    """The speed layer: per micro-batch and partition (a task) the winners of
-    :func:`speed.sinks.winners`, kept as the ranked table keeps candidates (the first by rank, then
-    partition and offset; tests/test_latest_candidates.py checks that table on Cassandra)."""
+def _speed(rows: list[dict], cuts: list[int], shuffle: random.Random) -> dict[str, LatestRow]:
+    """The speed layer: per micro-batch and partition (a task, its rows in any order) the winners
+    of :func:`lambdalake.latest.arrow_winners`, kept as the candidates table keeps them (the first by
+    :func:`lambdalake.latest.winner_key`; tests/test_latest_candidates.py checks that table on
+    Cassandra)."""
     stored: dict[str, tuple[tuple[int, int, int], LatestRow]] = {}
     for part in range(3):
         mine = [r for r in rows if r["_partition"] == part]
@@ -100,15 +109,30 @@ def _speed(rows: list[dict], cuts: list[int]) -> dict[str, LatestRow]:
             task = mine[lo:hi]
             if not task:
                 continue
+            shuffle.shuffle(task)
             table = _table(task)
-            order = latest_order(table, "rev")
-            for i in winners([(d,) for d in table.column("device").to_pylist()], order):
-                row = LatestRow({c: task[i][c] for c in COLUMNS}, int(order[i]), "speed")
-                first = (row.rank, -part, -task[i]["_offset"])
+            won, ranks = arrow_winners(table, [(d,) for d in table.column("device").to_pylist()], "rev")
+            for i, r in zip(won, ranks, strict=True):
+                row = LatestRow({c: task[i][c] for c in COLUMNS}, r, "speed")
+                first = winner_key(r, part, task[i]["_offset"])
                 seen = stored.get(row.values["device"])
                 if seen is None or first > seen[0]:
                     stored[row.values["device"]] = (first, row)
     return {device: row for device, (_, row) in stored.items()}
+
+
+def plain_rule(rows: list[dict]) -> dict[str, dict]:
+    """The rule written out plainly, as an independent reference: per device the highest version (a
+    null below all), then the earliest ingest second (within 2^20 s), then the lowest partition,
+    then offset."""
+    best: dict[str, tuple] = {}
+    for r in rows:
+        has, version = r["rev"] is not None, r["rev"] or 0
+        second = int(r["_ingest_ts"].timestamp()) % (1 << TIEBREAK_BITS)
+        order = (not has, -version, second, r["_partition"], r["_offset"])
+        if r["device"] not in best or order < best[r["device"]][0]:
+            best[r["device"]] = (order, r)
+    return {d: {c: r[c] for c in COLUMNS} for d, (_, r) in best.items()}
 
 
 @settings(
@@ -144,6 +168,8 @@ def test_any_split_between_batch_and_micro_batches_gives_the_same_whole_row(
     whole = spark.createDataFrame(_table(rows))
     want = {r["device"]: {c: r[c] for c in COLUMNS} for r in latest(whole, pipeline, view).collect()}
 
+    assert want == plain_rule(rows), "Spark's latest against the rule written out"
+
     closed = [r for r in rows if r["_second"] <= horizon]
     batch: dict[str, LatestRow] = {}
     if closed:
@@ -152,7 +178,9 @@ def test_any_split_between_batch_and_micro_batches_gives_the_same_whole_row(
         for r in out.withColumn("_rank", spark_order(out, view)).collect():
             assert r["_rank"] is not None, "a batch row without a rank"
             batch[r["device"]] = LatestRow({c: r[c] for c in COLUMNS}, int(r["_rank"]), "batch")
-    speed = _speed(rows, cuts)
+            sent = next(d for d in closed if d["id"] == r["id"])
+            assert int(r["_rank"]) == rank(sent["rev"], int(sent["_ingest_ts"].timestamp())), "Spark's rank"
+    speed = _speed(rows, cuts, random.Random(len(rows) + sum(cuts)))
     got = {}
     for device in set(batch) | set(speed):
         winner = pick_latest(batch.get(device), speed.get(device))
@@ -162,10 +190,23 @@ def test_any_split_between_batch_and_micro_batches_gives_the_same_whole_row(
     assert set(want) == {r["device"] for r in rows}, "a key whose versions are all null has no row"
 
 
-def test_a_null_version_ranks_below_every_version_a_record_may_carry() -> None:
-    from lambdalake.validation import RANK_VERSION_LIMIT
+def test_any_long_version_ranks_exactly_and_a_null_version_below_all() -> None:
+    """Ranks are exact integers: adjacent versions near 2^63 order as the versions do, a null version
+    ranks below -2^63, and the earlier ingest second wins between deliveries of one version."""
+    assert rank(None, 0) < rank(-(2**63), 2**20 - 1) < rank(-(2**63) + 1, 0)
+    assert rank(2**63 - 2, 0) < rank(2**63 - 1, 2**20 - 1)
+    assert rank(2**60, 0) < rank(2**60 + 1, 0)
+    assert rank(7, BASE_S) > rank(7, BASE_S + 1)
+    assert latest_tiebreak(BASE_S) == (1 << TIEBREAK_BITS) - 1 - BASE_S % (1 << TIEBREAK_BITS)
 
-    lowest_valid = NULL_VERSION + 1
-    assert latest_rank(NULL_VERSION, 0) < latest_rank(lowest_valid, 2**20 - 1)
-    assert latest_rank(NULL_VERSION, 2**20 - 1) > -(2**63), "Cassandra's 'no timestamp'"
-    assert latest_rank(RANK_VERSION_LIMIT - 1, 0) < 2**63
+
+def test_a_rank_of_the_64_bit_layout_reads_as_todays() -> None:
+    """The layout before (versions within 2^43, timestamps in milliseconds, a null version at
+    -2^43 + 1) converts exactly: the same version and tiebreak, a timestamp in microseconds."""
+    tiebreak = latest_tiebreak(BASE_S)
+    old_null = -(1 << 43) + 1
+    for version in (-(2**43) + 2, -1, 0, 5, 2**43 - 1):
+        assert from_legacy_rank(version * 2**20 + tiebreak, timestamp_version=False) == rank(version, BASE_S)
+    ms = 1_800_000_000_123
+    assert from_legacy_rank(ms * 2**20 + tiebreak, timestamp_version=True) == rank(ms * 1000, BASE_S)
+    assert from_legacy_rank(old_null * 2**20 + tiebreak, timestamp_version=True) == rank(None, BASE_S)

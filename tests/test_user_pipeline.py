@@ -344,7 +344,7 @@ def test_a_refused_deploy_records_nothing_and_the_corrected_file_deploys(
     assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
     session.cluster.refresh_schema_metadata()
     table = session.cluster.metadata.keyspaces[base.cassandra.keyspace].tables[
-        "payments__payment_latest__speed_ranked"
+        "payments__payment_latest__speed_latest"
     ]
     assert table.columns["card_bin"].cql_type == "blob" and "settled_on" not in table.columns
 

@@ -409,7 +409,7 @@ def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched
         registry = read_meta(session, settings.cassandra.keyspace, "payments").registry
         assert registry.active("account_region_5m").version == 2 and not registry.building()
         assert registry.active("payment_latest").name == "payment_latest__v2"
-        assert "payments__payment_latest__speed_ranked" not in tables
+        assert "payments__payment_latest__speed_latest" not in tables
         assert registry.retired == []
         status = run_cli(settings, "status")
         assert "v2" in status.stdout.decode(), status.stdout.decode()

@@ -49,10 +49,10 @@ def test_merge_of_nothing_and_of_missing_values() -> None:
 @pytest.mark.parametrize("version_type", [pa.timestamp("us", tz="UTC"), pa.int64()])
 def test_latest_order_is_the_same_in_spark_and_in_the_archive_pass(spark, version_type) -> None:
     """The speed layer ranks ``latest`` deliveries over Arrow, the batch layer in Spark: one
-    formula (``latest_rank``), so both must give every row the same rank."""
+    rule (``lambdalake.latest``), so both must give every row the same rank."""
+    from lambdalake.latest import arrow_winners
     from lambdalake.pipeline import LatestView
     from lambdalake.spark.views import INGEST_TS, latest_order
-    from speed.sinks import latest_order as arrow_latest_order
 
     ingest = [1_700_000_000_123_456, 1_700_000_000_999_999, 1_800_000_001_000_000, 5, None, 1_700_000_000]
     version = [1_700_000_000_500_000, 1_700_000_000_500_999, 42_000, None, 7_000, 8_600_000_000_000_000]
@@ -61,30 +61,33 @@ def test_latest_order_is_the_same_in_spark_and_in_the_archive_pass(spark, versio
     table = pa.table({
         "v": pa.array(version, type=version_type),
         INGEST_TS: pa.array(ingest, type=pa.timestamp("us", tz="UTC")),
+        "_partition": pa.array([0] * len(ingest), pa.int32()),
+        "_offset": pa.array(range(len(ingest)), pa.int64()),
     })  # fmt: skip
     view = LatestView.model_validate({"name": "l", "kind": "latest", "key": ["v"], "version": "v"})
     df = spark.createDataFrame(table)
     in_spark = [r[0] for r in df.select(latest_order(df, view)).collect()]
-    arrow = arrow_latest_order(table, "v")
-    assert arrow.tolist() == in_spark
+    rows, ranks = arrow_winners(table, list(range(len(ingest))), "v")  # each row a key of its own
     # A null version ranks (below every version); a delivery without an ingest time cannot.
     assert [r is None for r in in_spark] == [False, False, False, False, True, False]
+    assert rows == [0, 1, 2, 3, 5]
+    assert ranks == [int(in_spark[i]) for i in rows]
 
 
 def test_the_batch_rank_of_an_unbounded_version_is_exact_not_an_overflow(spark) -> None:
-    """Events archived before versions were bounded may carry any long: Spark ranks them exactly."""
+    """Any long version: Spark ranks it exactly (a 38-digit decimal, no overflow)."""
+    from lambdalake.latest import latest_rank
     from lambdalake.pipeline import LatestView
     from lambdalake.spark.views import INGEST_TS, latest_order
-    from lambdalake.views import latest_rank
 
     table = pa.table({
-        "v": pa.array([2**62, -(2**62), 3], type=pa.int64()),
+        "v": pa.array([2**63 - 1, -(2**63), 3], type=pa.int64()),
         INGEST_TS: pa.array([1_700_000_000_000_000] * 3, type=pa.timestamp("us", tz="UTC")),
     })  # fmt: skip
     view = LatestView.model_validate({"name": "l", "kind": "latest", "key": ["v"], "version": "v"})
     df = spark.createDataFrame(table)
     ranks = [r[0] for r in df.select(latest_order(df, view)).collect()]
-    assert ranks == [latest_rank(v, 1_700_000_000) for v in (2**62, -(2**62), 3)]
+    assert ranks == [latest_rank(v, 1_700_000_000) for v in (2**63 - 1, -(2**63), 3)]
 
 
 def test_merged_windows_count_each_epoch_once_from_query_tuples() -> None:

@@ -30,6 +30,8 @@ ENCODINGS: dict[str, tuple[pa.DataType, str | None]] = {
     # Each value its unscaled digits and its own scale: the column's scale when it is an Arrow
     # decimal (an event's decimal field), this one for other values cast to it.
     "decimal": (pa.decimal128(38, 9), None),
+    # An integer of any size (a ``latest`` rank): two's complement, big-endian, as few bytes as hold it.
+    "varint": (pa.decimal128(38, 0), None),
 }
 
 
@@ -59,6 +61,11 @@ def encode_column(values: pa.Array | pa.ChunkedArray, cql: str) -> list[bytes | 
 
         values = values if pa.types.is_decimal(values.type) else values.cast(target)
         return [None if v is None else DecimalType.serialize(v, 3) for v in values.to_pylist()]
+    if cql == "varint":
+        from cassandra.cqltypes import IntegerType
+
+        values = values if pa.types.is_decimal(values.type) else values.cast(target)
+        return [None if v is None else IntegerType.serialize(int(v), 3) for v in values.to_pylist()]
     values = values.cast(target) if values.type != target else values
     if dtype is None:
         return (values.cast(pa.binary()) if cql == "text" else values).to_pylist()

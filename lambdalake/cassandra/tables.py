@@ -14,14 +14,13 @@ from cassandra.cluster import Session
 from lambdalake.cassandra.session import refresh_metadata
 from lambdalake.errors import ConfigurationError
 from lambdalake.event_schema import event_schema
+from lambdalake.latest import CANDIDATE, CANDIDATE_ORDER, RANK, RANK_CQL
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import CassandraSettings
 from lambdalake.view_types import held_types
 from lambdalake.views import (
-    CANDIDATE,
     CELL_VERSION,
     EPOCH,
-    RANK,
     WINDOW_START,
     batch_table,
     latest_columns,
@@ -30,8 +29,9 @@ from lambdalake.views import (
 )
 
 INGEST_COLUMNS = [("_ingest_ts", "timestamp"), ("_epoch", "bigint")]
-#: A ``latest`` speed row's candidate columns (:data:`lambdalake.views.CANDIDATE`), as typed.
-CANDIDATE_COLUMNS = list(zip(CANDIDATE, ("bigint", "int", "bigint"), strict=True))
+_DESCENDING = tuple(c for c in CANDIDATE if CANDIDATE_ORDER[c] == "DESC")
+#: A ``latest`` speed row's candidate columns (:data:`lambdalake.latest.CANDIDATE`), as typed.
+CANDIDATE_COLUMNS = list(zip(CANDIDATE, (RANK_CQL, "int", "bigint"), strict=True))
 
 
 #: Arrow type test -> CQL type (only types Cassandra 2.1 has).
@@ -95,8 +95,8 @@ class TableDef:
 
     @property
     def ranked(self) -> bool:
-        """Whether rows are ``latest`` candidates (:data:`lambdalake.views.CANDIDATE`): written with
-        the rank as write timestamp, each write deleting the key's lower-ranked candidates."""
+        """Whether rows are ``latest`` candidates (:data:`lambdalake.latest.CANDIDATE`), each write
+        deleting the key's lower-ranked candidates."""
         return self.clustering == CANDIDATE
 
     @property
@@ -129,9 +129,10 @@ class TableDef:
 
     def delete_lower_cql(self, keyspace: str) -> str:
         """A ranked table's delete of a key's candidates ranked below the one written (values: the
-        write timestamp, the partition key, the rank)."""
+        partition key, the rank). It only keeps the table small: the first candidate is the winner
+        whichever lower ones a reordered write leaves behind, so the server's write time will do."""
         where = " AND ".join(f'"{k}" = ?' for k in self.partition_key)
-        return f'DELETE FROM "{keyspace}"."{self.name}" USING TIMESTAMP ? WHERE {where} AND "{RANK}" < ?'
+        return f'DELETE FROM "{keyspace}"."{self.name}" WHERE {where} AND "{RANK}" < ?'
 
     def insert_cql(self, keyspace: str, *, with_timestamp: bool = False) -> str:
         cols = ", ".join(f'"{c}"' for c in self.column_names)
@@ -210,7 +211,7 @@ def speed_table_def(
                 stored.append(StoredField(c, named, current=dict((t, n) for n, t in named)[cql]))
         return TableDef(
             speed_table(pipeline, view), tuple(cols + INGEST_COLUMNS + CANDIDATE_COLUMNS), tuple(view.key),
-            CANDIDATE, stored=tuple(stored), descending=(RANK,),
+            CANDIDATE, stored=tuple(stored), descending=_DESCENDING,
         )  # fmt: skip
     # A version made before a widening keeps its types until its successor serves.
     types = {**types, **held_types(pipeline, view, types)}
@@ -243,7 +244,7 @@ def batch_table_def(pipeline: Pipeline, view: LatestView | WindowedView, generat
     name = batch_table(pipeline, view, generation)
     if isinstance(view, LatestView):
         values = [c for c in speed.columns if c[0] not in CANDIDATE]
-        cols = (*values, (RANK, "bigint"), (CELL_VERSION, "bigint"))
+        cols = (*values, (RANK, RANK_CQL), (CELL_VERSION, "bigint"))
         return TableDef(name, cols, speed.partition_key, (CELL_VERSION,), stored=speed.stored)
     cols = (*(c for c in speed.columns if c[0] != EPOCH), (CELL_VERSION, "bigint"))
     return TableDef(name, cols, speed.partition_key, (WINDOW_START, CELL_VERSION))

@@ -1,8 +1,8 @@
 """Idempotent upserts of view rows, concurrent, retried through Cassandra outages.
 
 Rows carry absolute values (never increments or counters), so writing a row twice leaves the same
-table: a replayed micro-batch is harmless. ``latest`` rows are written ``USING TIMESTAMP`` derived
-from the event version, so the highest version wins whatever order writes arrive in.
+table: a replayed micro-batch is harmless. ``latest`` rows are candidates clustered in the latest
+rule's order (:mod:`lambdalake.latest`), so the winner is the first whatever order writes arrive in.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from lambdalake.cassandra.encode import arrow_type, encode_rows, to_arrow
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import TableDef
 from lambdalake.errors import LambdalakeError
+from lambdalake.latest import RANK
 from lambdalake.settings import CassandraSettings
-from lambdalake.views import RANK
 
 log = logging.getLogger("lambdalake.cassandra")
 
@@ -141,9 +141,8 @@ def upsert_arrow(
         data: The rows; timestamps as Arrow timestamps.
         table: Target table.
         settings: Cluster settings.
-        write_timestamps: Per row, the write timestamp (``USING TIMESTAMP``, microseconds by
-            convention; here the ``latest`` rank) so the highest wins whatever order writes arrive
-            in. Default: none (the server's time).
+        write_timestamps: Per row, the write timestamp (``USING TIMESTAMP``, microseconds).
+            Default: none (the server's time).
         batch_rows: Rows per unlogged batch (default ``settings.batch_rows``). A batch the cluster
             refuses as too large is split in halves and sent again.
         concurrency: Requests (batches) in flight.
@@ -155,11 +154,8 @@ def upsert_arrow(
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     data = _stored_columns(data, table)
-    if table.ranked:
-        if write_timestamps is None:
-            raise ValueError(f"{table.name} holds ranked candidates: each row needs its rank")
-        ranks = pc.cast(write_timestamps, pa.int64())
-        data = data.drop_columns([c for c in (RANK,) if c in data.column_names]).append_column(RANK, ranks)
+    if table.ranked and RANK not in data.column_names:
+        raise ValueError(f"{table.name} holds ranked candidates: each row needs its rank ({RANK})")
     order = pc.sort_indices(data, sort_keys=[(k, "ascending") for k in table.partition_key])
     data = data.take(order)
     columns = list(table.columns)
@@ -240,9 +236,9 @@ def _write_groups(
             stmt = _prepare(session, table.insert_cql(settings.keyspace, with_timestamp=with_timestamp))
             lower = None
             if table.ranked:
-                # The delete's values from the row's: its write timestamp (last), key, rank.
-                names = [*table.column_names, _WRITE_TS]
-                at = [len(names) - 1, *(names.index(k) for k in table.partition_key), names.index(RANK)]
+                # The delete's values from the row's: its key, its rank.
+                names = table.column_names
+                at = [*(names.index(k) for k in table.partition_key), names.index(RANK)]
                 lower = (_prepare(session, table.delete_lower_cql(settings.keyspace)), at)
             results = execute_concurrent(
                 session,

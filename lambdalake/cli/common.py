@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -9,6 +10,7 @@ import typer
 from rich.console import Console
 
 from lambdalake.errors import LambdalakeError
+from lambdalake.json_form import json_value
 from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.settings import Settings
 
@@ -65,7 +67,9 @@ DryRun = Annotated[bool, typer.Option("--dry-run", help="Print what would be tou
 
 
 def cell_text(value: Any) -> str:
-    """A value as a table cell shows it."""
-    if isinstance(value, float):
+    """A value as a table cell shows it: its JSON form (:mod:`lambdalake.json_form`), finite floats
+    to six digits."""
+    if isinstance(value, float) and math.isfinite(value):
         return f"{value:.6g}"
+    value = json_value(value)
     return "" if value is None else str(value)

@@ -17,6 +17,7 @@ from lambdalake.cli.common import (
     console,
     out,
 )
+from lambdalake.json_form import json_value
 from lambdalake.settings import get_settings
 
 app = typer.Typer()
@@ -72,11 +73,13 @@ def query(
 
 
 def answer_rows(answer: Answer) -> list[dict[str, Any]]:
-    """One flat dict per row (a ``latest`` answer has one), provenance columns included."""
+    """One flat dict per row (a ``latest`` answer has one), provenance columns included, values in
+    their JSON form (:mod:`lambdalake.json_form`)."""
     if answer.latest is not None:
-        return [{**answer.latest.values, "_source": answer.latest.source, "_rank": answer.latest.rank}]
+        values = json_value(answer.latest.values)
+        return [{**values, "_source": answer.latest.source, "_rank": answer.latest.rank}]
     return [
-        {"window_start": w.window_start.isoformat().replace("+00:00", "Z"), **flat(w.values),
+        {"window_start": json_value(w.window_start), **flat(json_value(w.values)),
          "_from_batch": w.from_batch, "_speed_epochs": " ".join(map(str, w.speed_epochs))}
         for w in answer.windows
     ]  # fmt: skip

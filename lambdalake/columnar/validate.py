@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lambdalake.pipeline import AllowedRule, NotFutureRule, RangeRule, RequiredRule, Rule
-from lambdalake.validation import INT32, RANK_VERSION_LIMIT, RankRule
+from lambdalake.validation import INT32
 
 #: Integers beyond this magnitude lose precision as doubles: comparisons with float bounds defer.
 EXACT_DOUBLE = 1 << 53
@@ -115,7 +115,7 @@ class ColumnarValidator:
 
     def __init__(
         self,
-        rules: Sequence[Rule | RankRule],
+        rules: Sequence[Rule],
         *,
         schema: Mapping[str, Any],
         drop_unknown: bool = False,
@@ -199,7 +199,7 @@ class ColumnarValidator:
         return False  # bytes, fixed, records, arrays, maps, uuid strings, general unions
 
     def _rule(
-        self, rule: Rule | RankRule, column: pa.ChunkedArray | None, n: int, now: float | np.ndarray
+        self, rule: Rule, column: pa.ChunkedArray | None, n: int, now: float | np.ndarray
     ) -> np.ndarray:
         if column is None or pa.types.is_null(column.type):
             # Every value is None: the rules let None pass, except ``required``.
@@ -246,9 +246,4 @@ class ColumnarValidator:
                     valid &= np.isfinite(limit)  # a row without a finite bound: per record
                 early = _mask(pc.less_equal(pc.cast(column, pa.float64(), safe=False), bound))
                 return ~_mask(pc.is_valid(column)) | (valid & _finite_and_exact(column) & early)
-            case RankRule():
-                if not _is_number(t):
-                    return ~valid
-                inside = pc.and_(pc.greater(column, -RANK_VERSION_LIMIT), pc.less(column, RANK_VERSION_LIMIT))
-                return ~valid | (_finite_and_exact(column) & _mask(inside))
         return ~valid

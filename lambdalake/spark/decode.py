@@ -27,7 +27,7 @@ from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import Pipeline, Rule
 from lambdalake.settings import Settings
 from lambdalake.spark.views import INGEST_EPOCH, INGEST_TS
-from lambdalake.validation import RankRule, RecordValidator, checked_rules
+from lambdalake.validation import RecordValidator, checked_rules
 
 META_FIELDS = [
     pa.field("_topic", pa.string()),
@@ -56,7 +56,7 @@ class DecodeSpec:
     pipeline: str
     reader_schema: str
     registry: dict[str, Any]
-    rules: tuple[Rule | RankRule, ...]
+    rules: tuple[Rule, ...]
     epoch_seconds: int
     #: Writer schemas known up front, as (registry id, schema JSON). Records written with any other
     #: id fetch theirs from the registry; with none, an executor never imports the registry client

@@ -1,9 +1,9 @@
 """Views compiled into Spark transformations that run unchanged on streaming and batch DataFrames.
 
 The speed layer applies ``windowed`` to the stream with a watermark (grouped by ingest epoch too) and
-writes ``latest`` rows with their :func:`lambdalake.views.latest_rank` as the Cassandra write
-timestamp, so Cassandra keeps the row ``latest`` would pick; the batch layer applies the very same
-functions to the whole master dataset. No view logic exists anywhere else.
+writes each task's ``latest`` winners as candidates that Cassandra keeps in the latest rule's order
+(:mod:`lambdalake.latest`), so the first is the row ``latest`` would pick; the batch layer applies the
+very same functions to the whole master dataset. No view logic exists anywhere else.
 """
 
 from __future__ import annotations
@@ -12,19 +12,17 @@ from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType, TimestampType
+from pyspark.sql.types import StructType
 
+from lambdalake.latest import spark_order, spark_rank
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.spark.filters import column as filter_column
 from lambdalake.view_types import held_types, spark_type
 from lambdalake.views import (
     EPOCH,
-    NULL_VERSION,
     WINDOW_START,
     Component,
     latest_columns,
-    latest_rank,
-    latest_tiebreak,
     view_components,
 )
 
@@ -35,33 +33,19 @@ INGEST_EPOCH = "_epoch"
 FILE = "_file"
 
 
-def _version(df: DataFrame, view: LatestView) -> Column:
-    """The version as an integer (a timestamp as epoch milliseconds; a null as :data:`NULL_VERSION`)."""
-    v = F.col(view.version)
-    v = F.unix_millis(v) if isinstance(df.schema[view.version].dataType, TimestampType) else v.cast("long")
-    return F.coalesce(v, F.lit(NULL_VERSION))
-
-
 def latest_order(df: DataFrame, view: LatestView) -> Column:
-    """:func:`lambdalake.views.latest_rank` of each delivery, as a Spark column."""
-    # Exact decimal arithmetic: an event archived before versions were bounded (|v| < 2^43) ranks
-    # correctly instead of failing the job with an overflow (ANSI) or wrapping.
-    return latest_rank(_version(df, view).cast("decimal(38,0)"), F.unix_seconds(F.col(INGEST_TS)))
+    """Each delivery's rank (:func:`lambdalake.latest.spark_rank`), as ``decimal(38,0)``."""
+    return spark_rank(df, view.version)
 
 
 def latest(df: DataFrame, pipeline: Pipeline, view: LatestView, *, carry: tuple[str, ...] = ()) -> DataFrame:
-    """One row per key: the delivery ranked highest by :func:`latest_order` (among equals, the lowest
-    Kafka partition, then offset), so the result never depends on arrival order. ``carry``: more
-    columns of the winning delivery to keep (the batch layer keeps its coordinates, to merge two
-    results as one)."""
+    """One row per key: the delivery the latest rule picks (:mod:`lambdalake.latest`), so the result
+    never depends on arrival order. ``carry``: more columns of the winning delivery to keep (the
+    batch layer keeps its coordinates, to merge two results as one)."""
     df = only_kept(df, pipeline, view)
     cols = latest_columns(pipeline, view)
     keep = list(dict.fromkeys([*(c for c in cols if c not in view.key), INGEST_TS, INGEST_EPOCH, *carry]))
-    # The rank's two parts compared in turn order exactly as the rank does (latest_tiebreak), in
-    # longs: the rank itself is a 38-digit decimal, costly to compute for every delivery.
-    tiebreak = latest_tiebreak(F.unix_seconds(F.col(INGEST_TS)))
-    order = F.struct(_version(df, view), tiebreak, -F.col("_partition"), -F.col("_offset"))
-    winner = F.max_by(F.struct(*[F.col(c) for c in keep]), order)
+    winner = F.max_by(F.struct(*[F.col(c) for c in keep]), spark_order(df, view.version))
     return (
         df.groupBy(*view.key)
         .agg(winner.alias("_w"))
