@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from lambdalake.errors import ConfigurationError
+from lambdalake.errors import ConfigurationError, NothingToCover
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, watermarks
 from lambdalake.master import MasterDataset
 from lambdalake.pipeline import Pipeline
@@ -116,7 +116,7 @@ def find_horizon(
         problems[epoch] = behind
     worst = problems[next(iter(problems))]
     detail = ", ".join(f"{p}: read up to {r}, needs {n}" for p, (r, n) in sorted(worst.items()))
-    raise ConfigurationError(
+    raise NothingToCover(
         f"bronze has not archived epoch {next(iter(problems))} of {pipeline.name!r} whole ({detail})",
         fix=f"let the speed job catch up (`lambdalake speed run {pipeline.name}`), then run the batch again",
     )

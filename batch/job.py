@@ -53,7 +53,7 @@ from batch.incremental import (
 from batch.merge import TOUCHED, merge_latest, merge_windowed, read_view, same_columns
 from batch.run import RUN_ID, BatchRun, views_path
 from lambdalake.delta import commit_metadata, open_table
-from lambdalake.errors import ConfigurationError
+from lambdalake.errors import NothingToCover
 from lambdalake.latest import OFFSET, PARTITION, RANK
 from lambdalake.master import EPOCH_MS, bronze_of
 from lambdalake.pipeline import LatestView, Pipeline
@@ -124,7 +124,7 @@ class BatchJob:
                 progress("pinning bronze")
                 table = open_table(self.bronze.path)
                 if table is None:
-                    raise ConfigurationError(
+                    raise NothingToCover(
                         f"pipeline {self.pipeline.name!r} has no master dataset at {self.bronze.path} yet",
                         fix=f"run the speed job first (`lambdalake speed run {self.pipeline.name}`)",
                     )
@@ -283,7 +283,7 @@ class BatchJob:
     ) -> DataFrame:
         """Bronze deduplicated across all history, then cut at the horizon (cached for the views)."""
         if not files:
-            raise ConfigurationError(
+            raise NothingToCover(
                 f"the master dataset of {self.pipeline.name!r} holds no files", fix="run the speed job first"
             )
         events = read_events(self.spark, files, self.pipeline, held_twice=held_twice)

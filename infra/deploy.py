@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pyarrow as pa
 
@@ -260,17 +260,18 @@ class Deployer:
         to build (the jobs compute it beside the active one; ``infra.view_build`` builds and
         switches it); a removed one leaves serving at once. Returns the pipeline with the views
         its jobs compute, and the changes."""
-        from lambdalake.cassandra.active import swap_registry
+        from lambdalake.cassandra.active import swap_until_applied
         from lambdalake.cassandra.session import connect
         from lambdalake.view_versions import deployed_pipeline
 
         session = connect(self.settings.cassandra)
-        while True:
+
+        def decide() -> tuple[Any, Any, tuple[Any, list[Any]]]:
             meta, registry, planned = self._plan_views(p)
-            if registry.to_text() == meta.registry.to_text():
-                break
-            if swap_registry(session, self.settings.cassandra, p.name, meta, registry):
-                break
+            unchanged = registry.to_text() == meta.registry.to_text()
+            return meta, None if unchanged else registry, (registry, planned)
+
+        registry, planned = swap_until_applied(session, self.settings.cassandra, p.name, decide)
         actions: dict[str, Action] = {"registered": "created", "added": "created", "changed": "updated",
                                       "removed": "removed", "reverted": "updated"}  # fmt: skip
         out = []

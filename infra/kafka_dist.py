@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from infra.addresses import joined
 from lambdalake import jars
 from lambdalake.errors import LambdalakeError
 from lambdalake.settings import KafkaSettings
@@ -38,9 +39,9 @@ def server_properties(settings: KafkaSettings, *, host: str, port: int, log_dir:
     return {
         "process.roles": "broker,controller",
         "node.id": "1",
-        "controller.quorum.voters": f"1@{host}:{controller}",
-        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller}",
-        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+        "controller.quorum.voters": f"1@{joined(host, controller)}",
+        "listeners": f"PLAINTEXT://{joined(host, port)},CONTROLLER://{joined(host, controller)}",
+        "advertised.listeners": f"PLAINTEXT://{joined(host, port)}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",

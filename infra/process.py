@@ -78,7 +78,8 @@ class ManagedProcess:
         return self.log_dir / f"{self.name}.log"
 
     def pid(self) -> int | None:
-        """The PID of our running process, or None (a stale PID file is removed)."""
+        """The PID of our running process, or None. Only reads: a stale PID file stays until a stop
+        or the next start replaces it (deleting it here could delete the file a start is writing)."""
         pid = None
         with contextlib.suppress(OSError, ValueError):
             pid = int(self.pid_file.read_text().strip())
@@ -86,7 +87,6 @@ class ManagedProcess:
         # recycled PID; only a readable one without our marker is.
         if pid is not None and pid_alive(pid) and (not (cmdline := _cmdline(pid)) or self.marker in cmdline):
             return pid
-        self.pid_file.unlink(missing_ok=True)
         return None
 
     def spawn(
@@ -106,7 +106,10 @@ class ManagedProcess:
                 cwd=cwd,
                 start_new_session=True,  # survives the CLI and is not hit by its Ctrl-C
             )
-        self.pid_file.write_text(str(proc.pid))
+        # Written whole under another name, then renamed: a reader sees no file or the whole PID.
+        partial = self.pid_file.with_name(f"{self.pid_file.name}.{os.getpid()}.tmp")
+        partial.write_text(str(proc.pid))
+        os.replace(partial, self.pid_file)
         _SPAWNED[str(self.pid_file)] = proc
         return proc.pid
 
@@ -135,8 +138,13 @@ class ManagedProcess:
             fix=f"read {self.log_file}; the machine may be overloaded, retry `lambdalake up`",
         )
 
-    def stop(self, *, sig: int = signal.SIGTERM, timeout: float = 60.0) -> bool:
-        """Signal the process group and wait; SIGKILL after ``timeout``. Returns whether it was running."""
+    def stop(self, *, sig: int = signal.SIGTERM, timeout: float = 60.0, kill_timeout: float = 30.0) -> bool:
+        """Signal the process group and wait; SIGKILL after ``timeout``. Returns whether it was running.
+
+        Raises:
+            LambdalakeError: The process outlived SIGKILL by ``kill_timeout`` seconds (stuck in the
+                kernel, e.g. on a hung disk): the PID file is kept, naming it.
+        """
         pid = self.pid()
         if pid is None:
             return False
@@ -148,8 +156,19 @@ class ManagedProcess:
         if pid_alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+            killed_at = time.monotonic()
             while pid_alive(pid):
+                if time.monotonic() - killed_at > kill_timeout:
+                    raise LambdalakeError(
+                        f"{self.name} (pid {pid}) still runs {kill_timeout:.0f} s after SIGKILL",
+                        fix=f"see `ps -o pid,stat,wchan -p {pid}` (a process in state D waits on the "
+                        "kernel); once it is gone, `lambdalake down` again",
+                    )
                 time.sleep(0.05)
+        child = _SPAWNED.pop(str(self.pid_file), None)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(1)  # reaped: no zombie left behind
         self.pid_file.unlink(missing_ok=True)
         return True
 

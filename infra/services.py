@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 import httpx
 
 from infra import cassandra_dist, kafka_dist
+from infra.addresses import host_port, joined
 from infra.process import ManagedProcess, port_open
 from lambdalake.errors import LambdalakeError
 from lambdalake.settings import Settings
@@ -64,7 +65,7 @@ class EmbeddedService(ABC):
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return joined(self.host, self.port)
 
     @property
     def embedded(self) -> bool:
@@ -147,9 +148,7 @@ class BrokerService(EmbeddedService):
 
     @cached_property
     def _hostport(self) -> tuple[str, int]:
-        first = self.settings.kafka.bootstrap_servers.split(",")[0].strip()
-        host, _, port = first.rpartition(":")
-        return host or "127.0.0.1", int(port or 9092)
+        return host_port(self.settings.kafka.bootstrap_servers.split(",")[0], 9092)
 
     @property
     def host(self) -> str:
@@ -316,12 +315,16 @@ def select(settings: Settings, only: list[str] | None) -> list[EmbeddedService]:
 
 @contextmanager
 def running(settings: Settings, only: list[str] | None = None) -> Iterator[list[EmbeddedService]]:
-    """Start the services (all, or ``only`` these) for the block, stop them after it."""
+    """Start the services (all, or ``only`` these) for the block, and stop after it those it started."""
     services = select(settings, only)
+    started = []
     try:
         for service in services:
-            service.start()
+            if service.start():
+                started.append(service)
         yield services
     finally:
-        for service in reversed(services):
+        # Only what this block started: a service that ran before it (another state folder's, or
+        # `lambdalake up`'s) keeps running.
+        for service in reversed(started):
             service.stop()

@@ -31,9 +31,9 @@ from collections.abc import Callable
 from pyspark.sql import SparkSession
 
 from infra.deploy import Change, Deployer
-from lambdalake.cassandra.active import read_meta, swap_registry, with_deployed_views
+from lambdalake.cassandra.active import PipelineMeta, read_meta, swap_until_applied, with_deployed_views
 from lambdalake.cassandra.session import connect
-from lambdalake.errors import ConfigurationError, LambdalakeError
+from lambdalake.errors import LambdalakeError, NothingToCover
 from lambdalake.lease import writer_lease
 from lambdalake.pipeline import Pipeline, WindowedView
 from lambdalake.settings import Settings
@@ -149,10 +149,11 @@ def _batch_and_switch(
         try:
             with writer_lease(settings, pipeline.name, "batch run", wait_s=WAIT_S):
                 BatchJob(settings=settings, pipeline=deployed, spark=spark).run(progress=progress)
-        except ConfigurationError:
+        except NothingToCover:
             if read_meta(session, keyspace, pipeline.name).batch is not None:
                 raise
-            # No batch is active (none could run yet): the speed rows hold every epoch.
+            # No batch is active and none can run yet (no epoch archived whole): the speed rows
+            # hold every epoch. Any other refusal (a quality gate, a bad setting) is the user's to see.
         switched = _switch(settings, pipeline.name, {v.name for v in building})
         if switched is not None:
             return switched
@@ -166,7 +167,8 @@ def _batch_and_switch(
 def _switch(settings: Settings, pipeline: str, names: set[str]) -> list[ViewVersion] | None:
     """Make the building versions ``names`` active, if the active batch holds them (None if not)."""
     session = connect(settings.cassandra)
-    while True:
+
+    def decide() -> tuple[PipelineMeta, Registry | None, list[ViewVersion] | None]:
         meta = read_meta(session, settings.cassandra.keyspace, pipeline)
         new = Registry.parse(meta.views_text)
         switched = []
@@ -174,13 +176,14 @@ def _switch(settings: Settings, pipeline: str, names: set[str]) -> list[ViewVers
             if state.building is None or state.building.name not in names:
                 continue  # replaced by a later deploy meanwhile: that deploy builds it
             if meta.batch is not None and state.building.name not in meta.batch.views:
-                return None
+                return meta, None, None
             if state.active is not None:
                 new.retired.append(state.active.name)
             state.active, state.building = state.building, None
             switched.append(state.active)
-        if not switched or swap_registry(session, settings.cassandra, pipeline, meta, new):
-            return switched
+        return meta, new if switched else None, switched
+
+    return swap_until_applied(session, settings.cassandra, pipeline, decide)
 
 
 def drop_retired(settings: Settings, pipeline: Pipeline, progress: Progress) -> list[Change]:
@@ -217,12 +220,14 @@ def drop_retired(settings: Settings, pipeline: Pipeline, progress: Progress) -> 
         changes.append(
             Change(f"view version {pipeline.name}.{name}", "removed", "tables, Delta view, checkpoint")
         )
-    while True:
+
+    def decide() -> tuple[PipelineMeta, Registry, list[Change]]:
         meta = read_meta(session, keyspace, pipeline.name)
         new = Registry.parse(meta.views_text)
         new.retired = [n for n in new.retired if n not in retired]
-        if swap_registry(session, settings.cassandra, pipeline.name, meta, new):
-            return changes
+        return meta, new, changes
+
+    return swap_until_applied(session, settings.cassandra, pipeline.name, decide)
 
 
 def _wait(check: Callable[[], bool], what: str) -> None:

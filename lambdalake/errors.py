@@ -26,3 +26,7 @@ class ServiceUnavailable(LambdalakeError):
 
 class ConfigurationError(LambdalakeError):
     """A pipeline file, schema or setting is invalid."""
+
+
+class NothingToCover(ConfigurationError):
+    """A batch cannot run yet: no master dataset, no files, or no epoch archived whole."""

@@ -1,13 +1,15 @@
 """JVM bundles fetched from Maven Central with Maven itself into the state cache, once.
 
 ``lambdalake/maven/pom.xml`` holds one profile a bundle and every version as a property. A bundle lands in
-``<cache>/jars/<bundle>-<version>/`` (a folder made complete under a temporary name, then renamed),
+``<cache>/jars/<bundle>-<version>-<digest of its profile>/`` (a folder made complete under a temporary
+name, then renamed),
 so a later ``make setup`` finds it and asks no registry.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -40,7 +42,25 @@ def version(bundle: Bundle) -> str:
 
 
 def lib_dir(cache_dir: Path, bundle: Bundle) -> Path:
-    return cache_dir / "jars" / f"{bundle}-{version(bundle)}"
+    """The bundle's folder: named by its version and by a digest of its profile in the pom (with the
+    properties it names), so a changed dependency or exclusion is fetched anew, beside the old one."""
+    return cache_dir / "jars" / f"{bundle}-{version(bundle)}-{profile_digests()[bundle]}"
+
+
+@functools.cache
+def profile_digests() -> dict[str, str]:
+    """Per profile id, 12 hex digits of the profile's XML and the values of the properties it uses."""
+    root = ET.parse(POM).getroot()
+    out = {}
+    for profile in root.iterfind("m:profiles/m:profile", _NS):
+        ident = profile.find("m:id", _NS)
+        if ident is None or not ident.text:
+            continue
+        text = ET.canonicalize(ET.tostring(profile, encoding="unicode"), strip_text=True)
+        used = sorted(set(re.findall(r"\$\{([^}]+)\}", text)))
+        text += "".join(f"\n{name}={versions().get(name, '')}" for name in used)
+        out[ident.text.strip()] = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return out
 
 
 def cached(cache_dir: Path, bundle: Bundle) -> bool:

@@ -5,13 +5,18 @@ serving reads (all depend on this module, none on another)."""
 from __future__ import annotations
 
 import json
+import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
 
 from lambdalake.cassandra.tables import BATCH_META, create_keyspace, ensure_table
+from lambdalake.errors import LambdalakeError
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import CassandraSettings
 from lambdalake.view_versions import Registry, deployed_pipeline
@@ -117,6 +122,47 @@ def swap_registry(
         ),
         [new.to_text(), pipeline, seen.row_version, seen.views_text],
     ).was_applied
+
+
+#: How often a registry change is decided again after another writer changed the row first.
+SWAP_ATTEMPTS = 12
+#: The first wait after a lost race (doubled each time, up to :data:`SWAP_MAX_DELAY_S`, jittered).
+SWAP_FIRST_DELAY_S = 0.05
+SWAP_MAX_DELAY_S = 2.0
+
+T = TypeVar("T")
+
+
+def swap_until_applied(
+    session: Session,
+    settings: CassandraSettings,
+    pipeline: str,
+    decide: Callable[[], tuple[PipelineMeta, Registry | None, T]],
+    *,
+    attempts: int = SWAP_ATTEMPTS,
+) -> T:
+    """Decide a registry change on a fresh read and write it with :func:`swap_registry`, again after
+    each lost race, at most ``attempts`` times with a jittered, doubling wait between them.
+
+    Args:
+        decide: Reads the row and returns (what it read, the registry to write or None for no
+            write, the result to return once written).
+
+    Raises:
+        LambdalakeError: Another writer won every race.
+    """
+    delay = SWAP_FIRST_DELAY_S
+    for _ in range(attempts):
+        seen, new, result = decide()
+        if new is None or swap_registry(session, settings, pipeline, seen, new):
+            return result
+        time.sleep(delay * (0.5 + random.random()))
+        delay = min(delay * 2, SWAP_MAX_DELAY_S)
+    raise LambdalakeError(
+        f"the view registry of {pipeline!r} changed under every one of {attempts} attempts to update it",
+        fix="another deploy or view build is running on this pipeline: let it finish, then run the "
+        "command again",
+    )
 
 
 def with_deployed_views(session: Session, keyspace: str, pipeline: Pipeline) -> Pipeline:

@@ -120,16 +120,17 @@ def batch_restore(
     master dataset first, so serving counts every event once."""
     from batch.restore import restore
     from lambdalake.master import bronze_of
-    from lambdalake.spark.session import spark_session
+    from lambdalake.spark.session import command_session
     from speed.replay import Replayer
 
     settings = get_settings()
     p = deployed_pipeline_of(pipeline, settings)
     with writer_lease(settings, p.name, "batch restore"), console.status("restoring from the Delta views..."):
         events = bronze_of(settings, p).num_records()
-        spark = spark_session(settings, f"lambdalake-restore-{p.name}", workload="batch", events=events)
-        replayer = Replayer(settings=settings, pipeline=p, spark=spark)
-        run = restore(settings, p, spark, version=version, rebuild_speed=replayer.recompute)
+        name = f"lambdalake-restore-{p.name}"
+        with command_session(settings, name, workload="batch", events=events) as spark:
+            replayer = Replayer(settings=settings, pipeline=p, spark=spark)
+            run = restore(settings, p, spark, version=version, rebuild_speed=replayer.recompute)
     console.print(
         f"[green]✔[/] {p.name}: batch version {run.batch_version} active, from run {run.run_id} "
         f"(Delta versions {run.delta_versions}, horizon epoch {run.horizon})"
@@ -173,15 +174,20 @@ def batch_schedule(
             return BatchJob(settings=settings, pipeline=deployed, spark=spark).run().outcome
 
     scheduler = Scheduler(settings=settings, pipelines=chosen, runner=run, first_run_now=once)
-    if once:
-        for name, outcome in scheduler.run_due().items():
-            console.print(f"{name}: {outcome}")
-        return
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    console.print(f"scheduling {', '.join(f'{p.name} ({p.batch.schedule})' for p in chosen)}; SIGTERM stops")
-    scheduler.run_forever(stop)
+    try:
+        if once:
+            for name, outcome in scheduler.run_due().items():
+                console.print(f"{name}: {outcome}")
+            return
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        names = ", ".join(f"{p.name} ({p.batch.schedule})" for p in chosen)
+        console.print(f"scheduling {names}; SIGTERM stops")
+        scheduler.run_forever(stop)
+    finally:
+        if spark is not None:  # the session the runs shared: its driver JVM goes with the command
+            spark.stop()
 
 
 # Commands kept in modules of their own register on ``app`` when imported.

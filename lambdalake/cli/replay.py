@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -16,7 +16,13 @@ from lambdalake.cli.common import (
     timestamp_ms,
 )
 from lambdalake.lease import writer_lease
-from lambdalake.settings import get_settings
+from lambdalake.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from lambdalake.pipeline import Pipeline
+    from speed.replay import ReplayPlan
 
 app = typer.Typer()
 
@@ -50,7 +56,7 @@ def replay(
     Epochs at or before the horizon are left to the next batch run (offered at the end); epochs still
     open belong to the running speed job and are left alone. Running it twice changes nothing."""
     from lambdalake.kafka.offsets import parse_offsets
-    from speed.replay import Replayer, plan_replay
+    from speed.replay import plan_replay
 
     settings = get_settings()
     p = deployed_pipeline_of(pipeline, settings)
@@ -85,12 +91,22 @@ def replay(
     if dry_run:
         out.print("[dim]dry run: nothing changed[/]")
         return
-    from lambdalake.spark.session import spark_session
+    from lambdalake.spark.session import command_session
 
-    with writer_lease(settings, p.name, "replay"):
-        spark = spark_session(settings, f"lambdalake-replay-{p.name}", workload="replay", events=plan.records)
-        with console.status(f"replaying {plan.records:,} records..."):
-            result = Replayer(settings=settings, pipeline=p, spark=spark).run(plan)
+    with command_session(
+        settings, f"lambdalake-replay-{p.name}", workload="replay", events=plan.records
+    ) as spark:
+        _replay_and_batch(settings, p, plan, spark, run_batch)
+
+
+def _replay_and_batch(
+    settings: Settings, p: Pipeline, plan: ReplayPlan, spark: SparkSession, run_batch: bool | None
+) -> None:
+    """The replay under its lease, then the batch it leaves to do (asked, unless ``run_batch`` says)."""
+    from speed.replay import Replayer
+
+    with writer_lease(settings, p.name, "replay"), console.status(f"replaying {plan.records:,} records..."):
+        result = Replayer(settings=settings, pipeline=p, spark=spark).run(plan)
     rate = result.read / result.seconds if result.seconds else 0
     console.print(f"[green]✔[/] read {result.read:,} valid events in {result.seconds:.1f}s ({rate:,.0f}/s); "
                   f"{result.archived:,} were missing from bronze and are archived now")  # fmt: skip

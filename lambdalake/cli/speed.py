@@ -195,14 +195,16 @@ def speed_reset(
     if not yes:
         typer.confirm(f"truncate the speed tables of {p.name} and delete its checkpoints?", abort=True)
     from lambdalake.master import bronze_of
-    from lambdalake.spark.session import spark_session
+    from lambdalake.spark.session import command_session
 
     with writer_lease(settings, p.name, "speed reset"):
-        spark = spark_session(
-            settings, f"lambdalake-speed-reset-{p.name}", workload="replay",
-            events=bronze_of(settings, p).num_records(),
-        )  # fmt: skip
-        with console.status("rebuilding the speed rows from bronze..."):
+        events = bronze_of(settings, p).num_records()
+        with (
+            command_session(
+                settings, f"lambdalake-speed-reset-{p.name}", workload="replay", events=events
+            ) as spark,
+            console.status("rebuilding the speed rows from bronze..."),
+        ):
             result = reset_speed(settings, p, spark)
     console.print(
         f"[green]✔[/] horizon {result.horizon}; rebuilt epochs from bronze: {result.rebuilt_epochs or 'none'}"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -145,6 +147,19 @@ def spark_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+@contextlib.contextmanager
+def command_session(
+    settings: Settings, app_name: str, *, workload: Workload = "stream", events: int | None = None
+) -> Iterator[SparkSession]:
+    """A session for one command (:func:`spark_session`), stopped when the block ends however it
+    ends, so the command's driver JVM and Python workers go with it."""
+    spark = spark_session(settings, app_name, workload=workload, events=events)
+    try:
+        yield spark
+    finally:
+        spark.stop()
 
 
 def connector_jars(settings: Settings) -> list[str]:
