@@ -181,24 +181,38 @@ def _hash_long(v: np.ndarray, seed: np.ndarray) -> np.ndarray:
 
 
 def _fold_arrays(
-    seed: np.ndarray, kind: np.ndarray, longs: np.ndarray | None, data: list[bytes | None] | None
+    seed: np.ndarray, kind: np.ndarray, longs: np.ndarray | None, data: pa.Array | None
 ) -> np.ndarray:
     """Each row's seed folded with its part: the kind, then its payload (a long where ``kind`` is
-    neither null nor bytes, else the row's bytes, if any)."""
+    neither null nor bytes, else the row's bytes of ``data``, a binary array, if any)."""
     seed = _hash_int(kind, seed)
     if longs is not None:
         has = (kind != NULL) & (kind != BYTES) & (kind != DECIMAL)
         seed = np.where(has, _hash_long(longs, seed), seed)
     if data is not None:
-        out = seed.copy()
-        for i, payload in enumerate(data):
-            if payload is not None:
-                out[i] = xxhash.xxh64_intdigest(payload, seed=int(seed[i]))
-        seed = out
+        seed = _fold_bytes(seed, data)
     return seed
 
 
-def arrow_parts(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray | None, list | None]:
+def _fold_bytes(seed: np.ndarray, data: pa.Array) -> np.ndarray:
+    """XXH64 of each row's bytes under its seed (a null row keeps its seed). No vectorised XXH64 of
+    variable-length bytes exists here: one call a row, in a list comprehension (5x a loop that
+    indexes arrays), or one a distinct value where every row has the same seed (an identity's first
+    part), measured in bench/identity.py."""
+    digest = xxhash.xxh64_intdigest
+    if len(seed) and seed.min() == seed.max():
+        first = int(seed[0])
+        encoded = pc.dictionary_encode(data)
+        hashed = np.array([digest(v, first) for v in encoded.dictionary.to_pylist()], dtype=np.uint64)
+        at = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
+        out = hashed[at] if len(hashed) else np.full(len(seed), first, dtype=np.uint64)
+        return np.where(pc.is_null(data).to_numpy(zero_copy_only=False), np.uint64(first), out)
+    rows = data.to_pylist()
+    folded = [s if p is None else digest(p, s) for p, s in zip(rows, seed.tolist(), strict=True)]
+    return np.array(folded, dtype=np.uint64)
+
+
+def arrow_parts(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray | None, pa.Array | None]:
     """A column's kinds per row, with its long payloads or its bytes payloads (see the module)."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
@@ -234,11 +248,11 @@ def arrow_parts(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndar
         return kinds(DATE), longs(pc.cast(days, pa.int64())), None
     if pa.types.is_decimal(t):
         texts = [None if v is None else decimal_text(v).encode() for v in column.to_pylist()]
-        return kinds(DECIMAL), None, texts
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return kinds(BYTES), None, [None if v is None else v.encode() for v in column.to_pylist()]
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-        return kinds(BYTES), None, column.to_pylist()
+        return kinds(DECIMAL), None, pa.array(texts, pa.binary())
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t):
+        return kinds(BYTES), None, pc.cast(column, pa.binary())
+    if pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return kinds(BYTES), None, pa.array(column.to_pylist(), pa.binary())
     if t == pa.null():
         return np.zeros(n, dtype=np.int32), None, None
     raise TypeError(f"an identity cannot hold a column of type {t}")

@@ -88,7 +88,7 @@ def test_any_64_bit_version_decodes_as_valid(monkeypatch: pytest.MonkeyPatch) ->
         "stock": 1, "status": "active", "version": 1, "updated_at": now_ms - 1000, "promo_code": None,
     }  # fmt: skip
     encoder = WireEncoder(2, parse_schema(pipeline.schema_text(2)))
-    versions = [2**43 - 1, 2**43, 2**62, 2**63 - 1, 0]
+    versions = [2**43 - 1, 2**43, 2**62, 2**63 - 1, 1]
     values = [encoder.encode({**offer, "version": v}) for v in versions]
     batch = source_batch(values, now_ms * 1000)
     out = pa.Table.from_batches(list(decode.decoder(spec)(iter([batch]))))

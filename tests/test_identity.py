@@ -171,13 +171,17 @@ def test_an_index_of_the_encoding_before_reads_as_encoding_1(spark, tmp_path) ->
 
 
 def old_index_rows(rows, identity: list[str]):
-    """Index rows as the code before wrote them: xxhash64 of (null flag, value as text bytes) per
-    part (the identities here are strings, which it hashed so)."""
+    """Index rows as the code before wrote them: xxhash64 of (null flag, value) per part, text as
+    bytes and integers as longs."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
 
     from batch.identities import COORDINATE, HASHES
 
-    parts = [p for c in identity for p in (F.col(c).isNull(), F.col(c).cast("binary"))]
+    def value(c: str):
+        return F.col(c).cast("binary" if isinstance(rows.schema[c].dataType, StringType) else "long")
+
+    parts = [p for c in identity for p in (F.col(c).isNull(), value(c))]
     return rows.select(
         F.xxhash64(*parts).alias(HASHES[0]),
         F.xxhash64(F.lit("lambdalake-id"), *parts).alias(HASHES[1]),
