@@ -50,6 +50,7 @@ import xxhash
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import DataType
 
 #: The encoding's version, stored beside hashes made with it (version 1: the hashes before it, each
 #: layer's own).
@@ -273,13 +274,11 @@ def arrow_hashes(table: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> tu
 # --- Spark columns ---------------------------------------------------------------------------
 
 
-def spark_parts(name: str, df: DataFrame) -> list[Column]:
-    """The Spark columns ``xxhash64`` folds for one part: its kind, then its payload(s) (a payload
-    that does not apply to a row is null there, which ``xxhash64`` skips)."""
+def spark_parts(col: Column, t: DataType) -> list[Column]:
+    """The Spark columns ``xxhash64`` folds for one part (``col``, of type ``t``): its kind, then its
+    payload(s) (a payload that does not apply to a row is null there, which ``xxhash64`` skips)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
-
-    col, t = F.col(name), df.schema[name].dataType
 
     def kind(k: int) -> Column:
         return F.when(col.isNull(), F.lit(NULL)).otherwise(F.lit(k)).cast("int")
@@ -307,9 +306,17 @@ def spark_parts(name: str, df: DataFrame) -> list[Column]:
     raise TypeError(f"an identity cannot hold a column of type {t.simpleString()}")
 
 
+def spark_value_hash(col: Column, t: DataType) -> Column:
+    """The first identity hash of one value (null for a null): what a ``distinct`` sketch counts, so
+    two values are one exactly when they are one identity (int 5 and double 5.0, text and its bytes)."""
+    from pyspark.sql import functions as F
+
+    return F.when(col.isNotNull(), F.xxhash64(*spark_parts(col, t)))
+
+
 def spark_hashes(df: DataFrame, columns: Sequence[str]) -> tuple[Column, Column]:
     """``(h1, h2)`` of each row's identity, as Spark long columns."""
     from pyspark.sql import functions as F
 
-    parts = [p for name in columns for p in spark_parts(name, df)]
+    parts = [p for name in columns for p in spark_parts(F.col(name), df.schema[name].dataType)]
     return F.xxhash64(*parts), F.xxhash64(F.lit(SECOND_SEED_TEXT), *parts)

@@ -299,6 +299,9 @@ class WindowedView(Strict):
     # A deployed version's record of the types its table and Spark state were made with (by field;
     # :mod:`lambdalake.view_types`): set by the view registry, never by a pipeline file.
     _stored_types: dict[str, str] = PrivateAttr(default_factory=dict)
+    # The input its ``distinct`` sketches were made with (:data:`SKETCH_INPUTS`): set by the view
+    # registry for a deployed version, never by a pipeline file, whose views take the newest.
+    _sketch_input: int = PrivateAttr(default=2)
 
     @property
     def stored_types(self) -> dict[str, str]:
@@ -308,6 +311,22 @@ class WindowedView(Strict):
         copy = self.model_copy()
         copy._stored_types = dict(types)
         return copy
+
+    @property
+    def sketch_input(self) -> int:
+        """What a ``distinct`` sketch of this view takes of each value: 2, the value's identity hash
+        (:mod:`lambdalake.identity`); 1, the typed values of the layout before it."""
+        return self._sketch_input
+
+    def with_sketch_input(self, encoding: int) -> WindowedView:
+        copy = self.model_copy()
+        copy._sketch_input = encoding
+        return copy
+
+    @property
+    def has_sketch_of_values(self) -> bool:
+        """Whether a ``distinct`` aggregate's sketch depends on :attr:`sketch_input`."""
+        return any(a.fn == "distinct" for a in self.aggregates)
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:

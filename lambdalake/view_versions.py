@@ -46,9 +46,17 @@ def public_name(internal: str) -> str:
     return re.sub(r"__v\d+$", "", internal)
 
 
+#: The sketch input a version recorded before versions recorded it (lambdalake.pipeline.WindowedView).
+LEGACY_SKETCH_INPUT = 1
+
+
 def fingerprint(view: AnyView) -> str:
-    """What makes two definitions the same version: everything but the name."""
-    text = json.dumps(view.model_dump(mode="json", exclude={"name"}), sort_keys=True)
+    """What makes two definitions the same version: everything but the name (and, for a view with a
+    ``distinct`` sketch, the input its sketches take: a sketch of another input does not unite)."""
+    data = view.model_dump(mode="json", exclude={"name"})
+    if isinstance(view, WindowedView) and view.has_sketch_of_values and view.sketch_input != 2:
+        data["sketch_input"] = view.sketch_input
+    text = json.dumps(data, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -81,11 +89,16 @@ class ViewVersion:
         }
         if self.types:
             out["types"] = self.types
+        if isinstance(self.definition, WindowedView) and self.definition.has_sketch_of_values:
+            out["sketch_input"] = self.definition.sketch_input
         return out
 
     @classmethod
     def from_json(cls, view: str, data: dict[str, Any]) -> ViewVersion:
-        return cls.of(_VIEW.validate_python(data["definition"]), int(data["version"]), data.get("types"))
+        definition = _VIEW.validate_python(data["definition"])
+        if isinstance(definition, WindowedView):
+            definition = definition.with_sketch_input(int(data.get("sketch_input", LEGACY_SKETCH_INPUT)))
+        return cls.of(definition, int(data["version"]), data.get("types"))
 
     @classmethod
     def of(cls, view: AnyView, version: int, types: dict[str, str] | None = None) -> ViewVersion:

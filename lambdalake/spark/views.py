@@ -12,8 +12,9 @@ from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import DataType, StructType
 
+from lambdalake.identity import spark_value_hash
 from lambdalake.latest import spark_order, spark_rank
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.spark.filters import column as filter_column
@@ -59,37 +60,49 @@ def only_kept(df: DataFrame, pipeline: Pipeline, view: LatestView | WindowedView
     return df if node is None else df.filter(filter_column(node))
 
 
-#: Types Spark's ``hll_sketch_agg`` takes as they are; a ``distinct`` of any other type counts the
-#: values' text (the same cast in both layers, so both build the same sketch).
+#: Types Spark's ``hll_sketch_agg`` took as they were, in the sketch input before the identity hash
+#: (``sketch_input`` 1); of any other type it counted the values' text.
 _HLL_TYPES = ("int", "bigint", "string", "binary")
 
 
-def _component(c: Component, col: Column, kind: str | None, once_integers: frozenset[str]) -> Column:
+def _component(
+    c: Component, col: Column, kind: DataType | None, once_integers: frozenset[str], *, sketch_input: int
+) -> Column:
     """Component ``c`` of a windowed view over ``col`` (its source's values, or a count's ones)
-    whose Spark type is ``kind`` (None without a source)."""
+    whose Spark type is ``kind`` (None without a source); ``sketch_input``: the view version's
+    (:attr:`lambdalake.pipeline.WindowedView.sketch_input`)."""
     if c.fn == "count":
         return F.count(col).cast("long").alias(c.column)
     if c.fn == "hll":
         assert kind is not None
-        if kind in ("float", "double") and c.source in once_integers:
-            # Promoted from an integer: a whole number as the long it was hashed as before (5.0 is
-            # 5), any other value as a 64-bit hash of its text, so old and new sketches unite exactly.
-            d = col.cast("double")
-            whole = (d == F.floor(d)) & (F.abs(d) < F.lit(2.0**63))
-            col = F.when(whole, d.cast("long")).otherwise(F.xxhash64(d.cast("string")))
-        elif kind.startswith("timestamp"):
-            col = F.unix_micros(col)  # not its text, which depends on the session's time zone
-        elif kind == "date":
-            col = F.unix_date(col)
-        elif kind == "float":
-            # As the double it widens to: a float field promoted to double keeps its values' text.
-            col = col.cast("double").cast("string")
-        elif kind not in _HLL_TYPES:
-            col = col.cast("string")
-        return F.hll_sketch_agg(col, c.size).alias(c.column)
+        if sketch_input >= 2:
+            # Each value as its identity hash: equal values across promotions are one item.
+            return F.hll_sketch_agg(spark_value_hash(col, kind), c.size).alias(c.column)
+        return F.hll_sketch_agg(
+            _legacy_sketch_input(c, col, kind.simpleString(), once_integers), c.size
+        ).alias(c.column)
     if c.fn == "kll":
         return F.kll_sketch_agg_double(col.cast("double"), c.size).alias(c.column)
     return {"sum": F.sum, "min": F.min, "max": F.max}[c.fn](col).alias(c.column)
+
+
+def _legacy_sketch_input(c: Component, col: Column, kind: str, once_integers: frozenset[str]) -> Column:
+    """What a ``distinct`` sketch of a version made before the identity hash counts (so the
+    version's sketches keep uniting until a version on today's input replaces it)."""
+    if kind in ("float", "double") and c.source in once_integers:
+        # Promoted from an integer: a whole number as the long it was hashed as before (5.0 is
+        # 5), any other value as a 64-bit hash of its text, so old and new sketches unite exactly.
+        d = col.cast("double")
+        whole = (d == F.floor(d)) & (F.abs(d) < F.lit(2.0**63))
+        return F.when(whole, d.cast("long")).otherwise(F.xxhash64(d.cast("string")))
+    if kind.startswith("timestamp"):
+        return F.unix_micros(col)  # not its text, which depends on the session's time zone
+    if kind == "date":
+        return F.unix_date(col)
+    if kind == "float":
+        # As the double it widens to: a float field promoted to double keeps its values' text.
+        return col.cast("double").cast("string")
+    return col if kind in _HLL_TYPES else col.cast("string")
 
 
 def _source(c: Component) -> Column:
@@ -109,9 +122,10 @@ def windowed(
             watermarked ingest time). None aggregates across epochs (the batch layer).
     """
     df = as_recorded(only_kept(df, pipeline, view), pipeline, view)
-    types = dict(df.dtypes)
+    types = {f.name: f.dataType for f in df.schema}
     out = df.groupBy(*_cell(pipeline, view, epoch)).agg(*[
-        _component(c, _source(c), types.get(c.source or ""), pipeline.once_integers)
+        _component(c, _source(c), types.get(c.source or ""), pipeline.once_integers,
+                   sketch_input=view.sketch_input)
         for c in view_components(view)
     ])  # fmt: skip
     return _epoch_number(out) if epoch is not None else out
@@ -167,14 +181,16 @@ def windowed_together(
         for c in range(len(cells))
     ])  # fmt: skip
     rows = df.select("*", F.explode(F.filter(array, lambda e: e.isNotNull())).alias("_e")).select("*", "_e.*")
-    kinds = [dict(df.select(*[c.alias(n) for n, c in cols.items()]).dtypes) for cols in typed]
+    kinds = [{f.name: f.dataType for f in df.select(*[c.alias(n) for n, c in cols.items()]).schema}
+             for cols in typed]  # fmt: skip
     aggregates = []
     for i, view in enumerate(views):
         mine = F.col(f"_keep{i}")
         aggregates.append(F.count(F.when(mine, F.lit(1))).alias(f"_v{i}__n"))
         for c in view_components(view):
             source = typed[i][c.source] if c.source else F.lit(1)
-            agg = _component(c, F.when(mine, source), kinds[i].get(c.source or ""), pipeline.once_integers)
+            agg = _component(c, F.when(mine, source), kinds[i].get(c.source or ""), pipeline.once_integers,
+                             sketch_input=view.sketch_input)  # fmt: skip
             aggregates.append(agg.alias(together_column(i, c.column)))
     out = rows.groupBy(
         F.col("_cell"), *[F.col(f"_k{d}") for d in range(len(cells))], F.col(WINDOW_START),
