@@ -461,8 +461,9 @@ def lower(
             f, value = field(n.field), literal(n.field, n.value)
             out = {"=": f == value, "!=": f != value, "<": f < value, "<=": f <= value,
                    ">": f > value, ">=": f >= value}[n.op]  # fmt: skip
-            if isinstance(n.value, float) and n.op in (">", ">="):
-                # IEEE says false for NaN, Spark true: or-ing NaN in gives every engine Spark's order.
+            if isinstance(n.value, float) and n.op in _ABOVE_ANY:
+                # The NaN rule of :func:`evaluate`, once: IEEE says false for NaN > x, Spark true;
+                # or-ing NaN in gives every engine Spark's order (for != it changes nothing).
                 out = out | is_nan(f)
             return out
         if isinstance(n, In):
