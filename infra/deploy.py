@@ -306,7 +306,7 @@ class Deployer:
             )
         # The speed job drops the old table when it starts (a running one may still write it).
         for name, rows in adopt_legacy_latest(session, self.settings.cassandra, p, drop=False).items():
-            copied = f"{rows} rows copied to the ranked table"
+            copied = f"{rows} rows copied to the latest table of today's layout"
             out.append(Change(f"table {keyspace}.{name}", "updated", copied))
         return out
 

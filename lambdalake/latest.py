@@ -147,6 +147,20 @@ def spark_merge_order() -> Column:
     return F.struct(F.col(RANK).cast(RANK_SPARK), -F.col(PARTITION), -F.col(OFFSET))
 
 
+def spark_from_legacy_rank(old: Column, *, timestamp_version: bool) -> Column:
+    """:func:`from_legacy_rank` as a Spark column (a Delta view written before this layout)."""
+    from decimal import Decimal
+
+    from pyspark.sql import functions as F
+
+    version = F.shiftright(old, TIEBREAK_BITS)
+    tiebreak = (old.bitwiseAND(F.lit((1 << TIEBREAK_BITS) - 1))).cast(RANK_SPARK)
+    scaled = version.cast(RANK_SPARK) * (1000 if timestamp_version else 1)
+    null = F.lit(Decimal(NULL_VERSION)).cast(RANK_SPARK)
+    version = F.when(version == F.lit(_LEGACY_NULL_VERSION), null).otherwise(scaled)
+    return (version * F.lit(1 << TIEBREAK_BITS).cast(RANK_SPARK) + tiebreak).cast(RANK_SPARK)
+
+
 # --- Arrow / NumPy ----------------------------------------------------------------------------
 
 

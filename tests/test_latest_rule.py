@@ -210,3 +210,22 @@ def test_a_rank_of_the_64_bit_layout_reads_as_todays() -> None:
     ms = 1_800_000_000_123
     assert from_legacy_rank(ms * 2**20 + tiebreak, timestamp_version=True) == rank(ms * 1000, BASE_S)
     assert from_legacy_rank(old_null * 2**20 + tiebreak, timestamp_version=True) == rank(None, BASE_S)
+
+
+def test_spark_reads_a_rank_of_the_64_bit_layout_as_python_does(spark) -> None:
+    """A Delta view written before today's ranks (a restore of an older run) is converted in Spark
+    exactly as serving converts a batch row of that layout."""
+    from pyspark.sql import functions as F
+
+    from lambdalake.latest import spark_from_legacy_rank
+
+    tiebreak = latest_tiebreak(BASE_S)
+    old_null = -(1 << 43) + 1
+    olds = [v * 2**20 + tiebreak for v in (old_null, -(2**43) + 2, -1, 0, 5, 1_800_000_000_123, 2**43 - 1)]
+    df = spark.createDataFrame([(o,) for o in olds], "r long")
+    for in_ms in (False, True):
+        got = [
+            int(r[0])
+            for r in df.select(spark_from_legacy_rank(F.col("r"), timestamp_version=in_ms)).collect()
+        ]
+        assert got == [from_legacy_rank(o, timestamp_version=in_ms) for o in olds]
