@@ -74,7 +74,14 @@ def test_a_value_that_does_not_fit_its_column_is_an_error() -> None:
     with pytest.raises(pa.ArrowInvalid):
         encode_column(pa.array([2**40]), "int")
     with pytest.raises(KeyError):
-        encode_column(pa.array([1]), "varint")
+        encode_column(pa.array([1]), "smallint")
+
+
+def test_a_rank_is_a_varint_as_the_driver_encodes_it() -> None:
+    """A ``latest`` rank (up to 84 bits) is a Cassandra ``varint``, from an Arrow decimal128(38, 0)."""
+    values = [0, 1, -1, 127, 128, -129, 2**63, -(2**63) * 2**20 - 1, 2**83 - 1, None]
+    encoded = encode_column(pa.array(values, pa.decimal128(38, 0)), "varint")
+    assert encoded == [None if v is None else cqltypes.IntegerType.serialize(v, PROTOCOL) for v in values]
 
 
 def test_rows_from_python_values_round_trip() -> None:
