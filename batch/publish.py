@@ -152,9 +152,9 @@ class Publisher:
         """Every row of ``view`` as the run committed it to Delta (None: no rows)."""
         path = views_path(self.settings.storage_root, self.pipeline.name, view)
         rows = read_table(self.spark, path, version=run.delta_versions[view])
-        definition = next(v for v in self.pipeline.views if v.name == view)
         if rows is not None and LEGACY_RANK in rows.columns and RANK not in rows.columns:
             # A version written before today's ranks (a restore of an older run): converted exactly.
+            definition = next(v for v in self.pipeline.views if v.name == view)
             in_ms = timestamp_version(self.pipeline, definition)  # type: ignore[arg-type]
             rank = spark_from_legacy_rank(F.col(LEGACY_RANK), timestamp_version=in_ms)
             rows = rows.withColumn(RANK, rank).drop(LEGACY_RANK)
