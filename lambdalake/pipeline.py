@@ -36,6 +36,7 @@ from lambdalake.event_schema import (
     event_schema,
     general_union_fields,
 )
+from lambdalake.identity import ENCODING as IDENTITY_ENCODING
 from lambdalake.settings import Settings
 
 _UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
@@ -284,6 +285,11 @@ class LatestView(Strict):
         return _without_unset_where(handler(self))
 
 
+#: The input of a ``distinct`` sketch before the identity hash (each value as its type held it), which
+#: a view version recorded before versions recorded their sketch input has.
+LEGACY_SKETCH_INPUT = 1
+
+
 class WindowedView(Strict):
     """Mergeable aggregates per key and tumbling event-time window."""
 
@@ -299,9 +305,9 @@ class WindowedView(Strict):
     # A deployed version's record of the types its table and Spark state were made with (by field;
     # :mod:`lambdalake.view_types`): set by the view registry, never by a pipeline file.
     _stored_types: dict[str, str] = PrivateAttr(default_factory=dict)
-    # The input its ``distinct`` sketches were made with (:data:`SKETCH_INPUTS`): set by the view
-    # registry for a deployed version, never by a pipeline file, whose views take the newest.
-    _sketch_input: int = PrivateAttr(default=2)
+    # The input its ``distinct`` sketches were made with (:attr:`sketch_input`): set by the view
+    # registry for a deployed version, never by a pipeline file, whose views take the identity hash.
+    _sketch_input: int = PrivateAttr(default=IDENTITY_ENCODING)
 
     @property
     def stored_types(self) -> dict[str, str]:
@@ -314,8 +320,9 @@ class WindowedView(Strict):
 
     @property
     def sketch_input(self) -> int:
-        """What a ``distinct`` sketch of this view takes of each value: 2, the value's identity hash
-        (:mod:`lambdalake.identity`); 1, the typed values of the layout before it."""
+        """What a ``distinct`` sketch of this view takes of each value: the identity encoding whose
+        hash it counts (:data:`lambdalake.identity.ENCODING`); 1, the typed values of the layout
+        before it."""
         return self._sketch_input
 
     def with_sketch_input(self, encoding: int) -> WindowedView:

@@ -29,7 +29,8 @@ from typing import Any, Literal
 import pyarrow as pa
 from pydantic import TypeAdapter
 
-from lambdalake.pipeline import MAX_TABLE_NAME, LatestView, Pipeline, View, WindowedView
+from lambdalake.identity import ENCODING
+from lambdalake.pipeline import LEGACY_SKETCH_INPUT, MAX_TABLE_NAME, LatestView, Pipeline, View, WindowedView
 from lambdalake.view_types import current_types, held_types, input_types
 
 AnyView = LatestView | WindowedView
@@ -46,15 +47,11 @@ def public_name(internal: str) -> str:
     return re.sub(r"__v\d+$", "", internal)
 
 
-#: The sketch input a version recorded before versions recorded it (lambdalake.pipeline.WindowedView).
-LEGACY_SKETCH_INPUT = 1
-
-
 def fingerprint(view: AnyView) -> str:
     """What makes two definitions the same version: everything but the name (and, for a view with a
     ``distinct`` sketch, the input its sketches take: a sketch of another input does not unite)."""
     data = view.model_dump(mode="json", exclude={"name"})
-    if isinstance(view, WindowedView) and view.has_sketch_of_values and view.sketch_input != 2:
+    if isinstance(view, WindowedView) and view.has_sketch_of_values and view.sketch_input != ENCODING:
         data["sketch_input"] = view.sketch_input
     text = json.dumps(data, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -134,11 +134,10 @@ class TableDef:
         where = " AND ".join(f'"{k}" = ?' for k in self.partition_key)
         return f'DELETE FROM "{keyspace}"."{self.name}" WHERE {where} AND "{RANK}" < ?'
 
-    def insert_cql(self, keyspace: str, *, with_timestamp: bool = False) -> str:
+    def insert_cql(self, keyspace: str) -> str:
         cols = ", ".join(f'"{c}"' for c in self.column_names)
         marks = ", ".join("?" for _ in self.columns)
-        using = " USING TIMESTAMP ?" if with_timestamp else ""
-        return f'INSERT INTO "{keyspace}"."{self.name}" ({cols}) VALUES ({marks}){using}'
+        return f'INSERT INTO "{keyspace}"."{self.name}" ({cols}) VALUES ({marks})'
 
 
 def _field_types(pipeline: Pipeline) -> dict[str, pa.DataType]:

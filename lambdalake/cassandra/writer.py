@@ -31,9 +31,6 @@ from lambdalake.settings import CassandraSettings
 
 log = logging.getLogger("lambdalake.cassandra")
 
-#: The write timestamp's name among encoded values (``USING TIMESTAMP ?`` is the last marker).
-_WRITE_TS = "__write_timestamp"
-
 #: One row's values, encoded for the protocol.
 Encoded = tuple[bytes | None, ...]
 
@@ -86,7 +83,6 @@ def upsert(
     *,
     table: TableDef,
     settings: CassandraSettings,
-    write_timestamp_index: int | None = None,
     batch_rows: int | None = None,
     concurrency: int = 16,
     give_up_after_s: float = 900.0,
@@ -97,25 +93,16 @@ def upsert(
         rows: Row values; timestamps as datetimes or epoch milliseconds.
         table: Target table.
         settings: Cluster settings.
-        write_timestamp_index: Position in each row of the value to use as the write timestamp
-            (``USING TIMESTAMP``); the value itself is not a column.
         batch_rows: Rows per unlogged batch (default ``settings.batch_rows``).
         concurrency: Requests (batches) in flight.
         give_up_after_s: How long failed writes are retried (default 15 minutes).
     """
-    layout = list(table.columns)
-    if write_timestamp_index is not None:
-        layout.insert(write_timestamp_index, (_WRITE_TS, "bigint"))
     try:
-        data = to_arrow(list(rows), layout)
+        data = to_arrow(list(rows), table.columns)
     except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
         raise WriteRefused(table, exc) from exc
-    stamps = None
-    if write_timestamp_index is not None:
-        stamps = data.column(_WRITE_TS)
-        data = data.drop_columns([_WRITE_TS])
     return upsert_arrow(
-        data, table=table, settings=settings, write_timestamps=stamps,
+        data, table=table, settings=settings,
         batch_rows=batch_rows, concurrency=concurrency, give_up_after_s=give_up_after_s,
     )  # fmt: skip
 
@@ -125,7 +112,6 @@ def upsert_arrow(
     *,
     table: TableDef,
     settings: CassandraSettings,
-    write_timestamps: pa.Array | pa.ChunkedArray | None = None,
     batch_rows: int | None = None,
     concurrency: int = 16,
     give_up_after_s: float = 900.0,
@@ -141,8 +127,6 @@ def upsert_arrow(
         data: The rows; timestamps as Arrow timestamps.
         table: Target table.
         settings: Cluster settings.
-        write_timestamps: Per row, the write timestamp (``USING TIMESTAMP``, microseconds).
-            Default: none (the server's time).
         batch_rows: Rows per unlogged batch (default ``settings.batch_rows``). A batch the cluster
             refuses as too large is split in halves and sent again.
         concurrency: Requests (batches) in flight.
@@ -158,25 +142,14 @@ def upsert_arrow(
         raise ValueError(f"{table.name} holds ranked candidates: each row needs its rank ({RANK})")
     order = pc.sort_indices(data, sort_keys=[(k, "ascending") for k in table.partition_key])
     data = data.take(order)
-    columns = list(table.columns)
-    if write_timestamps is not None:
-        data = data.append_column(_WRITE_TS, pc.take(write_timestamps, order))
-        columns.append((_WRITE_TS, "bigint"))
     try:
-        params = encode_rows(data, columns)
+        params = encode_rows(data, table.columns)
     except (pa.ArrowException, KeyError) as exc:
         raise WriteRefused(table, exc) from exc
     size = batch_rows or settings.batch_rows
     groups = [params[i : i + size] for i in range(0, len(params), size)]
     for start in range(0, len(groups), CHUNK):
-        _write_groups(
-            groups[start : start + CHUNK],
-            table,
-            settings,
-            write_timestamps is not None,
-            concurrency,
-            give_up_after_s,
-        )
+        _write_groups(groups[start : start + CHUNK], table, settings, concurrency, give_up_after_s)
     return len(params)
 
 
@@ -223,7 +196,6 @@ def _write_groups(
     groups: list[list[Encoded]],
     table: TableDef,
     settings: CassandraSettings,
-    with_timestamp: bool,
     concurrency: int,
     give_up_after_s: float,
 ) -> None:
@@ -233,7 +205,7 @@ def _write_groups(
     while True:
         try:
             session = connect(settings)
-            stmt = _prepare(session, table.insert_cql(settings.keyspace, with_timestamp=with_timestamp))
+            stmt = _prepare(session, table.insert_cql(settings.keyspace))
             lower = None
             if table.ranked:
                 # The delete's values from the row's: its key, its rank.

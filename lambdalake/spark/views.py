@@ -16,7 +16,7 @@ from pyspark.sql.types import DataType, StructType
 
 from lambdalake.identity import spark_value_hash
 from lambdalake.latest import spark_order, spark_rank
-from lambdalake.pipeline import LatestView, Pipeline, WindowedView
+from lambdalake.pipeline import LEGACY_SKETCH_INPUT, LatestView, Pipeline, WindowedView
 from lambdalake.spark.filters import column as filter_column
 from lambdalake.view_types import held_types, spark_type
 from lambdalake.views import (
@@ -75,7 +75,7 @@ def _component(
         return F.count(col).cast("long").alias(c.column)
     if c.fn == "hll":
         assert kind is not None
-        if sketch_input >= 2:
+        if sketch_input != LEGACY_SKETCH_INPUT:
             # Each value as its identity hash: equal values across promotions are one item.
             return F.hll_sketch_agg(spark_value_hash(col, kind), c.size).alias(c.column)
         return F.hll_sketch_agg(
