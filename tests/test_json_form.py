@@ -48,29 +48,42 @@ def test_every_type_has_one_json_form(name: str) -> None:
     json.dumps(json_value({"v": [value]}), allow_nan=False)  # valid JSON, no bare NaN
 
 
-def _answer() -> Answer:
-    values = {name: value for name, (value, _) in EVERY_TYPE.items()}
+def _answer(values: dict, rank: int) -> Answer:
     provenance = Provenance(
         batch_version=3, horizon=9, horizon_end_ms=10_000, epoch_ms=1000, speed_epochs=(10,)
     )
     window = WindowRow(datetime(2026, 12, 1, tzinfo=UTC), dict(values), True, (10,))
-    latest = LatestRow(dict(values), 2**83 + 5, "speed")
+    latest = LatestRow(dict(values), rank, "speed")
     return Answer("p", "v", "latest", {"id": b"\x01\x02"}, provenance, latest=latest, windows=[window])
 
 
-def test_an_answer_of_every_type_reads_the_same_from_python_http_and_the_cli() -> None:
+#: A sketch's answer, nested in a windowed row's values.
+SKETCH = (
+    {"estimate": math.nan, "lower": 1.0, "q": {"0.5": math.inf}},
+    {"estimate": "NaN", "lower": 1.0, "q": {"0.5": "Infinity"}},
+)
+
+
+@pytest.mark.parametrize("wide", [True, False], ids=["an integer beyond 64 bits", "64-bit integers"])
+def test_an_answer_of_every_type_reads_the_same_from_python_http_and_the_cli(wide: bool) -> None:
+    """With an integer beyond 64 bits the standard library writes the body, else orjson: one form."""
     from lambdalake.cli.serving import answer_rows
 
-    answer = _answer()
+    types = {n: t for n, t in EVERY_TYPE.items() if wide or n != "beyond 64 bits (a rank)"}
+    types["sketch"] = SKETCH
+    rank = 2**83 + 5 if wide else 2**62
+    answer = _answer({name: value for name, (value, _) in types.items()}, rank)
     body = json.loads(answer.to_json())
     assert body == answer.to_dict()
-    want = {name: form for name, (_, form) in EVERY_TYPE.items()}
+    want = {name: form for name, (_, form) in types.items()}
     assert body["latest"]["values"] == want
     assert body["windows"][0]["values"] == want
-    assert body["latest"]["rank"] == 2**83 + 5
+    assert body["latest"]["rank"] == rank
     assert body["key"] == {"id": "AQI="}
     row = answer_rows(answer)[0]
-    assert {name: row[name] for name in want} == want
+    assert {name: row[name] for name in want if name != "sketch"} == {
+        n: f for n, f in want.items() if n != "sketch"
+    }
 
 
 def test_the_openapi_document_states_the_form() -> None:
