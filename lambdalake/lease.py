@@ -4,6 +4,10 @@ A writer takes its pipeline's lease for what it writes with a lightweight transa
 IF NOT EXISTS USING TTL``) in the pipeline's keyspace, renews it while it runs (``UPDATE ... IF
 holder = me``, every third of the TTL) and releases it on a clean stop (``DELETE ... IF holder =
 me``). A holder killed with -9 blocks no one for longer than the TTL (default 30 s): its row expires.
+A writer on the holder's own machine does not wait that long: when the holder's process is gone from
+the same kernel and PID namespace (its id names both), it deletes the dead holder's row with ``DELETE
+... IF holder = theirs`` and takes the lease at once. A holder elsewhere, or whose PID is alive (even
+reused), is waited for.
 
 Which writers exclude which follows from what each writes:
 
@@ -38,6 +42,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Literal
 
 from cassandra import ConsistencyLevel
@@ -124,7 +129,7 @@ class Lease:
         self.role = role
         self.lease = LEASE_OF[role]
         self.ttl_s = ttl_s or cassandra.lease_ttl_s
-        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}@{_process_space()}"
         #: Set when a renewal found the lease gone or taken: the holder must stop writing.
         self.lost = threading.Event()
         self._since_ms = 0
@@ -162,10 +167,11 @@ class Lease:
             **self._lwt,
         )
         self._since_ms = now
-        taken = self.session.execute(
-            insert,
-            [self.pipeline, self.lease, self.holder, self.role, socket.gethostname(), os.getpid(), now, now],
-        ).was_applied
+        host, pid = socket.gethostname(), os.getpid()
+        values = [self.pipeline, self.lease, self.holder, self.role, host, pid, now, now]
+        taken = self.session.execute(insert, values).was_applied
+        if not taken and self._break_dead_holder():
+            taken = self.session.execute(insert, values).was_applied
         if not taken:
             holder = self.current()
             message, fix = self._refusal(holder)
@@ -188,6 +194,30 @@ class Lease:
             f"job or scheduler), or, if it crashed, wait for its lease to expire: {left} at most"
         )
         return message, fix
+
+    def _break_dead_holder(self) -> bool:
+        """Delete the lease of a holder whose process is gone from this machine; True if deleted."""
+        row = self.session.execute(
+            SimpleStatement(
+                f"SELECT holder, pid FROM {self._table()} WHERE pipeline = %s AND lease = %s",
+                serial_consistency_level=ConsistencyLevel.SERIAL,
+                consistency_level=ConsistencyLevel.SERIAL,
+            ),
+            [self.pipeline, self.lease],
+        ).one()
+        if row is None or not dead_here(row.holder, row.pid):
+            return False
+        # IF holder = theirs: a holder that renewed or replaced it since keeps it.
+        deleted = self.session.execute(
+            SimpleStatement(
+                f"DELETE FROM {self._table()} WHERE pipeline = %s AND lease = %s IF holder = %s", **self._lwt
+            ),
+            [self.pipeline, self.lease, row.holder],
+        ).was_applied
+        if deleted:
+            log.info("the %s lease of %s was held by pid %d of this machine, which is gone: taking it",
+                     self.lease, self.pipeline, row.pid)  # fmt: skip
+        return deleted
 
     def current(self) -> Holder | None:
         """Who holds the lease now (None: nobody)."""
@@ -254,6 +284,30 @@ class Lease:
 
     def __exit__(self, *_exc: object) -> None:
         self.release()
+
+
+def _process_space() -> str:
+    """This kernel's boot and this process's PID namespace: where a PID names one process."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:  # not Linux: no holder is ever judged dead here
+        return ""
+    return f"{boot}/{namespace}"
+
+
+def dead_here(holder: str, pid: int) -> bool:
+    """Whether ``holder`` ran in this kernel and PID namespace and its process ``pid`` is gone."""
+    space = _process_space()
+    if not space or holder.rpartition("@")[2] != space:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] == "Z"  # exited, not yet reaped by its parent
 
 
 @contextmanager

@@ -110,7 +110,7 @@ def test_deploy_twice_then_an_incompatible_schema_then_undeploy(services: Settin
     assert after.returncode == 0, after.stdout.decode() + after.stderr.decode()
 
 
-def test_a_job_killed_with_minus_nine_blocks_the_next_one_no_longer_than_its_lease(
+def test_a_job_killed_with_minus_nine_is_followed_at_once_by_the_next_one_on_its_machine(
     services: Settings, tmp_path: Path
 ) -> None:
     unique = f"k{int(time.time() * 1000) % 10**8}"
@@ -141,10 +141,9 @@ def test_a_job_killed_with_minus_nine_blocks_the_next_one_no_longer_than_its_lea
         assert holder is not None and holder.pid == job.pid, holder
         os.killpg(job.pid, signal.SIGKILL)
         job.wait(30)
-        t0 = time.monotonic()
-        again = run_cli(settings, "speed", "run", "offers", "--once", "--lease-wait", "30")
+        # No --lease-wait: the dead holder's lease (10 s TTL) is taken over, not waited for.
+        again = run_cli(settings, "speed", "run", "offers", "--once")
         assert again.returncode == 0, again.stdout.decode() + again.stderr.decode()
-        assert time.monotonic() - t0 < 30 + 90  # the TTL (10 s), then a run of what is left
         # The job killed half way and its successor counted every event once.
         (events, _invalid) = topic_events(settings, pipeline)
         assert len(events) > 2000 and differences(settings, pipeline, events) == []

@@ -66,6 +66,52 @@ def test_a_holder_killed_blocks_no_one_longer_than_its_ttl(
     taken.release()
 
 
+def test_a_holder_killed_on_this_machine_is_replaced_at_once_and_one_elsewhere_is_waited_for(
+    services: Settings, tmp_path: Path, unique: str
+) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import PROJECT_ROOT, env_for
+
+    settings = isolated(services, tmp_path, unique)
+    holds = (
+        "import sys, time\n"
+        "from lambdalake.cassandra.session import connect\n"
+        "from lambdalake.lease import Lease\n"
+        "from lambdalake.settings import Settings\n"
+        "s = Settings()\n"
+        "Lease(session=connect(s.cassandra), cassandra=s.cassandra, pipeline='offers', role='speed job',"
+        " ttl_s=600).acquire()\n"
+        "print('held', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", holds], env=env_for(settings), cwd=PROJECT_ROOT,
+                              stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        with pytest.raises(LeaseHeld):  # alive: refused
+            lease(settings, "offers", "speed job").acquire()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(30)
+    t0 = time.monotonic()
+    with lease(settings, "offers", "speed job") as taken:  # its process is gone: taken without waiting
+        assert time.monotonic() - t0 < 5 and taken.current() is not None
+        assert taken.current().pid == os.getpid()  # type: ignore[union-attr]
+    # A holder of another machine (another boot id), whose PID means nothing here, is waited for.
+    elsewhere = lease(settings, "offers", "speed job", ttl_s=600)
+    elsewhere.holder = f"other-host:{holder.pid}:0000@00000000-0000-0000-0000-000000000000/pid:[1]"
+    elsewhere.acquire()
+    elsewhere._stop.set()
+    try:
+        with pytest.raises(LeaseHeld):
+            lease(settings, "offers", "speed job").acquire()
+    finally:
+        elsewhere.release()
+
+
 def test_commands_refuse_with_exit_2_naming_the_holder(
     services: Settings, tmp_path: Path, unique: str
 ) -> None:
