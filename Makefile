@@ -43,7 +43,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	@touch $@
 
 up: setup
-	$(BIN)/lambdalake up
+	$(BIN)/lambdalake up $(if $(NODES),--nodes $(NODES))
 
 down:
 	$(BIN)/lambdalake down

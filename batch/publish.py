@@ -28,7 +28,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
 from pyspark.sql import DataFrame, SparkSession
@@ -182,14 +181,12 @@ class Publisher:
         claim = SimpleStatement(
             f'INSERT INTO "{self.keyspace}"."{BATCH_CLAIMS.name}" (pipeline, version, run_id, claimed_at) '
             "VALUES (%s, %s, %s, %s) IF NOT EXISTS",
-            consistency_level=ConsistencyLevel.QUORUM, serial_consistency_level=ConsistencyLevel.SERIAL,
         )  # fmt: skip
         claimed = [
             r.version
             for r in session.execute(
                 SimpleStatement(
-                    f'SELECT version FROM "{self.keyspace}"."{BATCH_CLAIMS.name}" WHERE pipeline = %s',
-                    consistency_level=ConsistencyLevel.QUORUM,
+                    f'SELECT version FROM "{self.keyspace}"."{BATCH_CLAIMS.name}" WHERE pipeline = %s'
                 ),
                 [self.pipeline.name],
             )

@@ -38,8 +38,16 @@ _JAVA17_OPTIONS = (
 )
 
 
-def write_config(home: Path, settings: CassandraSettings, *, host: str) -> Path:
-    """Write ``cassandra.yaml`` (JSON is valid YAML) and an INFO logback under ``home``."""
+def write_config(
+    home: Path, settings: CassandraSettings, *, host: str, seed: str | None = None, bootstrap: bool = True
+) -> Path:
+    """Write ``cassandra.yaml`` (JSON is valid YAML) and an INFO logback under ``home``.
+
+    Args:
+        seed: The node the others join through (default: this one, a node alone).
+        bootstrap: Stream this node's share of the data when it first joins; False for the nodes of
+            a new, empty cluster (there is nothing to stream, and they join at once).
+    """
     conf_dir = home / "conf"
     conf_dir.mkdir(parents=True, exist_ok=True)
     data = home / "data"
@@ -55,8 +63,12 @@ def write_config(home: Path, settings: CassandraSettings, *, host: str) -> Path:
         "commitlog_sync": "batch",
         "commitlog_segment_size": "32MiB",
         "seed_provider": [
-            {"class_name": "org.apache.cassandra.locator.SimpleSeedProvider", "parameters": [{"seeds": host}]}
+            {
+                "class_name": "org.apache.cassandra.locator.SimpleSeedProvider",
+                "parameters": [{"seeds": seed or host}],
+            }
         ],
+        "auto_bootstrap": bootstrap,
         "listen_address": host,
         "rpc_address": host,
         "start_native_transport": True,
@@ -97,8 +109,12 @@ def _java_base_packages() -> tuple[str, ...]:
     return tuple(sorted(pkgs))
 
 
-def java_argv(home: Path, cache_dir: Path, *, heap: str, options: Sequence[str] = ()) -> list[str]:
-    """The node's command line; ``options``: more JVM options (``CassandraSettings.jvm_options``)."""
+def java_argv(
+    home: Path, cache_dir: Path, *, heap: str, options: Sequence[str] = (), ring: bool = False
+) -> list[str]:
+    """The node's command line; ``options``: more JVM options (``CassandraSettings.jvm_options``);
+    ``ring``: a node of several on loopback (gossip settles in milliseconds, not the 30 s a network
+    is given)."""
     lib = jars.classpath(cache_dir, "cassandra")
     jamm = next((j for j in lib if j.name.startswith("jamm-")), None)
     opens = [f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in _java_base_packages()]
@@ -112,6 +128,7 @@ def java_argv(home: Path, cache_dir: Path, *, heap: str, options: Sequence[str] 
         "-Dcassandra-foreground=yes",
         # One node: no gossip to wait for before it serves.
         "-Dcassandra.skip_wait_for_gossip_to_settle=0",
+        *(["-Dcassandra.ring_delay_ms=5000", "-Dcassandra.consistent.rangemovement=false"] if ring else []),
         f"-Dcassandra.config=file://{home / 'conf' / 'cassandra.yaml'}",
         f"-Dlogback.configurationFile={home / 'conf' / 'logback.xml'}",
         f"-Dcassandra.logdir={home / 'logs'}",

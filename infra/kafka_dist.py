@@ -1,4 +1,4 @@
-"""Apache Kafka as the embedded broker: one KRaft node (broker and controller in one JVM).
+"""Apache Kafka as the embedded brokers: KRaft nodes, each broker and controller in one JVM.
 
 The server JARs come from Maven Central (``lambdalake/jars.py``); this module writes the node's
 ``server.properties`` and log4j2 config, formats its log folder once (as ``kafka-storage format``
@@ -33,13 +33,29 @@ logger.state.level = WARN
 """
 
 
-def server_properties(settings: KafkaSettings, *, host: str, port: int, log_dir: Path) -> dict[str, str]:
-    """One node, every internal topic at replication factor 1 (there is one broker to hold it)."""
+def server_properties(
+    settings: KafkaSettings,
+    *,
+    host: str,
+    port: int,
+    log_dir: Path,
+    node_id: int = 1,
+    nodes: Sequence[tuple[str, int]] = (),
+) -> dict[str, str]:
+    """Node ``node_id`` of ``nodes`` (every node's (host, broker port); default: this one alone), each
+    a broker and a voting controller. Internal topics get 3 replicas (the nodes there are, if
+    fewer) and, from 3, 2 in sync, as the pipelines' topics do."""
     controller = settings.embedded_controller_port(port)
+    nodes = list(nodes) or [(host, port)]
+    voters = ",".join(
+        f"{i}@{joined(h, settings.embedded_controller_port(p))}" for i, (h, p) in enumerate(nodes, 1)
+    )
+    replicas = str(min(3, len(nodes)))
+    in_sync = "2" if len(nodes) >= 3 else "1"
     return {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@{joined(host, controller)}",
+        "node.id": str(node_id),
+        "controller.quorum.voters": voters,
         "listeners": f"PLAINTEXT://{joined(host, port)},CONTROLLER://{joined(host, controller)}",
         "advertised.listeners": f"PLAINTEXT://{joined(host, port)}",
         "controller.listener.names": "CONTROLLER",
@@ -47,14 +63,14 @@ def server_properties(settings: KafkaSettings, *, host: str, port: int, log_dir:
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "log.dirs": str(log_dir),
         "num.partitions": "1",
-        "offsets.topic.replication.factor": "1",
+        "offsets.topic.replication.factor": replicas,
         # 50 partitions by default: each a log folder and file handles, for one consumer group at a time.
         "offsets.topic.num.partitions": "8",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": in_sync,
         "transaction.state.log.num.partitions": "8",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": in_sync,
         # A consumer group of one member need not wait 3 s for others to join.
         "group.initial.rebalance.delay.ms": "0",
         # The cleaner looks for dirty compacted logs every second instead of every 15 (cheap on a node
@@ -63,10 +79,20 @@ def server_properties(settings: KafkaSettings, *, host: str, port: int, log_dir:
     }
 
 
-def write_config(home: Path, settings: KafkaSettings, *, host: str, port: int) -> Path:
+def write_config(
+    home: Path,
+    settings: KafkaSettings,
+    *,
+    host: str,
+    port: int,
+    node_id: int = 1,
+    nodes: Sequence[tuple[str, int]] = (),
+) -> Path:
     """Write ``server.properties`` and ``log4j2.properties`` under ``home``; returns the first."""
     home.mkdir(parents=True, exist_ok=True)
-    props = server_properties(settings, host=host, port=port, log_dir=log_dir(home))
+    props = server_properties(
+        settings, host=host, port=port, log_dir=log_dir(home), node_id=node_id, nodes=nodes
+    )
     path = home / "server.properties"
     path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     (home / "log4j2.properties").write_text(LOG4J2)
@@ -91,13 +117,21 @@ def _java(home: Path, cache_dir: Path, heap: str, options: Sequence[str] = ()) -
     ]  # fmt: skip
 
 
-def format_once(home: Path, cache_dir: Path, *, options: Sequence[str] = ()) -> None:
-    """Format the log folder for KRaft, unless it was (``kafka-storage format``; ~5 s)."""
-    if (log_dir(home) / "meta.properties").exists():
-        return
+def new_cluster_id() -> str:
     cluster_id = "-"
     while cluster_id.startswith("-"):  # one in 64 would be read as an option (Kafka's own ids avoid it)
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    return cluster_id
+
+
+def format_once(
+    home: Path, cache_dir: Path, *, options: Sequence[str] = (), cluster_id: str | None = None
+) -> None:
+    """Format the log folder for KRaft, unless it was (``kafka-storage format``; ~5 s). The nodes of
+    one cluster share ``cluster_id`` (default: a new one, for a node alone)."""
+    if (log_dir(home) / "meta.properties").exists():
+        return
+    cluster_id = cluster_id or new_cluster_id()
     argv = [
         *_java(home, cache_dir, "256m", options), "kafka.tools.StorageTool", "format",
         "-t", cluster_id, "-c", str(home / "server.properties"), "--ignore-formatted",

@@ -113,6 +113,11 @@ class ManagedProcess:
         _SPAWNED[str(self.pid_file)] = proc
         return proc.pid
 
+    def exited(self) -> bool:
+        """Whether the process this Python process spawned has exited (False if it spawned none)."""
+        child = _SPAWNED.get(str(self.pid_file))
+        return child is not None and child.poll() is not None and self.pid() is None
+
     def wait_until(self, check: Callable[[], bool], *, timeout: float, what: str) -> None:
         """Poll ``check`` until it holds; fail with the log's tail if the process dies or time runs out."""
         deadline = time.monotonic() + timeout

@@ -1,10 +1,18 @@
-"""The three embedded services and how to bring them up, check them and take them down."""
+"""The embedded services, one node each or a cluster of several on loopback, and how to bring them
+up, check them and take them down.
+
+Which nodes run follows from the settings alone: each address of the bootstrap list and each
+Cassandra contact point on this machine (``127.x.y.z``) is one node, and a ``spark://`` master here
+is a standalone master with ``spark.workers`` workers. ``lambdalake up --nodes 3`` only changes
+those settings' defaults (:class:`lambdalake.settings.Settings`).
+"""
 
 from __future__ import annotations
 
 import sys
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import cached_property
@@ -20,6 +28,11 @@ from lambdalake.errors import LambdalakeError
 from lambdalake.settings import Settings
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+def is_local(host: str) -> bool:
+    """Whether ``host`` is this machine (every 127.x.y.z address is loopback on Linux)."""
+    return host in LOCAL_HOSTS or host.startswith("127.")
 
 
 @dataclass(frozen=True)
@@ -45,9 +58,13 @@ class EmbeddedService(ABC):
     name: str
     marker: str
     start_timeout: float = 60.0
+    #: What kind of service (``--only`` selects by it): the nodes of one kind share it.
+    kind: str = ""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        #: Services that must be healthy before this one starts (a seed, the master).
+        self.needs: list[EmbeddedService] = []
         self.proc = ManagedProcess(
             name=self.name,
             run_dir=settings.state_dir / "run",
@@ -70,7 +87,7 @@ class EmbeddedService(ABC):
     @property
     def embedded(self) -> bool:
         """Whether the settings point at this machine (else a real cluster is configured)."""
-        return self.host in LOCAL_HOSTS
+        return is_local(self.host)
 
     @abstractmethod
     def argv(self) -> list[str]: ...
@@ -89,18 +106,15 @@ class EmbeddedService(ABC):
         """None when healthy, else a short reason."""
 
     def start(self) -> bool:
-        """Start if not running (idempotent). Returns whether a process was started."""
-        if not self.embedded:
-            return False
-        pid = self.proc.pid()
-        if pid is not None:
-            try:
-                self.proc.wait_until(lambda: self.probe() is None, timeout=self.start_timeout, what="healthy")
-            except LambdalakeError as exc:
-                raise LambdalakeError(
-                    f"{self.name} runs (pid {pid}) but does not answer on {self.address}: {exc.message}",
-                    fix="it may run with other settings: `lambdalake down`, then `lambdalake up`",
-                ) from exc
+        """Start if not running and wait until healthy (idempotent). Returns whether a process was
+        started."""
+        started = self.launch()
+        self.wait_healthy()
+        return started
+
+    def launch(self) -> bool:
+        """Spawn the process unless it runs, without waiting for it. Returns whether it spawned."""
+        if not self.embedded or self.proc.pid() is not None:
             return False
         taken = [port for port in self.ports() if port_open(self.host, port)]
         if taken:
@@ -112,8 +126,14 @@ class EmbeddedService(ABC):
             )
         self.prepare()
         self.proc.spawn(self.argv(), env=self.env(), cwd=self.cwd())
-        self.proc.wait_until(lambda: self.probe() is None, timeout=self.start_timeout, what="healthy")
         return True
+
+    def wait_healthy(self) -> None:
+        """Wait until the probe passes; an error naming the node, its log and its last lines if the
+        process exits or the start timeout passes."""
+        if not self.embedded:
+            return
+        self.proc.wait_until(lambda: self.probe() is None, timeout=self.start_timeout, what="healthy")
 
     def stop(self) -> bool:
         return self.proc.stop()
@@ -139,16 +159,27 @@ class EmbeddedService(ABC):
         )
 
 
-class BrokerService(EmbeddedService):
-    """Apache Kafka, one KRaft node (broker and controller), from Maven Central's server JARs."""
+def _node_name(kind: str, node: int, nodes: int) -> str:
+    return kind if nodes == 1 else f"{kind}-{node}"
 
-    name = "broker"
+
+class BrokerService(EmbeddedService):
+    """Apache Kafka, one KRaft node (broker and controller) of the bootstrap list's, from Maven
+    Central's server JARs."""
+
+    kind = "broker"
     marker = "kafka.Kafka"
     start_timeout = 90.0
 
+    def __init__(self, settings: Settings, node: int = 1) -> None:
+        self.node = node
+        self.addresses = [host_port(a, 9092) for a in settings.kafka.bootstrap_servers.split(",")]
+        self.name = _node_name(self.kind, node, len(self.addresses))
+        super().__init__(settings)
+
     @cached_property
     def _hostport(self) -> tuple[str, int]:
-        return host_port(self.settings.kafka.bootstrap_servers.split(",")[0], 9092)
+        return self.addresses[self.node - 1]
 
     @property
     def host(self) -> str:
@@ -173,12 +204,22 @@ class BrokerService(EmbeddedService):
     @property
     def data_dir(self) -> Path:
         """Everything the node keeps: its config, and its logs (records and KRaft metadata) in ``data/``."""
-        return self.settings.state_dir / "broker"
+        return self.settings.state_dir / self.name
 
     def prepare(self) -> None:
-        kafka_dist.write_config(self.data_dir, self.settings.kafka, host=self.host, port=self.port)
         kafka = self.settings.kafka
-        kafka_dist.format_once(self.data_dir, self.settings.cache_dir, options=kafka.jvm_options)
+        kafka_dist.write_config(
+            self.data_dir, kafka, host=self.host, port=self.port, node_id=self.node, nodes=self.addresses
+        )
+        cluster_id = None
+        if len(self.addresses) > 1:  # the nodes of one cluster are formatted with one id
+            id_file = self.settings.state_dir / "kafka-cluster-id"
+            if not id_file.exists():
+                id_file.parent.mkdir(parents=True, exist_ok=True)
+                id_file.write_text(kafka_dist.new_cluster_id())
+            cluster_id = id_file.read_text().strip()
+        kafka_dist.format_once(self.data_dir, self.settings.cache_dir, options=kafka.jvm_options,
+                               cluster_id=cluster_id)  # fmt: skip
 
     def argv(self) -> list[str]:
         return kafka_dist.java_argv(
@@ -193,20 +234,26 @@ class BrokerService(EmbeddedService):
             return "not listening"
         from confluent_kafka.admin import AdminClient
 
+        config = {**self.settings.kafka.client_config(), "socket.timeout.ms": 2000}
+        if self.embedded:  # this node's own view, not any node's
+            config["bootstrap.servers"] = self.address
         try:
-            meta = AdminClient(
-                {**self.settings.kafka.client_config(), "socket.timeout.ms": 2000}
-            ).list_topics(timeout=3)
+            meta = AdminClient(config).list_topics(timeout=3)
         except Exception as exc:  # any client error means "not healthy", with its text
             return f"metadata request failed: {exc}"
         # Listening comes before the broker has registered with its controller.
-        return None if meta.brokers else "no broker registered yet"
+        if not meta.brokers:
+            return "no broker registered yet"
+        if self.embedded and self.node not in meta.brokers:
+            return f"node {self.node} not registered yet"
+        return None
 
 
 class RegistryService(EmbeddedService):
     """lambdalake's own Confluent-API schema registry (``infra.registry``), state in ``_schemas``."""
 
     name = "registry"
+    kind = "registry"
     marker = "infra.registry"
     start_timeout = 30.0
 
@@ -243,15 +290,28 @@ class RegistryService(EmbeddedService):
 
 
 class CassandraService(EmbeddedService):
-    """Apache Cassandra 5.0 from Maven Central's ``cassandra-all``, run on Java 17 directly."""
+    """Apache Cassandra 5.0 from Maven Central's ``cassandra-all``, run on Java 17 directly: one node
+    per contact point, all on the same ports (each on a loopback address of its own)."""
 
-    name = "cassandra"
+    kind = "cassandra"
     marker = "org.apache.cassandra.service.CassandraDaemon"
-    start_timeout = 120.0
+    start_timeout = 180.0
+
+    def __init__(self, settings: Settings, node: int = 1) -> None:
+        self.node = node
+        self.hosts = settings.cassandra.contact_points
+        self.name = _node_name(self.kind, node, len(self.hosts))
+        super().__init__(settings)
+        # A new ring's nodes join with nothing to stream (at once); a node added to a ring that
+        # holds data streams its share first.
+        self.new_ring = not any(
+            (settings.state_dir / _node_name(self.kind, i, len(self.hosts)) / "data").exists()
+            for i in range(1, len(self.hosts) + 1)
+        )
 
     @property
     def host(self) -> str:
-        return self.settings.cassandra.contact_points[0]
+        return self.hosts[self.node - 1]
 
     @property
     def port(self) -> int:
@@ -265,10 +325,13 @@ class CassandraService(EmbeddedService):
 
     @property
     def home(self) -> Path:
-        return self.settings.state_dir / "cassandra"
+        return self.settings.state_dir / self.name
 
     def prepare(self) -> None:
-        cassandra_dist.write_config(self.home, self.settings.cassandra, host=self.host)
+        cassandra_dist.write_config(
+            self.home, self.settings.cassandra, host=self.host, seed=self.hosts[0],
+            bootstrap=len(self.hosts) == 1 or not self.new_ring,
+        )  # fmt: skip
 
     def argv(self) -> list[str]:
         return cassandra_dist.java_argv(
@@ -276,6 +339,7 @@ class CassandraService(EmbeddedService):
             self.settings.cache_dir,
             heap=self.settings.cassandra.heap,
             options=self.settings.cassandra.jvm_options,
+            ring=len(self.hosts) > 1,
         )
 
     def probe(self) -> str | None:
@@ -297,31 +361,235 @@ class CassandraService(EmbeddedService):
         return None
 
 
+def _spark_master(settings: Settings) -> tuple[str, int] | None:
+    """The standalone master's (host, port) when ``spark.master`` is a ``spark://`` address."""
+    master = settings.spark.master
+    if not master.startswith("spark://") or "," in master:
+        return None
+    return host_port(master.removeprefix("spark://"), 7077)
+
+
+class SparkService(EmbeddedService):
+    """A daemon of a Spark standalone cluster, from pyspark's own JARs (``spark-class``)."""
+
+    kind = "spark"
+    start_timeout = 90.0
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.master = _spark_master(settings) or ("127.0.0.1", 7077)
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://{joined(*self.master)}"
+
+    @property
+    def master_ui(self) -> str:
+        return f"http://{joined(self.master[0], self.master[1] + 1)}"
+
+    @property
+    def embedded(self) -> bool:
+        return _spark_master(self.settings) is not None and is_local(self.master[0])
+
+    def env(self) -> dict[str, str]:
+        import pyspark
+
+        return {
+            "SPARK_HOME": str(Path(pyspark.__file__).parent),
+            "SPARK_LOCAL_IP": self.host,
+            "SPARK_LOG_DIR": str(self.settings.state_dir / self.name / "logs"),
+            # The daemons only schedule; executors get the worker's memory.
+            "SPARK_DAEMON_MEMORY": "256m",
+            "PYSPARK_PYTHON": sys.executable,
+        }
+
+    def spark_class(self) -> str:
+        import pyspark
+
+        return str(Path(pyspark.__file__).parent / "bin" / "spark-class")
+
+    def cluster_state(self) -> dict | str:
+        """The master's JSON state, or why it cannot be read."""
+        try:
+            resp = httpx.get(f"{self.master_ui}/json/", timeout=2)
+        except httpx.HTTPError as exc:
+            return f"master not answering: {exc.__class__.__name__}"
+        return resp.json() if resp.status_code == 200 else f"master answered HTTP {resp.status_code}"
+
+
+class SparkMasterService(SparkService):
+    """The standalone master of ``spark.master``; each application takes 2 cores unless it asks
+    for others (``spark.cores.max``), so the speed job and a batch run share the workers."""
+
+    name = "spark-master"
+    marker = "org.apache.spark.deploy.master.Master"
+
+    @property
+    def host(self) -> str:
+        return self.master[0]
+
+    @property
+    def port(self) -> int:
+        return self.master[1]
+
+    def ports(self) -> list[int]:
+        return [self.port, self.port + 1]
+
+    def port_setting_hint(self) -> str:
+        return "LAMBDALAKE_SPARK__MASTER=spark://127.0.0.1:<port> (its web UI takes the next port)"
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "SPARK_MASTER_OPTS": "-Dspark.deploy.defaultCores=2"}
+
+    def argv(self) -> list[str]:
+        return [self.spark_class(), "org.apache.spark.deploy.master.Master", "--host", self.host,
+                "--port", str(self.port), "--webui-port", str(self.port + 1)]  # fmt: skip
+
+    def probe(self) -> str | None:
+        state = self.cluster_state()
+        if isinstance(state, str):
+            return state
+        return None if state.get("status") == "ALIVE" else f"master {state.get('status', '?')}"
+
+
+class SparkWorkerService(SparkService):
+    """Worker ``node`` of the standalone cluster, on loopback address 127.0.0.<node + 1>."""
+
+    marker = "org.apache.spark.deploy.worker.Worker"
+
+    def __init__(self, settings: Settings, node: int) -> None:
+        self.node = node
+        self.name = f"spark-worker-{node}"
+        super().__init__(settings)
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.{self.node + 1}"
+
+    @property
+    def port(self) -> int:
+        return self.master[1] + 1 + self.node  # its web UI (the worker's own port is chosen free)
+
+    def argv(self) -> list[str]:
+        spark = self.settings.spark
+        work = self.settings.state_dir / self.name / "work"
+        return [self.spark_class(), "org.apache.spark.deploy.worker.Worker", self.master_url,
+                "--host", self.host, "--cores", str(spark.worker_cores), "--memory", spark.worker_memory,
+                "--webui-port", str(self.port), "--work-dir", str(work)]  # fmt: skip
+
+    def probe(self) -> str | None:
+        state = self.cluster_state()
+        if isinstance(state, str):
+            return state
+        mine = [w for w in state.get("workers", []) if w.get("host") == self.host]
+        if any(w.get("state") == "ALIVE" for w in mine):
+            return None
+        return "not registered with the master" if not mine else f"worker {mine[-1].get('state')}"
+
+
 def all_services(settings: Settings) -> list[EmbeddedService]:
-    """In start order: the registry keeps its state on the broker."""
-    return [BrokerService(settings), RegistryService(settings), CassandraService(settings)]
+    """Every node, in start order: the brokers (together: a KRaft quorum needs two of three), the
+    registry (its state is on the brokers), the Cassandra seed then the other nodes, and the Spark
+    master then its workers when ``spark.master`` is a standalone master of this machine."""
+    brokers: list[EmbeddedService] = [
+        BrokerService(settings, i) for i in range(1, len(settings.kafka.bootstrap_servers.split(",")) + 1)
+    ]
+    registry = RegistryService(settings)
+    registry.needs = brokers
+    cassandra: list[EmbeddedService] = [
+        CassandraService(settings, i) for i in range(1, len(settings.cassandra.contact_points) + 1)
+    ]
+    for node in cassandra[1:]:
+        node.needs = cassandra[:1]
+    services = [*brokers, registry, *cassandra]
+    master = SparkMasterService(settings)
+    if master.embedded:
+        workers: list[EmbeddedService] = [
+            SparkWorkerService(settings, i) for i in range(1, settings.spark.workers + 1)
+        ]
+        for worker in workers:
+            worker.needs = [master]
+        services += [master, *workers]
+    return services
 
 
 def select(settings: Settings, only: list[str] | None) -> list[EmbeddedService]:
+    """Every service, or those ``only`` names (a node's name, or its kind for all its nodes)."""
     services = all_services(settings)
     if not only:
         return services
-    names = {s.name for s in services}
+    names = {s.name for s in services} | {s.kind for s in services}
     unknown = set(only) - names
     if unknown:
         raise LambdalakeError(f"unknown service(s): {', '.join(sorted(unknown))}", fix=f"use {sorted(names)}")
-    return [s for s in services if s.name in only]
+    return [s for s in services if s.name in only or s.kind in only]
+
+
+def start_all(
+    services: list[EmbeddedService], *, progress: Callable[[EmbeddedService, bool, float], None] | None = None
+) -> list[EmbeddedService]:
+    """Start every service whose needs are healthy, together, and wait until all are healthy.
+
+    Returns the services it spawned. ``progress(service, spawned, seconds)`` is called as each
+    becomes healthy.
+
+    Raises:
+        LambdalakeError: A node exited or was not healthy in its time, naming it, its log and the
+            log's last lines; whatever this call spawned is stopped first.
+    """
+    t0 = time.monotonic()
+    pending = list(services)
+    starting: dict[str, tuple[EmbeddedService, bool, float]] = {}
+    healthy: set[str] = set()
+    spawned: list[EmbeddedService] = []
+    try:
+        while pending or starting:
+            for service in [s for s in pending if all(n.name in healthy for n in s.needs)]:
+                pending.remove(service)
+                if not service.embedded:
+                    healthy.add(service.name)
+                    continue
+                launched = service.launch()
+                if launched:
+                    spawned.append(service)
+                starting[service.name] = (service, launched, time.monotonic())
+            for name, (service, launched, since) in list(starting.items()):
+                if service.probe() is None:
+                    healthy.add(name)
+                    del starting[name]
+                    if progress is not None:
+                        progress(service, launched, time.monotonic() - t0)
+                elif service.proc.exited() or time.monotonic() - since > service.start_timeout:
+                    proc = service.proc
+                    why = (
+                        "exited while starting"
+                        if proc.exited()
+                        else (f"was not healthy within {service.start_timeout:.0f}s ({service.probe()})")
+                    )
+                    raise LambdalakeError(
+                        f"{service.name} on {service.address} {why}. Last lines of {proc.log_file}:\n"
+                        f"{proc.log_tail()}",
+                        fix=f"read {proc.log_file}; `lambdalake down`, then `lambdalake up` retries",
+                    )  # fmt: skip
+            if pending and not starting:
+                blocked = ", ".join(s.name for s in pending)
+                raise LambdalakeError(f"{blocked} cannot start: what they need did not start",
+                                      fix="`lambdalake status`, then `lambdalake up` again")  # fmt: skip
+            time.sleep(0.5)
+    except BaseException:
+        for service in reversed(spawned):
+            service.stop()
+        raise
+    return spawned
 
 
 @contextmanager
 def running(settings: Settings, only: list[str] | None = None) -> Iterator[list[EmbeddedService]]:
     """Start the services (all, or ``only`` these) for the block, and stop after it those it started."""
     services = select(settings, only)
-    started = []
+    started: list[EmbeddedService] = []
     try:
-        for service in services:
-            if service.start():
-                started.append(service)
+        started = start_all(services)
         yield services
     finally:
         # Only what this block started: a service that ran before it (another state folder's, or

@@ -45,7 +45,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
 
@@ -135,8 +134,6 @@ class Lease:
         self._since_ms = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lwt = {"consistency_level": ConsistencyLevel.QUORUM,
-                     "serial_consistency_level": ConsistencyLevel.SERIAL}  # fmt: skip
 
     def _table(self) -> str:
         return f'"{self.keyspace}"."{LEASES.name}"'
@@ -164,7 +161,6 @@ class Lease:
         insert = SimpleStatement(
             f"INSERT INTO {self._table()} (pipeline, lease, holder, role, host, pid, since, renewed) "
             f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s) IF NOT EXISTS USING TTL {self.ttl_s}",
-            **self._lwt,
         )
         self._since_ms = now
         host, pid = socket.gethostname(), os.getpid()
@@ -200,8 +196,6 @@ class Lease:
         row = self.session.execute(
             SimpleStatement(
                 f"SELECT holder, pid FROM {self._table()} WHERE pipeline = %s AND lease = %s",
-                serial_consistency_level=ConsistencyLevel.SERIAL,
-                consistency_level=ConsistencyLevel.SERIAL,
             ),
             [self.pipeline, self.lease],
         ).one()
@@ -209,9 +203,7 @@ class Lease:
             return False
         # IF holder = theirs: a holder that renewed or replaced it since keeps it.
         deleted = self.session.execute(
-            SimpleStatement(
-                f"DELETE FROM {self._table()} WHERE pipeline = %s AND lease = %s IF holder = %s", **self._lwt
-            ),
+            SimpleStatement(f"DELETE FROM {self._table()} WHERE pipeline = %s AND lease = %s IF holder = %s"),
             [self.pipeline, self.lease, row.holder],
         ).was_applied
         if deleted:
@@ -225,8 +217,6 @@ class Lease:
             SimpleStatement(
                 f"SELECT role, host, pid, since, renewed, TTL(holder) AS left FROM {self._table()} "
                 "WHERE pipeline = %s AND lease = %s",
-                serial_consistency_level=ConsistencyLevel.SERIAL,
-                consistency_level=ConsistencyLevel.SERIAL,
             ),
             [self.pipeline, self.lease],
         ).one()
@@ -245,7 +235,6 @@ class Lease:
             # Every column again: each cell carries its own TTL, and the row lives while one does.
             f"UPDATE {self._table()} USING TTL {self.ttl_s} SET holder = %s, role = %s, host = %s, pid = %s, "
             "since = %s, renewed = %s WHERE pipeline = %s AND lease = %s IF holder = %s",
-            **self._lwt,
         )
         try:
             applied = self.session.execute(
@@ -271,7 +260,6 @@ class Lease:
             self.session.execute(
                 SimpleStatement(
                     f"DELETE FROM {self._table()} WHERE pipeline = %s AND lease = %s IF holder = %s",
-                    **self._lwt,
                 ),
                 [self.pipeline, self.lease, self.holder],
             )

@@ -97,7 +97,8 @@ def _check_topic_config(config: dict[str, str], where: str) -> dict[str, str]:
 class TopicSpec(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,200}$")
     partitions: int = Field(3, ge=1)
-    replication_factor: int = Field(1, ge=1)
+    #: None: ``kafka.replication_factor`` (3, or the brokers there are if fewer).
+    replication_factor: int | None = Field(None, ge=1)
     #: Topic configs. ``min.compaction.lag.ms`` must outlast the archiving of every event into the
     #: Delta master dataset, since compaction drops superseded versions of a key.
     config: dict[str, str] = Field(default_factory=dict, validate_default=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
@@ -90,7 +90,15 @@ class KafkaSettings(BaseModel):
     controller_port: int | None = Field(
         None, ge=1, le=65535, description="a port number 1-65535", examples=["9093"]
     )
-    #: Embedded broker only: its JVM heap (Kafka's own launcher uses 1G).
+    #: Replicas of each topic ``deploy`` creates (a pipeline's ``topic.replication_factor`` wins).
+    #: None: 3, or the brokers the cluster has if fewer. Above the brokers there are: refused.
+    replication_factor: int | None = Field(None, ge=1, description="replicas, 1 or more", examples=["3"])
+    #: ``min.insync.replicas`` of the topics ``deploy`` creates (a pipeline's ``topic.config`` wins):
+    #: with acks=all a write is acknowledged once this many replicas hold it. None: 2 when the
+    #: replication factor is 3 or more (one broker may be down and no acknowledged write is lost),
+    #: else 1.
+    min_insync_replicas: int | None = Field(None, ge=1, description="replicas, 1 or more", examples=["2"])
+    #: Embedded broker only: its JVM heap (Kafka's own launcher uses 1G; 512M per node of three).
     heap: str = "1G"
     #: Embedded broker only: more JVM options, after the launcher's own (e.g. :data:`QUICK_JIT`, which
     #: the test suite gives its services, see BENCHMARKS.md).
@@ -210,9 +218,24 @@ class CassandraSettings(BaseModel):
     )
     username: str | None = None
     password: SecretStr | None = None
-    #: CQL replication map used when the deploy step creates the keyspace.
-    replication: dict[str, str | int] = Field(
-        default_factory=lambda: {"class": "SimpleStrategy", "replication_factor": 1}
+    #: CQL replication map used when the deploy step creates the keyspace. None:
+    #: NetworkTopologyStrategy with 3 replicas in each datacenter, or its nodes if fewer. A factor
+    #: above a datacenter's nodes is refused.
+    replication: dict[str, str | int] | None = Field(
+        None,
+        description="a JSON CQL replication map",
+        examples=['{"class": "NetworkTopologyStrategy", "dc1": 3}'],
+    )
+    #: The consistency level of every read and write the layers make (one execution profile):
+    #: QUORUM reads and QUORUM writes overlap in at least one replica whatever the replication
+    #: factor, so a merged answer reflects every acknowledged speed write and every published batch
+    #: version while a minority of replicas is down.
+    consistency: Literal["ONE", "TWO", "THREE", "QUORUM", "LOCAL_QUORUM", "EACH_QUORUM", "ALL"] = Field(
+        "QUORUM", description="a CQL consistency level", examples=["LOCAL_QUORUM"]
+    )
+    #: The serial consistency of lightweight transactions (leases, the active-version switch).
+    serial_consistency: Literal["SERIAL", "LOCAL_SERIAL"] = Field(
+        "SERIAL", description="SERIAL or LOCAL_SERIAL", examples=["LOCAL_SERIAL"]
     )
     #: Rows per unlogged batch when writing views (rows of one partition are kept together). A
     #: request per row cost ~9x more here (4.4k vs 38.7k rows/s, Cassandra 2.1 on 2 cores); 1 sends
@@ -226,7 +249,7 @@ class CassandraSettings(BaseModel):
     lease_ttl_s: int = Field(default=30, ge=3, le=3600, description="seconds, 3-3600", examples=["30"])
     #: Embedded server only. Memtables (off the heap) get a quarter of it: at 512M a bulk publish
     #: flushed twice a second and Cassandra's CPU per row was twice what it is at 3G (measured on 2
-    #: cores, Cassandra 2.1).
+    #: cores, Cassandra 2.1). 1G per node of three.
     heap: str = "3G"
     #: Embedded server only: more JVM options, after the launcher's own (as the broker's).
     jvm_options: list[str] = Field(default_factory=list)
@@ -256,6 +279,14 @@ class SparkSettings(BaseModel):
     #: worker for a backlog's second task each micro-batch (~20 % slower draining it alone;
     #: BENCHMARKS.md). ``spark.python.factory.idleWorkerMaxPoolSize`` in ``conf`` wins.
     idle_python_workers: int | None = Field(None, ge=1, description="workers, 1 or more", examples=["1"])
+    #: Embedded standalone cluster only (``master`` a ``spark://`` address of this machine): the
+    #: workers ``lambdalake up`` starts beside the master, each on a loopback address of its own.
+    workers: int = Field(2, ge=1, le=8, description="workers, 1-8", examples=["2"])
+    #: Embedded standalone cluster only: cores each worker offers (an application takes 2 at most,
+    #: so the speed job and a batch run share the cluster).
+    worker_cores: int = Field(2, ge=1, description="cores, 1 or more", examples=["2"])
+    #: Embedded standalone cluster only: memory each worker offers its executors.
+    worker_memory: str = "2g"
 
     @field_validator("master")
     @classmethod
@@ -318,6 +349,34 @@ class Settings(BaseSettings):
     #: Put before every pipeline's topic name (and so its dead-letter topic), e.g. ``staging.``, so
     #: several environments or runs can share one Kafka cluster. Schema subjects are not prefixed.
     topic_prefix: str = ""
+    #: Nodes of each embedded service (``lambdalake up --nodes 3``, which records it in the state
+    #: folder for the commands that follow). 3: three brokers, three Cassandra nodes on 127.0.0.1-3,
+    #: a Spark standalone master and its workers; it only changes the defaults of the settings that
+    #: describe a cluster (bootstrap list, contact points, Spark master, heaps), which win when set.
+    nodes: int = Field(1, ge=1, le=9, description="a number of nodes 1-9", examples=["3"])
+
+    @model_validator(mode="after")
+    def _cluster_defaults(self) -> Settings:
+        if "nodes" not in self.model_fields_set:
+            recorded = recorded_nodes(self.state_dir)
+            if recorded is not None:
+                self.nodes = recorded
+        if self.nodes == 1:
+            return self
+        hosts = [f"127.0.0.{i}" for i in range(1, self.nodes + 1)]
+        kafka, cassandra, spark = self.kafka, self.cassandra, self.spark
+        if "bootstrap_servers" not in kafka.model_fields_set:
+            port = int(kafka.bootstrap_servers.rsplit(":", 1)[1])
+            kafka.bootstrap_servers = ",".join(f"{h}:{port}" for h in hosts)
+        if "heap" not in kafka.model_fields_set:
+            kafka.heap = "512M"
+        if "contact_points" not in cassandra.model_fields_set:
+            cassandra.contact_points = hosts
+        if "heap" not in cassandra.model_fields_set:
+            cassandra.heap = "1G"
+        if "master" not in spark.model_fields_set:
+            spark.master = "spark://127.0.0.1:7077"
+        return self
 
     @field_validator("storage_root")
     @classmethod
@@ -359,6 +418,19 @@ class Settings(BaseSettings):
             value = reveal(getattr(self, name))
             env[f"LAMBDALAKE_{name.upper()}"] = json.dumps(value) if isinstance(value, dict) else str(value)
         return env
+
+
+#: The file in the state folder where ``lambdalake up --nodes N`` records N.
+NODES_FILE = "nodes"
+
+
+def recorded_nodes(state_dir: Path) -> int | None:
+    """The node count ``lambdalake up --nodes`` recorded in ``state_dir`` (None: none recorded)."""
+    try:
+        text = (state_dir / NODES_FILE).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and 1 <= int(text) <= 9 else None
 
 
 def _field_info(loc: tuple[Any, ...]) -> Any:

@@ -153,8 +153,11 @@ class KafkaBackedStore:
 
     def _ensure_topic(self) -> None:
         admin = AdminClient(self._kafka_config)
+        # As every topic: 3 replicas (the brokers there are, if fewer), 2 in sync from 3.
+        replicas = min(3, len(admin.list_topics(timeout=10).brokers)) or 1
+        config = {"cleanup.policy": "compact", "min.insync.replicas": "2" if replicas >= 3 else "1"}
         futures = admin.create_topics(
-            [NewTopic(self.topic, 1, 1, config={"cleanup.policy": "compact"})], operation_timeout=10
+            [NewTopic(self.topic, 1, replicas, config=config)], operation_timeout=10
         )
         for fut in futures.values():
             try:

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
 
@@ -63,12 +62,9 @@ class PipelineMeta:
 
 def read_meta(session: Session, keyspace: str, pipeline: str) -> PipelineMeta:
     """The pipeline's metadata row (an empty one before the first deploy or publish)."""
-    # QUORUM: the row is switched by lightweight transactions whose commits are acknowledged by a
-    # quorum, so a quorum read sees the newest switch on a cluster with replication factor 3.
-    query = SimpleStatement(
-        f'SELECT * FROM "{keyspace}"."{BATCH_META.name}" WHERE pipeline = %s',
-        consistency_level=ConsistencyLevel.QUORUM,
-    )
+    # At the session's consistency (QUORUM): the row is switched by lightweight transactions whose
+    # commits a quorum acknowledges, so a quorum read sees the newest switch while a replica is down.
+    query = SimpleStatement(f'SELECT * FROM "{keyspace}"."{BATCH_META.name}" WHERE pipeline = %s')
     try:
         row = session.execute(query, [pipeline]).one()
     except Exception as exc:  # no metadata table yet: nothing published
@@ -95,11 +91,8 @@ def active_batch(session: Session, keyspace: str, pipeline: str) -> ActiveBatch 
 
 
 def lwt(cql: str) -> SimpleStatement:
-    return SimpleStatement(
-        cql,
-        consistency_level=ConsistencyLevel.QUORUM,
-        serial_consistency_level=ConsistencyLevel.SERIAL,
-    )
+    """A lightweight transaction, at the session's consistency and serial consistency (settings)."""
+    return SimpleStatement(cql)
 
 
 def swap_registry(

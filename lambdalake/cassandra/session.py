@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 
-from cassandra import DriverException
+from cassandra import ConsistencyLevel, DriverException
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
 from cassandra.policies import ConstantReconnectionPolicy, RoundRobinPolicy
@@ -40,9 +40,13 @@ def connect(settings: CassandraSettings, *, keyspace: str | None = None) -> Sess
             control_connection_timeout=10,
             # Come back quickly after a Cassandra restart; the default backs off up to 10 minutes.
             reconnection_policy=ConstantReconnectionPolicy(2.0, max_attempts=None),
+            # Every read and write of the layers states its consistency here, once (settings).
             execution_profiles={
                 EXEC_PROFILE_DEFAULT: ExecutionProfile(
-                    load_balancing_policy=RoundRobinPolicy(), request_timeout=30
+                    load_balancing_policy=RoundRobinPolicy(),
+                    request_timeout=30,
+                    consistency_level=consistency(settings),
+                    serial_consistency_level=serial_consistency(settings),
                 )
             },
         )
@@ -57,6 +61,16 @@ def connect(settings: CassandraSettings, *, keyspace: str | None = None) -> Sess
             ) from exc
         _sessions[key] = session
         return session
+
+
+def consistency(settings: CassandraSettings) -> int:
+    """The driver's level for ``settings.consistency`` (every read and write)."""
+    return ConsistencyLevel.name_to_value[settings.consistency]
+
+
+def serial_consistency(settings: CassandraSettings) -> int:
+    """The driver's level for ``settings.serial_consistency`` (lightweight transactions)."""
+    return ConsistencyLevel.name_to_value[settings.serial_consistency]
 
 
 def refresh_metadata(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -274,8 +275,39 @@ BATCH_CLAIMS = TableDef(
 )
 
 
+def keyspace_replication(session: Session, settings: CassandraSettings) -> dict[str, str | int]:
+    """The replication map a new keyspace gets: ``settings.replication``, or NetworkTopologyStrategy
+    with 3 replicas in each datacenter (its nodes, if fewer).
+
+    Raises:
+        ConfigurationError: A replication factor above the nodes there are (every write would fail).
+    """
+    nodes = Counter(h.datacenter or "datacenter1" for h in session.cluster.metadata.all_hosts())
+    if settings.replication is None:
+        return {"class": "NetworkTopologyStrategy", **{dc: min(3, n) for dc, n in sorted(nodes.items())}}
+    wanted = dict(settings.replication)
+    strategy = str(wanted.get("class", "")).rsplit(".", 1)[-1]
+    factors = (
+        {"the cluster": (int(wanted.get("replication_factor", 1)), sum(nodes.values()))}
+        if strategy == "SimpleStrategy"
+        else {f"datacenter {dc}": (int(k), nodes.get(dc, 0)) for dc, k in wanted.items() if dc != "class"}
+    )
+    for where, (factor, have) in factors.items():
+        if factor > have:
+            raise ConfigurationError(
+                f"keyspace {settings.keyspace!r}: replication factor {factor} in {where}, which has "
+                f"{have} Cassandra node(s): no write could reach its replicas",
+                fix="lower LAMBDALAKE_CASSANDRA__REPLICATION (or unset it: 3, or the nodes there are), "
+                "or add nodes",
+            )
+    return wanted
+
+
 def create_keyspace(session: Session, settings: CassandraSettings) -> None:
-    replication = json.dumps(settings.replication).replace('"', "'")
+    """Create the keyspace unless it exists (its replication is then left as it is)."""
+    if settings.keyspace in session.cluster.metadata.keyspaces:
+        return
+    replication = json.dumps(keyspace_replication(session, settings)).replace('"', "'")
     session.execute(f'CREATE KEYSPACE IF NOT EXISTS "{settings.keyspace}" WITH replication = {replication}')
 
 

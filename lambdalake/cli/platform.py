@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Annotated, Any
 
@@ -25,21 +26,46 @@ from lambdalake.settings import Settings, get_settings
 app = typer.Typer()
 
 
+NodesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--nodes", min=1, max=9,
+        help="Nodes of each service: 3 starts three brokers, three Cassandra nodes (127.0.0.1-3) and a "
+        "Spark standalone master with its workers. Recorded for the commands that follow; 1 goes back.",
+    ),
+]  # fmt: skip
+
+
 @app.command()
-def up(only: OnlyOpt = None) -> None:
-    """Start the embedded broker, schema registry and Cassandra (idempotent)."""
-    from infra.services import select
+def up(only: OnlyOpt = None, nodes: NodesOpt = None) -> None:
+    """Start the embedded broker(s), schema registry, Cassandra node(s) and, with a ``spark://``
+    master of this machine, the Spark standalone cluster (idempotent)."""
+    from infra.services import select, start_all
+    from lambdalake.settings import NODES_FILE
 
     settings = get_settings()
-    for service in select(settings, only):
+    if nodes is not None and nodes != settings.nodes:
+        if os.environ.get("LAMBDALAKE_NODES"):
+            raise LambdalakeError(
+                f"LAMBDALAKE_NODES={settings.nodes} is set, and --nodes {nodes} asks for another count",
+                fix="unset LAMBDALAKE_NODES, or leave out --nodes",
+            )
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        (settings.state_dir / NODES_FILE).write_text(f"{nodes}\n")
+        get_settings.cache_clear()
+        settings = get_settings()
+    services = select(settings, only)
+    for service in services:
         if not service.embedded:
             console.print(f"[dim]{service.name}: configured at {service.address}, not local; not started[/]")
-            continue
-        with console.status(f"starting {service.name} on {service.address}..."):
-            t0 = time.monotonic()
-            started = service.start()
-        verb = f"started in {time.monotonic() - t0:.1f}s" if started else "already running"
-        console.print(f"[green]✔[/] {service.name:<9} {service.address:<22} {verb}")
+
+    def progress(service, spawned: bool, seconds: float) -> None:
+        verb = f"started in {seconds:.1f}s" if spawned else "already running"
+        console.print(f"[green]✔[/] {service.name:<15} {service.address:<22} {verb}")
+
+    local = [s for s in services if s.embedded]
+    with console.status(f"starting {len(local)} service node(s) ({', '.join(s.name for s in local)})..."):
+        start_all(services, progress=progress)
 
 
 @app.command()
@@ -101,6 +127,10 @@ def status(
             json.dumps(services if services_only else {"services": services, "pipelines": pipelines})
         )
     else:
+        if settings.nodes > 1:
+            out.print(
+                f"[dim]{settings.nodes} nodes per service (`lambdalake up --nodes 1` goes back to one)[/]"
+            )
         table = Table("service", "address", "mode", "pid", "health")
         for s in statuses:
             health = "[green]healthy[/]" if s.healthy else f"[red]{s.detail}[/]"

@@ -96,12 +96,44 @@ def ensure_pipeline_topics(
     :func:`ensure_topic`)."""
     admin = require_broker(settings)
     spec = pipeline.topic
+    replicas, in_sync = topic_replication(settings, pipeline, admin)
+    config = {"min.insync.replicas": str(in_sync), **spec.config}
+    dlq_config = {"min.insync.replicas": str(in_sync), **spec.dlq_config}
     return [
-        ensure_topic(admin, spec.name, partitions=spec.partitions,
-                     replication_factor=spec.replication_factor, config=spec.config, apply=apply),
-        ensure_topic(admin, spec.dlq, partitions=1,
-                     replication_factor=spec.replication_factor, config=spec.dlq_config, apply=apply),
+        ensure_topic(admin, spec.name, partitions=spec.partitions, replication_factor=replicas,
+                     config=config, apply=apply),
+        ensure_topic(admin, spec.dlq, partitions=1, replication_factor=replicas, config=dlq_config,
+                     apply=apply),
     ]  # fmt: skip
+
+
+def topic_replication(settings: Settings, pipeline: Pipeline, admin: AdminClient) -> tuple[int, int]:
+    """(replication factor, ``min.insync.replicas``) of the pipeline's topics: the pipeline's
+    ``topic.replication_factor``, else ``kafka.replication_factor``, else 3 (the brokers there are,
+    if fewer); ``kafka.min_insync_replicas``, else 2 from a factor of 3 (one replica may be down
+    with no acknowledged write lost), else 1.
+
+    Raises:
+        ConfigurationError: A factor above the brokers there are, or a minimum above the factor.
+    """
+    brokers = len(admin.list_topics(timeout=10).brokers)
+    replicas = pipeline.topic.replication_factor or settings.kafka.replication_factor or min(3, brokers)
+    if replicas > brokers:
+        raise ConfigurationError(
+            f"topic {pipeline.topic.name!r}: replication factor {replicas}, but the Kafka cluster has "
+            f"{brokers} broker(s) up",
+            fix="lower topic.replication_factor in the pipeline or LAMBDALAKE_KAFKA__REPLICATION_FACTOR "
+            "(unset: 3, or the brokers there are), or start the missing brokers",
+        )
+    in_sync = settings.kafka.min_insync_replicas or (2 if replicas >= 3 else 1)
+    in_sync = int(pipeline.topic.config.get("min.insync.replicas", in_sync))
+    if in_sync > replicas:
+        raise ConfigurationError(
+            f"topic {pipeline.topic.name!r}: min.insync.replicas {in_sync} above its replication factor "
+            f"{replicas}: no write with acks=all could succeed",
+            fix="lower LAMBDALAKE_KAFKA__MIN_INSYNC_REPLICAS (or the topic's min.insync.replicas)",
+        )
+    return replicas, in_sync
 
 
 def require_log_append_time(settings: Settings, pipeline: Pipeline, admin: AdminClient | None = None) -> None:
