@@ -414,7 +414,12 @@ class SparkService(EmbeddedService):
             resp = httpx.get(f"{self.master_ui}/json/", timeout=2)
         except httpx.HTTPError as exc:
             return f"master not answering: {exc.__class__.__name__}"
-        return resp.json() if resp.status_code == 200 else f"master answered HTTP {resp.status_code}"
+        if resp.status_code != 200:
+            return f"master answered HTTP {resp.status_code}"
+        try:
+            return resp.json()
+        except ValueError:  # its web UI answers before the JSON API does
+            return "master not ready"
 
 
 class SparkMasterService(SparkService):
@@ -571,7 +576,7 @@ def start_all(
                         f"{proc.log_tail()}",
                         fix=f"read {proc.log_file}; `lambdalake down`, then `lambdalake up` retries",
                     )  # fmt: skip
-            if pending and not starting:
+            if pending and not starting and not any(all(n.name in healthy for n in s.needs) for s in pending):
                 blocked = ", ".join(s.name for s in pending)
                 raise LambdalakeError(f"{blocked} cannot start: what they need did not start",
                                       fix="`lambdalake status`, then `lambdalake up` again")  # fmt: skip
@@ -581,6 +586,21 @@ def start_all(
             service.stop()
         raise
     return spawned
+
+
+def stop_all(services: list[EmbeddedService]) -> list[EmbeddedService]:
+    """Stop the services in reverse start order, the nodes of one kind together (a KRaft broker
+    stopped after the others waits for a controller quorum that is gone). Returns those stopped."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    kinds = list(dict.fromkeys(s.kind for s in services))
+    stopped: list[EmbeddedService] = []
+    for kind in reversed(kinds):
+        nodes = [s for s in services if s.kind == kind]
+        with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+            results = list(pool.map(lambda s: s.stop(), nodes))
+        stopped += [s for s, was in zip(nodes, results, strict=True) if was]
+    return stopped
 
 
 @contextmanager
@@ -594,5 +614,4 @@ def running(settings: Settings, only: list[str] | None = None) -> Iterator[list[
     finally:
         # Only what this block started: a service that ran before it (another state folder's, or
         # `lambdalake up`'s) keeps running.
-        for service in reversed(started):
-            service.stop()
+        stop_all(started)

@@ -169,11 +169,25 @@ def _aggregate(
     return out
 
 
-def cassandra_rows(settings: Settings, table: str) -> list[dict[str, Any]]:
+def cassandra_rows(settings: Settings, table: str, *, host: str | None = None) -> list[dict[str, Any]]:
+    """Every row of ``table``, read at the settings' consistency, or from ``host`` alone at ONE (what
+    that one replica holds)."""
+    from cassandra import ConsistencyLevel
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, ExecutionProfile
+    from cassandra.policies import RoundRobinPolicy, WhiteListRoundRobinPolicy
+
+    profile = (
+        ExecutionProfile(load_balancing_policy=WhiteListRoundRobinPolicy([host]),
+                         consistency_level=ConsistencyLevel.ONE)
+        if host is not None
+        else ExecutionProfile(load_balancing_policy=RoundRobinPolicy(),
+                              consistency_level=ConsistencyLevel.name_to_value[settings.cassandra.consistency])
+    )  # fmt: skip
     cluster = Cluster(
-        settings.cassandra.contact_points,
+        [host] if host is not None else settings.cassandra.contact_points,
         port=settings.cassandra.port,
         **settings.cassandra.driver_options(),
+        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
     )
     try:
         session = cluster.connect(settings.cassandra.keyspace)
@@ -194,11 +208,14 @@ def cassandra_rows(settings: Settings, table: str) -> list[dict[str, Any]]:
         cluster.shutdown()
 
 
-def differences(settings: Settings, pipeline: Pipeline, events: pd.DataFrame) -> list[str]:
-    """Every way the speed tables differ from the reference (empty when equal)."""
+def differences(
+    settings: Settings, pipeline: Pipeline, events: pd.DataFrame, *, host: str | None = None
+) -> list[str]:
+    """Every way the speed tables differ from the reference (empty when equal); ``host``: as that
+    one Cassandra node holds them."""
     problems: list[str] = []
     for view in pipeline.views:
-        rows = cassandra_rows(settings, speed_table(pipeline, view))
+        rows = cassandra_rows(settings, speed_table(pipeline, view), host=host)
         if isinstance(view, LatestView):
             want = latest_view(events, view, pipeline)
         else:

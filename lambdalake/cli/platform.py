@@ -90,7 +90,7 @@ def down(only: OnlyOpt = None) -> None:
     """Stop the deployed jobs, then the embedded services, by their PID files (data is kept under the
     state folder; `up` then `deploy` resume where they stopped)."""
     from infra.deploy import deployed_pipelines, undeploy
-    from infra.services import select
+    from infra.services import select, stop_all
 
     settings = get_settings()
     if not only and deployed_pipelines(settings):
@@ -99,11 +99,14 @@ def down(only: OnlyOpt = None) -> None:
             changes = undeploy(settings, deployed_pipelines(settings))
         for c in changes:
             console.print(f"[green]✔[/] {c.what} {c.action}")
-    for service in reversed(select(settings, only)):
-        with console.status(f"stopping {service.name}..."):
-            stopped = service.stop()
+    services = select(settings, only)
+    with console.status(f"stopping {', '.join(s.name for s in services)}..."):
+        stopped = stop_all(services)
+    for service in reversed(services):
         console.print(
-            f"[green]✔[/] stopped {service.name}" if stopped else f"[dim]- {service.name} not running[/]"
+            f"[green]✔[/] stopped {service.name}"
+            if service in stopped
+            else f"[dim]- {service.name} not running[/]"
         )
 
 

@@ -1,0 +1,285 @@
+"""Three of each on one machine: three KRaft brokers, three Cassandra nodes and a Spark standalone
+master with two workers on loopback, and the faults a cluster survives.
+
+The cluster is described by nothing but the settings a user points at their own clusters (a
+bootstrap list, contact points, a ``spark://`` master; replication and consistency at their
+defaults), and each fault is checked against a reference computed from what the topic holds.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from infra.services import EmbeddedService, all_services, running
+from lambdalake.cassandra.session import connect
+from lambdalake.produce.generator import Mix, generate
+from lambdalake.produce.producer import EventProducer
+from lambdalake.settings import QUICK_JIT, Settings
+from serving.client import ServingClient
+from tests.conftest import isolated, pipeline_named, port, run_cli
+from tests.helpers import kcat_count, kill_minus_nine, serving_app, stop_job
+from tests.reference import differences, merged_differences, stored_keys, topic_events
+from tests.test_speed_faults import start_job, wait_equal, wait_for_log
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    state = tmp_path_factory.mktemp("cluster")
+    settings = Settings(
+        kafka={"bootstrap_servers": ",".join(f"{h}:{port(29092)}" for h in HOSTS), "heap": "384M",
+               "jvm_options": QUICK_JIT},
+        registry={"url": f"http://127.0.0.1:{port(28081)}"},
+        cassandra={"contact_points": HOSTS, "port": port(29042), "storage_port": port(27000),
+                   "keyspace": "lambdalake_cluster", "heap": "768M", "lease_ttl_s": 15,
+                   "jvm_options": QUICK_JIT},
+        spark={"master": f"spark://127.0.0.1:{port(27077)}"},
+        state_dir=state,
+        storage_root=str(state / "storage"),
+    )  # fmt: skip
+    with running(settings):
+        yield settings
+
+
+def node(settings: Settings, name: str) -> EmbeddedService:
+    return next(s for s in all_services(settings) if s.name == name)
+
+
+def produce(settings: Settings, pipeline, n: int, rate: float, seed: int) -> threading.Thread:
+    """Send ``n`` generated events at about ``rate``/s in a thread; ``thread.stats`` holds the
+    producer's counts (acknowledged, failed) once it ends."""
+    result: dict = {}
+
+    def run() -> None:
+        producer = EventProducer(settings=settings, pipeline=pipeline, prepare=False)
+        t0 = time.monotonic()
+        try:
+            for i, record in enumerate(generate(pipeline.name, n, seed=seed, mix=Mix(duplicates=0.03))):
+                producer.send(record)
+                if i % 250 == 0 and (ahead := i / rate - (time.monotonic() - t0)) > 0:
+                    time.sleep(ahead)
+        finally:
+            result["stats"] = producer.flush(timeout=300)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.result = result  # type: ignore[attr-defined]
+    thread.start()
+    return thread
+
+
+def test_the_cluster_replicates_by_three_and_refuses_a_factor_it_cannot_hold(
+    cluster: Settings, tmp_path: Path, unique: str
+) -> None:
+    status = run_cli(cluster, "status", "--services", "--json")
+    assert status.returncode == 0, status.stdout.decode() + status.stderr.decode()
+    names = {s["name"] for s in json.loads(status.stdout)}
+    assert names == {"broker-1", "broker-2", "broker-3", "registry", "cassandra-1", "cassandra-2",
+                     "cassandra-3", "spark-master", "spark-worker-1", "spark-worker-2"}  # fmt: skip
+    settings = isolated(cluster, tmp_path, unique).model_copy(update={"topic_prefix": f"{unique}-"})
+    pipeline = pipeline_named(settings, "offers")
+    topics = run_cli(settings, "topics", "offers", "--apply")
+    assert topics.returncode == 0, topics.stdout.decode() + topics.stderr.decode()
+    admin = AdminClient(settings.kafka.client_config())
+    meta = admin.list_topics(timeout=10).topics
+    for topic in (pipeline.topic.name, pipeline.topic.dlq, "_schemas"):
+        assert {len(p.replicas) for p in meta[topic].partitions.values()} == {3}, topic
+        config = next(iter(admin.describe_configs([ConfigResource("topic", topic)]).values())).result()
+        assert config["min.insync.replicas"].value == "2", topic
+    session = connect(settings.cassandra)
+    from lambdalake.cassandra.tables import create_keyspace
+
+    create_keyspace(session, settings.cassandra)
+    session.cluster.refresh_keyspace_metadata(settings.cassandra.keyspace)
+    replication = session.cluster.metadata.keyspaces[settings.cassandra.keyspace].replication_strategy
+    assert "NetworkTopologyStrategy" in type(replication).__name__ and "datacenter1': '3'" in str(
+        replication.export_for_schema()
+    ), replication.export_for_schema()
+    # Above the nodes there are: refused with the fix, before anything is created.
+    four = settings.model_copy(update={
+        "kafka": settings.kafka.model_copy(update={"replication_factor": 4}), "topic_prefix": f"{unique}-4-",
+    })  # fmt: skip
+    refused = run_cli(four, "topics", "offers")
+    output = refused.stdout.decode() + refused.stderr.decode()
+    assert refused.returncode != 0 and "replication factor 4" in output and "3 broker(s)" in output, output
+    assert f"{unique}-4-offers" not in admin.list_topics(timeout=10).topics
+    wide = settings.cassandra.model_copy(
+        update={
+            "keyspace": f"w_{unique}",
+            "replication": {"class": "NetworkTopologyStrategy", "datacenter1": 4},
+        }
+    )
+    refused = run_cli(settings.model_copy(update={"cassandra": wide}), "deploy", "--pipeline", "offers")
+    output = refused.stdout.decode() + refused.stderr.decode()
+    assert refused.returncode != 0 and "replication factor 4" in output and "3 Cassandra" in output, output
+
+
+def test_kill_minus_nine_of_a_partition_leader_while_producing_and_the_speed_job_runs(
+    cluster: Settings, tmp_path: Path, unique: str
+) -> None:
+    """acks=all with min.insync.replicas=2: a leader killed mid-stream loses no acknowledged record,
+    the idempotent producer adds none twice, and the speed job (on the standalone cluster) goes on
+    through the leader election on its own."""
+    settings = isolated(cluster, tmp_path, unique).model_copy(update={"topic_prefix": f"{unique}-"})
+    pipeline = pipeline_named(settings, "offers")
+    EventProducer(settings=settings, pipeline=pipeline)  # topics and schemas first
+    log = tmp_path / "speed.log"
+    job = start_job(settings, "offers", log)
+    try:
+        wait_for_log(log, "offers-main started", count=1, timeout=300)
+        sender = produce(settings, pipeline, 12_000, rate=400, seed=31)
+        time.sleep(8)
+        topic = pipeline.topic.name
+        leader = AdminClient(settings.kafka.client_config()).list_topics(topic, timeout=10)
+        broker = node(settings, f"broker-{leader.topics[topic].partitions[0].leader}")
+        kill_minus_nine(broker)
+        time.sleep(10)
+        broker.start()  # it comes back and catches up as a follower
+        sender.join(600)
+        stats = sender.result["stats"]  # type: ignore[attr-defined]
+        assert stats.unacknowledged == 0 and stats.acked > 0, stats
+        # Every acknowledged record is in the log once (kcat: a client of its own).
+        assert kcat_count(settings, topic) == stats.acked
+        assert kcat_count(settings, pipeline.topic.dlq) == stats.dlq_acked
+        assert job.poll() is None, log.read_text()[-3000:]
+        assert wait_equal(settings, pipeline, timeout=300) == [], log.read_text()[-3000:]
+    finally:
+        stop_job(job)
+
+
+def test_kill_minus_nine_of_a_cassandra_node_while_the_speed_job_writes_and_serving_answers(
+    cluster: Settings, tmp_path: Path, unique: str
+) -> None:
+    """QUORUM writes and reads: with one replica of three down, writes go on and every query
+    answers (never a 5xx); after the node restarts, hinted handoff replays what it missed, and each
+    node read alone at ONE holds the views exactly."""
+    settings = isolated(cluster, tmp_path, unique).model_copy(update={"topic_prefix": f"{unique}-"})
+    pipeline = pipeline_named(settings, "offers")
+    EventProducer(settings=settings, pipeline=pipeline)
+    log = tmp_path / "speed.log"
+    job = start_job(settings, "offers", log)
+    victim = node(settings, "cassandra-3")
+    statuses: list[int] = []
+    stop_queries = threading.Event()
+    try:
+        wait_for_log(log, "offers-main started", count=1, timeout=300)
+        sender = produce(settings, pipeline, 8_000, rate=400, seed=32)
+        latest = pipeline.views[0]
+        deadline = time.monotonic() + 120
+        while len(stored := stored_keys(settings, pipeline, latest)) < 20:
+            assert time.monotonic() < deadline, "the speed job wrote no rows"
+            time.sleep(1)
+        keys = sorted(k[0] for k in stored)[:20]
+        with serving_app(settings, token="t") as url:
+
+            def query() -> None:
+                with httpx.Client(headers={"Authorization": "Bearer t"}, timeout=30) as client:
+                    while not stop_queries.is_set():
+                        for key in keys:
+                            statuses.append(
+                                client.get(
+                                    f"{url}/v1/pipelines/offers/views/offer_latest/keys/{key}"
+                                ).status_code
+                            )
+
+            reader = threading.Thread(target=query, daemon=True)
+            reader.start()
+            time.sleep(6)
+            kill_minus_nine(victim)
+            time.sleep(20)  # writes and queries go on with two replicas of three
+            victim.start()
+            sender.join(600)
+            stop_queries.set()
+            reader.join(60)
+        assert sender.result["stats"].unacknowledged == 0  # type: ignore[attr-defined]
+        assert statuses and set(statuses) == {200}, sorted(set(statuses))
+        assert job.poll() is None, log.read_text()[-3000:]
+        assert wait_equal(settings, pipeline, timeout=300) == [], log.read_text()[-3000:]
+        events, _ = topic_events(settings, pipeline)
+        deadline = time.monotonic() + 180
+        alone = {h: ["not read"] for h in HOSTS}
+        while any(alone.values()) and time.monotonic() < deadline:
+            alone = {h: differences(settings, pipeline, events, host=h) for h in HOSTS}
+            time.sleep(5)
+        assert not any(alone.values()), {h: p[:5] for h, p in alone.items()}
+        assert merged_differences(settings, ServingClient(settings=settings), {pipeline.name: pipeline}) == []
+    finally:
+        stop_queries.set()
+        stop_job(job)
+        victim.start()
+
+
+def test_a_batch_run_publishes_with_one_cassandra_node_down_and_the_merged_answers_are_exact(
+    cluster: Settings, tmp_path: Path, unique: str
+) -> None:
+    from lambdalake.cassandra.active import active_batch
+    from tests.helpers import pipelines_folder
+
+    base = isolated(cluster, tmp_path, unique)
+    pipeline = pipeline_named(
+        base, "telemetry", topic=f"telemetry-{unique}", epoch="10 seconds", grace="1 second"
+    )
+    settings = base.model_copy(update={"pipelines_dir": pipelines_folder(tmp_path, pipeline)})
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    for record in generate("telemetry", 4000, seed=33, mix=Mix(duplicates=0.05, late=0.05)):
+        producer.send(record)
+    assert producer.flush().unacknowledged == 0
+    log = tmp_path / "speed.log"
+    job = start_job(settings, "telemetry", log)
+    try:
+        assert wait_equal(settings, pipeline, timeout=300) == [], log.read_text()[-3000:]
+    finally:
+        stop_job(job)
+    time.sleep(12)  # the events' epochs close
+    victim = node(settings, "cassandra-2")
+    kill_minus_nine(victim)
+    try:
+        result = run_cli(settings, "batch", "run", "telemetry")
+        assert result.returncode == 0, (result.stdout + result.stderr).decode()[-3000:]
+        active = active_batch(connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name)
+        assert active is not None and active.horizon > 0
+        client = ServingClient(settings=settings)
+        assert merged_differences(settings, client, {pipeline.name: pipeline}) == []
+    finally:
+        victim.start()
+
+
+def test_kill_minus_nine_of_the_spark_worker_running_the_speed_job(
+    cluster: Settings, tmp_path: Path, unique: str
+) -> None:
+    """The standalone master gives the application a new executor on the other worker; the tasks
+    of the lost one run again there, and no record is lost or counted twice."""
+    settings = isolated(cluster, tmp_path, unique).model_copy(update={"topic_prefix": f"{unique}-"})
+    pipeline = pipeline_named(settings, "offers")
+    EventProducer(settings=settings, pipeline=pipeline)
+    log = tmp_path / "speed.log"
+    job = start_job(settings, "offers", log)
+    workers = [node(settings, "spark-worker-1"), node(settings, "spark-worker-2")]
+    try:
+        wait_for_log(log, "offers-main started", count=1, timeout=300)
+        sender = produce(settings, pipeline, 8_000, rate=400, seed=34)
+        time.sleep(8)
+        apps = workers[0].cluster_state()
+        assert isinstance(apps, dict) and len(apps["activeapps"]) == 1, apps
+        app = apps["activeapps"][0]["id"]  # the speed job's application
+        busy = [w for w in workers if list((settings.state_dir / w.name / "work").glob(f"{app}/*/stderr"))]
+        assert busy, f"no executor of {app} on a worker"
+        kill_minus_nine(busy[0])
+        sender.join(600)
+        assert sender.result["stats"].unacknowledged == 0  # type: ignore[attr-defined]
+        assert job.poll() is None, log.read_text()[-3000:]
+        assert wait_equal(settings, pipeline, timeout=400) == [], log.read_text()[-3000:]
+    finally:
+        stop_job(job)
+        for worker in workers:
+            worker.start()
