@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from infra.services import EmbeddedService, all_services, running
 from lambdalake.cassandra.session import connect
+from lambdalake.pipeline import WindowedView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import QUICK_JIT, Settings
@@ -283,3 +284,132 @@ def test_kill_minus_nine_of_the_spark_worker_running_the_speed_job(
         stop_job(job)
         for worker in workers:
             worker.start()
+
+
+def _in_sync(settings: Settings, topics: list[str], timeout: float = 180) -> None:
+    """Wait until every partition of ``topics`` has all its replicas in sync again."""
+    admin = AdminClient(settings.kafka.client_config())
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = admin.list_topics(timeout=10).topics
+        behind = [
+            f"{t}/{p.id}"
+            for t in topics
+            for p in meta[t].partitions.values()
+            if len(p.isrs) < len(p.replicas)
+        ]
+        if not behind:
+            return
+        assert time.monotonic() < deadline, f"replicas not back in sync: {behind}"
+        time.sleep(1)
+
+
+def test_a_rolling_restart_of_the_three_brokers_under_steady_load(
+    cluster: Settings, tmp_path: Path, unique: str
+) -> None:
+    """Each broker stopped and started in turn (the next once every replica is back in sync, as an
+    operator rolls a cluster): nothing acknowledged is lost, and the speed job's micro-batches never
+    pause for longer than one restart took."""
+    from speed.job import checkpoints_path
+
+    settings = isolated(cluster, tmp_path, unique).model_copy(update={"topic_prefix": f"{unique}-"})
+    pipeline = pipeline_named(settings, "offers")
+    EventProducer(settings=settings, pipeline=pipeline)
+    log = tmp_path / "speed.log"
+    job = start_job(settings, "offers", log)
+    commits = Path(checkpoints_path(settings.storage_root, pipeline.name))
+    pauses: list[float] = []
+    watching = threading.Event()
+
+    def watch() -> None:
+        """The longest time between two micro-batch commits of the job's queries."""
+        seen, last = 0, time.monotonic()
+        while not watching.is_set():
+            now = len(list(commits.glob("*/commits/[0-9]*")))
+            if now > seen:
+                pauses.append(time.monotonic() - last)
+                seen, last = now, time.monotonic()
+            time.sleep(0.2)
+
+    try:
+        wait_for_log(log, "offers-main started", count=1, timeout=300)
+        sender = produce(settings, pipeline, 16_000, rate=250, seed=35)
+        time.sleep(5)
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        time.sleep(5)
+        restarts = []
+        for i in (1, 2, 3):
+            broker = node(settings, f"broker-{i}")
+            t0 = time.monotonic()
+            assert broker.stop()
+            broker.start()
+            restarts.append(time.monotonic() - t0)
+            _in_sync(settings, [pipeline.topic.name, pipeline.topic.dlq, "_schemas"])
+        sender.join(600)
+        watching.set()
+        watcher.join(10)
+        stats = sender.result["stats"]  # type: ignore[attr-defined]
+        assert stats.unacknowledged == 0 and stats.acked > 0, stats
+        assert kcat_count(settings, pipeline.topic.name) == stats.acked
+        assert job.poll() is None, log.read_text()[-3000:]
+        assert wait_equal(settings, pipeline, timeout=300) == [], log.read_text()[-3000:]
+        # A micro-batch every few seconds under load; a restart may hold one up, never longer.
+        assert pauses and max(pauses[1:]) <= max(restarts) + 15, (pauses, restarts)
+    finally:
+        watching.set()
+        stop_job(job)
+
+
+def test_a_replay_of_a_range_while_a_broker_is_down(cluster: Settings, tmp_path: Path, unique: str) -> None:
+    """After losing an epoch of bronze and the windowed speed rows, `lambdalake replay` reads its range
+    from the two brokers left (each partition has replicas there), archives what bronze lacks once
+    and recomputes every cell of the closed epochs."""
+    from deltalake import DeltaTable
+
+    from lambdalake.master_files import table_path
+    from lambdalake.views import speed_table
+    from tests.helpers import bronze_coordinates, pipelines_folder
+
+    base = isolated(cluster, tmp_path, unique)
+    pipeline = pipeline_named(base, "offers", topic=f"offers-{unique}", epoch="10 seconds", grace="1 second")
+    settings = base.model_copy(update={"pipelines_dir": pipelines_folder(tmp_path, pipeline)})
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    t0 = time.monotonic()
+    for i, record in enumerate(generate("offers", 4000, seed=36, mix=Mix(duplicates=0.05, late=0.05))):
+        producer.send(record)
+        if i % 1000 == 999:  # over several ingest epochs
+            time.sleep(max(0.0, (i + 1) / 250 - (time.monotonic() - t0)))
+    assert producer.flush().unacknowledged == 0
+    time.sleep(12)  # the events' ingest epochs close
+    once = run_cli(settings, "speed", "run", "offers", "--once")
+    assert once.returncode == 0, (once.stdout + once.stderr).decode()[-3000:]
+    events, _ = topic_events(settings, pipeline)
+    want = sorted(zip(events["_partition"], events["_offset"], strict=True))
+    assert sorted(bronze_coordinates(settings, pipeline)) == want
+    epochs = sorted(set(events["_ts"] // pipeline.layers.epoch_ms))
+    assert len(epochs) >= 2, epochs
+    # Lost: an epoch of bronze, and every windowed speed row.
+    DeltaTable(table_path(settings.storage_root, pipeline.name)).delete(f"_epoch = {epochs[0]}")
+    windowed = pipeline.model_copy(
+        update={"views": [v for v in pipeline.views if isinstance(v, WindowedView)]}
+    )
+    session = connect(settings.cassandra)
+    for view in windowed.views:
+        session.execute(f'TRUNCATE "{settings.cassandra.keyspace}"."{speed_table(pipeline, view)}"')
+    assert len(bronze_coordinates(settings, pipeline)) < len(want)
+    victim = node(settings, "broker-2")
+    kill_minus_nine(victim)
+    try:
+        window = [
+            "--from-timestamp",
+            str(int(events["_ts"].min())),
+            "--to-timestamp",
+            str(int(events["_ts"].max()) + 1),
+        ]
+        result = run_cli(settings, "replay", "offers", *window, "--no-run-batch")
+        assert result.returncode == 0, (result.stdout + result.stderr).decode()[-3000:]
+        assert sorted(bronze_coordinates(settings, pipeline)) == want
+        assert differences(settings, windowed, events) == []
+    finally:
+        victim.start()

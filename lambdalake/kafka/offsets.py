@@ -22,12 +22,16 @@ LEADER_WAIT_S = 30.0
 
 T = TypeVar("T")
 
-#: What a partition answers while it has no leader yet (librdkafka marks none of them retriable).
+#: What a partition answers while it has no leader yet (librdkafka marks none of them retriable),
+#: and what a request to a leader that just died fails with (its connection refused, or its handle
+#: dropped from the metadata) before the new leader is known.
 _ELECTING = {
     KafkaError.NOT_LEADER_FOR_PARTITION,
     KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.UNKNOWN_TOPIC_OR_PART,
     KafkaError._UNKNOWN_PARTITION,
+    KafkaError._DESTROY_BROKER,
+    KafkaError._TRANSPORT,
 }
 
 
