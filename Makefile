@@ -100,6 +100,8 @@ bench: setup
 	$(BIN)/python -m bench.serving
 # distinct and quantiles aggregates against count and sum: batch, speed job, serving.
 	$(BIN)/python -m bench.sketches
+# One node of each service against three (lambdalake up --nodes 3), the same benchmarks on both.
+	$(BIN)/python -m bench.cluster
 
 clean: down
 	rm -rf .lambdalake

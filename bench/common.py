@@ -20,15 +20,26 @@ RESULTS = PROJECT_ROOT / "bench" / "results"
 BENCH_PORTS = {"broker": 24092, "registry": 24081, "cassandra": 24042, "storage": 24000}
 
 
+#: ``LAMBDALAKE_BENCH_NODES=3``: every bench runs on three nodes of each service (``lambdalake up
+#: --nodes 3`` on the bench ports: three brokers, three Cassandra nodes, a Spark standalone master
+#: with two workers), as ``bench.cluster`` does beside the one-node services.
+NODES_ENV = "LAMBDALAKE_BENCH_NODES"
+#: Where :func:`write_result` writes instead of ``bench/results`` (``bench.cluster``'s runs).
+RESULTS_ENV = "LAMBDALAKE_BENCH_RESULTS"
+
+
 def bench_settings(*, fresh: bool = True) -> Settings:
     """Settings of the bench services; ``fresh`` wipes their state first when none of them runs (the
     embedded broker keeps every record of earlier runs in memory, which would slow later runs)."""
-    state = PROJECT_ROOT / ".lambdalake" / "bench"
+    nodes = int(os.environ.get(NODES_ENV) or 1)
+    state = PROJECT_ROOT / ".lambdalake" / ("bench" if nodes == 1 else f"bench-{nodes}")
+    hosts = [f"127.0.0.{i}" for i in range(1, nodes + 1)]
     settings = Settings(
-        kafka={"bootstrap_servers": f"127.0.0.1:{BENCH_PORTS['broker']}"},
+        kafka={"bootstrap_servers": ",".join(f"{h}:{BENCH_PORTS['broker']}" for h in hosts)},
         registry={"url": f"http://127.0.0.1:{BENCH_PORTS['registry']}"},
-        cassandra={"port": BENCH_PORTS["cassandra"], "storage_port": BENCH_PORTS["storage"],
-                   "keyspace": "lambdalake_bench"},
+        cassandra={"contact_points": hosts, "port": BENCH_PORTS["cassandra"],
+                   "storage_port": BENCH_PORTS["storage"], "keyspace": "lambdalake_bench"},
+        **({"nodes": nodes, "spark": {"master": "spark://127.0.0.1:24077"}} if nodes > 1 else {}),
         state_dir=state,
         storage_root=str(state / "storage"),
     )  # fmt: skip
@@ -38,8 +49,9 @@ def bench_settings(*, fresh: bool = True) -> Settings:
 
 
 def write_result(name: str, result: dict) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    folder = Path(os.environ.get(RESULTS_ENV) or RESULTS)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
     result = {
         "benchmark": name,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

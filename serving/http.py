@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Annotated, Any
 
-from cassandra import OperationTimedOut, ReadFailure, ReadTimeout, Unavailable
+from cassandra import ConsistencyLevel, OperationTimedOut, ReadFailure, ReadTimeout, Unavailable
 from cassandra.cluster import NoHostAvailable
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -32,6 +32,25 @@ QUERY_PATH = "/v1/pipelines/{pipeline}/views/{view}/keys/{key}"
 log = logging.getLogger("lambdalake.serving")
 #: Seconds a client is asked to wait when Cassandra is unavailable.
 RETRY_AFTER_S = 5
+
+
+def unavailable_detail(exc: BaseException) -> str:
+    """What a 503 says: the consistency level that could not be met, and how many replicas
+    answered, when Cassandra said so (never the driver's text, which names hosts)."""
+    consistency = getattr(exc, "consistency", None)
+    if consistency is None:
+        return "the view store (Cassandra) is unavailable"
+    name = ConsistencyLevel.value_to_name.get(consistency, str(consistency))
+    required = getattr(exc, "required_replicas", None) or getattr(exc, "required_responses", None)
+    alive = getattr(exc, "alive_replicas", None)
+    if alive is None:
+        alive = getattr(exc, "received_responses", None)
+    counts = f": {alive} of the {required} replicas it needs answered" if required is not None else ""
+    return (
+        f"the view store (Cassandra) could not read at consistency {name}{counts}; no partial answer is given"
+    )
+
+
 #: The driver's errors of a store that is down or overloaded (a 503, not a 500).
 UNAVAILABLE = (ServiceUnavailable, NoHostAvailable, OperationTimedOut, Unavailable, ReadTimeout, ReadFailure)
 
@@ -148,7 +167,8 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
         except UNAVAILABLE as exc:
             log.warning("query of %s/%s: Cassandra unavailable: %s", pipeline, view, exc)
             return JSONResponse(
-                {"detail": "the view store (Cassandra) is unavailable", "fix": "retry later"},
+                {"detail": unavailable_detail(exc), "fix": "retry later; bring the Cassandra nodes that are "
+                 "down back up"},
                 status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
             )  # fmt: skip
         if not answer.found:

@@ -413,3 +413,38 @@ def test_a_replay_of_a_range_while_a_broker_is_down(cluster: Settings, tmp_path:
         assert differences(settings, windowed, events) == []
     finally:
         victim.start()
+
+
+def test_fewer_than_a_quorum_of_cassandra_nodes_answers_503_naming_the_consistency_level(
+    cluster: Settings, tmp_path: Path, unique: str
+) -> None:
+    """Two replicas of three down: a QUORUM read cannot be met, and serving says so (503, the level
+    and the replicas that answered), never a partial or stale answer; once they are back, it answers."""
+    settings = isolated(cluster, tmp_path, unique).model_copy(update={"topic_prefix": f"{unique}-"})
+    pipeline = pipeline_named(settings, "offers")
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    for record in generate("offers", 300, seed=37, mix=Mix()):
+        producer.send(record)
+    assert producer.flush().unacknowledged == 0
+    once = run_cli(settings, "speed", "run", "offers", "--once")
+    assert once.returncode == 0, (once.stdout + once.stderr).decode()[-3000:]
+    key = sorted(stored_keys(settings, pipeline, pipeline.views[0]))[0][0]
+    down = [node(settings, "cassandra-2"), node(settings, "cassandra-3")]
+    with serving_app(settings, token="t", meta_ttl_s=0) as url:
+        path = f"{url}/v1/pipelines/offers/views/offer_latest/keys/{key}"
+        headers = {"Authorization": "Bearer t"}
+        assert httpx.get(path, headers=headers, timeout=30).status_code == 200
+        try:
+            for victim in down:
+                kill_minus_nine(victim)
+            answer = httpx.get(path, headers=headers, timeout=60)
+            assert answer.status_code == 503, answer.text
+            assert "consistency QUORUM" in answer.json()["detail"], answer.text
+            assert "Retry-After" in answer.headers
+        finally:
+            for victim in down:
+                victim.start()
+        deadline = time.monotonic() + 60
+        while (status := httpx.get(path, headers=headers, timeout=30).status_code) != 200:
+            assert time.monotonic() < deadline, status
+            time.sleep(1)

@@ -153,3 +153,39 @@ def test_running_stops_only_what_it_started(tmp_path: Path, monkeypatch: pytest.
         started = found[0].proc.pid()
         assert started is not None
     assert not pid_alive(started), "a service the block started is stopped after it"
+
+
+class _Failing(_Sleeper):
+    """A stand-in node that exits at once, saying why."""
+
+    name = "failing-2"
+    marker = "lambdalake-test-failing"
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-c", "import sys; print('bind failed: address in use'); sys.exit(3)",
+                "lambdalake-test-failing"]  # fmt: skip
+
+    def probe(self) -> str | None:
+        return "not listening"
+
+
+def test_a_node_that_does_not_come_up_is_named_with_its_log_and_what_started_is_stopped(
+    tmp_path: Path,
+) -> None:
+    """start_all (`lambdalake up`): a node that exits while starting fails the start at once (never a
+    hang), naming the node, its log file and the log's last lines, and the nodes this start spawned
+    are stopped; one that needs it is never launched."""
+    settings = Settings(state_dir=tmp_path / "state")
+    after_class = type("_After", (_Sleeper,), {"name": "sleeper-3"})
+    first, failing, after = _Sleeper(settings), _Failing(settings), after_class(settings)
+    after.needs = [failing]
+    t0 = time.monotonic()
+    with pytest.raises(LambdalakeError) as failed:
+        services.start_all([first, failing, after])
+    assert time.monotonic() - t0 < 30
+    text = failed.value.message
+    assert "failing-2" in text and str(failing.proc.log_file) in text and "address in use" in text, text
+    assert first.proc.pid() is None, "the node this start spawned still runs"
+    assert after.proc.pid() is None and not after.proc.log_file.exists(), (
+        "a node whose need failed was started"
+    )

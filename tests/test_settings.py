@@ -77,3 +77,26 @@ def test_the_java_client_config_carries_the_same_connection(tmp_path: Path) -> N
     # The JAAS line carries the password: masked where settings are shown.
     shown = Settings(kafka={"java_extra": {"sasl.jaas.config": "x password=y;"}}).safe_dump()
     assert shown["kafka"]["java_extra"]["sasl.jaas.config"] != "x password=y;"
+
+
+def test_nodes_change_only_the_defaults_of_the_settings_that_describe_a_cluster(tmp_path) -> None:
+    """`lambdalake up --nodes 3` records 3 in the state folder: the commands that follow default to
+    three brokers and Cassandra nodes on 127.0.0.1-3 and a standalone Spark master, and every
+    setting given explicitly still wins."""
+    from lambdalake.settings import NODES_FILE, Settings
+
+    one = Settings(state_dir=tmp_path)
+    assert one.nodes == 1 and one.kafka.bootstrap_servers == "127.0.0.1:9092"
+    (tmp_path / NODES_FILE).write_text("3\n")
+    three = Settings(state_dir=tmp_path)
+    assert three.nodes == 3
+    assert three.kafka.bootstrap_servers == "127.0.0.1:9092,127.0.0.2:9092,127.0.0.3:9092"
+    assert three.cassandra.contact_points == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    assert three.spark.master == "spark://127.0.0.1:7077"
+    assert (three.kafka.heap, three.cassandra.heap) == ("512M", "1G")
+    mine = Settings(state_dir=tmp_path, kafka={"bootstrap_servers": "b:9092"}, spark={"master": "local[2]"})
+    assert mine.kafka.bootstrap_servers == "b:9092" and mine.spark.master == "local[2]"
+    assert mine.cassandra.contact_points == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    # A child process rebuilt from the environment is the same cluster.
+    env = three.to_env()
+    assert env["LAMBDALAKE_NODES"] == "3"

@@ -30,7 +30,10 @@ out = Console()
 PipelineArg = Annotated[str, typer.Argument(help="Pipeline name: a file pipelines/<name>.toml.")]
 OnlyOpt = Annotated[
     list[str] | None,
-    typer.Option("--only", help="Only this service (broker, registry, cassandra); repeatable."),
+    typer.Option(
+        "--only",
+        help="Only this service (broker, registry, cassandra, spark) or node (cassandra-2); repeatable.",
+    ),
 ]
 
 

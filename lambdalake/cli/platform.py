@@ -50,6 +50,13 @@ def up(only: OnlyOpt = None, nodes: NodesOpt = None) -> None:
                 f"LAMBDALAKE_NODES={settings.nodes} is set, and --nodes {nodes} asks for another count",
                 fix="unset LAMBDALAKE_NODES, or leave out --nodes",
             )
+        running = [s.name for s in select(settings, None) if s.embedded and s.proc.pid() is not None]
+        if running:
+            raise LambdalakeError(
+                f"the services of {settings.nodes} node(s) run ({', '.join(running)}): --nodes {nodes} would "
+                "start another set on the same addresses",
+                fix=f"`lambdalake down` first (data is kept), then `lambdalake up --nodes {nodes}`",
+            )
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         (settings.state_dir / NODES_FILE).write_text(f"{nodes}\n")
         get_settings.cache_clear()

@@ -1,0 +1,101 @@
+"""One node of each service against three, in one run: the same benchmarks on both, and their ratios.
+
+For each node count (1, then 3; ``LAMBDALAKE_BENCH_NODES`` switches ``bench.common``'s settings),
+in turn, each benchmark runs in its own process on services it starts and stops:
+
+- ``bench.produce``: the producer's rate at ``acks=all`` (idempotent), events/s;
+- ``bench.speed``: the speed job's freshness at ``--rate`` events/s (p50/p99 of the latest and
+  windowed views) and its throughput on a burst;
+- ``bench.serving``: a merged query's p99 (8 threads) and over HTTP;
+- ``bench.batch``: a full batch run of ``--batch-events`` events (rebuild and publish).
+
+On three nodes the speed job and the batch run on the Spark standalone cluster (two workers), and
+every Kafka write waits for two replicas, every Cassandra read and write for two of three: on one
+machine of two cores the cluster is slower, and the ratio (three over one) is the figure.
+
+    python -m bench.cluster [--produce-events 100000] [--speed-events 100000] [--batch-events 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import NODES_ENV, RESULTS_ENV, write_result
+from lambdalake.settings import PROJECT_ROOT
+
+
+def run(module: str, args: list[str], nodes: int, folder: Path) -> float:
+    """Run one benchmark on ``nodes`` nodes; returns its wall time (s)."""
+    env = {**os.environ, NODES_ENV: str(nodes), RESULTS_ENV: str(folder)}
+    t0 = time.monotonic()
+    print(f"== {module} on {nodes} node(s) {' '.join(args)}", flush=True)
+    subprocess.run([sys.executable, "-m", module, *args], env=env, cwd=PROJECT_ROOT, check=True)
+    return time.monotonic() - t0
+
+
+def figures(folder: Path) -> dict[str, Any]:
+    """The figures compared, from the benchmarks' result files."""
+
+    def load(name: str) -> dict[str, Any]:
+        return json.loads((folder / f"{name}.json").read_text())
+
+    produce, speed, serving, batch = load("produce"), load("speed"), load("serving"), load("batch")
+    fresh = speed["freshness"]
+    run = batch["runs"][-1]
+    return {
+        "produce_events_per_s": round(produce["median_events_per_s"]["send"]),
+        "produce_table_events_per_s": round(produce["median_events_per_s"]["batch_table"]),
+        "speed_events_per_s": round(speed["throughput_events_per_s"]),
+        "latest_p50_s": round(fresh["latest"]["p50_s"], 2),
+        "latest_p99_s": round(fresh["latest"]["p99_s"], 2),
+        "windowed_p50_s": round(fresh["windowed"]["p50_s"], 2),
+        "windowed_p99_s": round(fresh["windowed"]["p99_s"], 2),
+        "merged_query_p99_ms": serving["python"]["p99_ms"],
+        "http_query_p99_ms": serving["http_1_workers"]["p99_ms"],
+        "batch_events": run["events"],
+        "batch_s": run["end_to_end_s"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--produce-events", type=int, default=100_000)
+    parser.add_argument("--speed-events", type=int, default=100_000)
+    parser.add_argument("--rate", type=int, default=1000)
+    parser.add_argument("--batch-events", type=int, default=1_000_000)
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
+        for nodes in (1, 3):
+            folder = Path(tmp) / f"nodes-{nodes}"
+            walls = {
+                "produce": run("bench.produce", ["--events", str(args.produce_events), "--rounds", "1"],
+                               nodes, folder),
+                "speed": run("bench.speed", ["--events", str(args.speed_events), "--backlog", "20000",
+                                             "--rate", str(args.rate), "--seconds", "40"], nodes, folder),
+                "serving": run("bench.serving", ["--queries", "2000", "--seconds", "10", "--replay", "20000"],
+                               nodes, folder),
+                "batch": run("bench.batch", ["--events", str(args.batch_events), "--history"], nodes, folder),
+            }  # fmt: skip
+            results[f"nodes_{nodes}"] = {**figures(folder), "wall_s": {k: round(v) for k, v in walls.items()}}
+            print(f"{nodes} node(s): {results[f'nodes_{nodes}']}", flush=True)
+    one, three = results["nodes_1"], results["nodes_3"]
+    results["three_over_one"] = {
+        k: round(three[k] / one[k], 2) for k in one if k not in ("wall_s", "batch_events") and one[k]
+    }
+    print(f"three nodes over one: {results['three_over_one']}", flush=True)
+    print(f"-> {write_result('cluster', results)}")
+
+
+if __name__ == "__main__":
+    main()
