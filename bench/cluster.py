@@ -41,6 +41,34 @@ def run(module: str, args: list[str], nodes: int, folder: Path) -> float:
     return time.monotonic() - t0
 
 
+def services_up(nodes: int) -> dict[str, Any]:
+    """Start every service node (as ``lambdalake up`` does) on fresh state: seconds until all are
+    healthy, and their summed resident memory once up and after a minute idle."""
+    env = {**os.environ, NODES_ENV: str(nodes)}
+    code = (
+        "import json, time\n"
+        "from bench.common import bench_settings\n"
+        "from infra.services import all_services, start_all, stop_all\n"
+        "from lambdalake.procs import process_tree\n"
+        "services = all_services(bench_settings())\n"
+        "t0 = time.monotonic(); start_all(services); up_s = time.monotonic() - t0\n"
+        "def rss():\n"
+        "    total = 0\n"
+        "    for s in services:\n"
+        "        for pid in process_tree(s.proc.pid()):\n"
+        "            try: total += int(open(f'/proc/{pid}/statm').read().split()[1]) * 4096\n"
+        "            except OSError: pass\n"
+        "    return round(total / 2**30, 2)\n"
+        "at_start = rss(); time.sleep(60); idle = rss()\n"
+        "stop_all(services)\n"
+        "print(json.dumps({'start_s': round(up_s, 1), 'rss_gib': at_start, 'rss_gib_idle_60s': idle,"
+        " 'nodes': [s.name for s in services]}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=PROJECT_ROOT, check=True,
+                         capture_output=True, text=True)  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def figures(folder: Path) -> dict[str, Any]:
     """The figures compared, from the benchmarks' result files."""
 
@@ -78,6 +106,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
         for nodes in (1, 3):
             folder = Path(tmp) / f"nodes-{nodes}"
+            services = services_up(nodes)
+            print(f"services on {nodes} node(s): {services}", flush=True)
             walls = {
                 "produce": run("bench.produce", ["--events", str(args.produce_events), "--rounds", "1"],
                                nodes, folder),
@@ -87,11 +117,21 @@ def main() -> None:
                                nodes, folder),
                 "batch": run("bench.batch", ["--events", str(args.batch_events), "--history"], nodes, folder),
             }  # fmt: skip
-            results[f"nodes_{nodes}"] = {**figures(folder), "wall_s": {k: round(v) for k, v in walls.items()}}
+            results[f"nodes_{nodes}"] = {
+                "services": services,
+                **figures(folder),
+                "wall_s": {k: round(v) for k, v in walls.items()},
+            }
             print(f"{nodes} node(s): {results[f'nodes_{nodes}']}", flush=True)
     one, three = results["nodes_1"], results["nodes_3"]
+    results["services_three_over_one"] = {
+        k: round(three["services"][k] / one["services"][k], 2)
+        for k in ("start_s", "rss_gib", "rss_gib_idle_60s")
+    }
     results["three_over_one"] = {
-        k: round(three[k] / one[k], 2) for k in one if k not in ("wall_s", "batch_events") and one[k]
+        k: round(three[k] / one[k], 2)
+        for k in one
+        if k not in ("services", "wall_s", "batch_events") and one[k]
     }
     print(f"three nodes over one: {results['three_over_one']}", flush=True)
     print(f"-> {write_result('cluster', results)}")

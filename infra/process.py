@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lambdalake.errors import LambdalakeError
+from lambdalake.procs import pid_alive
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -20,21 +21,6 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
     with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=timeout):
         return True
     return False
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); it is not running.
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    return True
 
 
 def _cmdline(pid: int) -> str:

@@ -50,6 +50,7 @@ from cassandra.query import SimpleStatement
 
 from lambdalake.cassandra.tables import TableDef, create_keyspace, ensure_table
 from lambdalake.errors import LambdalakeError
+from lambdalake.procs import pid_alive
 from lambdalake.settings import CassandraSettings, Settings
 
 log = logging.getLogger("lambdalake.lease")
@@ -289,13 +290,7 @@ def dead_here(holder: str, pid: int) -> bool:
     space = _process_space()
     if not space or holder.rpartition("@")[2] != space:
         return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] == "Z"  # exited, not yet reaped by its parent
+    return not pid_alive(pid)
 
 
 @contextmanager

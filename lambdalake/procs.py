@@ -1,5 +1,6 @@
-"""Resident memory of a process and everything it started (a Spark driver, its JVM, its Python
-workers), read from Linux's ``/proc``; and handing a finished task's freed memory back."""
+"""Whether a process runs, and the resident memory of a process and everything it started (a Spark
+driver, its JVM, its Python workers), read from Linux's ``/proc``; and handing a finished task's
+freed memory back."""
 
 from __future__ import annotations
 
@@ -27,6 +28,21 @@ class TreeMemory:
     @property
     def rss_mb(self) -> float:
         return round(self.rss_bytes / 2**20, 1)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie (exited, not reaped yet) does not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _parent_and_rss(pid: str) -> tuple[int, int] | None:
