@@ -48,9 +48,11 @@ def batches(log_file: Path, *, after: int) -> list[tuple[int, int]]:
     return [(int(m[2]), int(m[3])) for m in found if int(m[1]) > after]
 
 
-def rate(batches: list[tuple[int, int]]) -> float:
-    """Rows per second over the summed duration of ``batches`` (rows, ms)."""
-    return sum(r for r, _ in batches) / (sum(ms for _, ms in batches) / 1000)
+def rate(batches: list[tuple[int, int]]) -> float | None:
+    """Rows per second over the summed duration of ``batches`` (rows, ms); None without any (the
+    job's log named none after its first)."""
+    ms = sum(ms for _, ms in batches)
+    return sum(r for r, _ in batches) / (ms / 1000) if ms else None
 
 
 def main() -> None:
@@ -164,7 +166,7 @@ def main() -> None:
         busy_rate = rate(busy)
         print(
             f"throughput: {args.events:,} events in {drain_s:.1f}s = {throughput:,.0f} events/s "
-            f"(producing took {produced_s:.1f}s); while its batches ran: {busy_rate:,.0f} rows/s "
+            f"(producing took {produced_s:.1f}s); while its batches ran: {busy_rate or 0:,.0f} rows/s "
             f"({len(busy)} batches: {[r for r, _ in busy]})"
         )
 
@@ -191,6 +193,8 @@ def main() -> None:
         backlog_rate = rate(drained[1:])
         print(
             f"backlog: {backlog:,} records; the restarted job alone sustained {backlog_rate:,.0f} rows/s "
+            if backlog_rate is not None
+            else f"backlog: {backlog:,} records, drained in one batch "
             f"after its first batch (batches as (rows, ms): {drained})"
         )
     for k, f in fresh.items():
