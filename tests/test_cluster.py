@@ -322,8 +322,8 @@ def test_a_rolling_restart_of_the_three_brokers_under_steady_load(
     watching = threading.Event()
 
     def watch() -> None:
-        """The longest time between two micro-batch commits of the job's queries."""
-        seen, last = 0, time.monotonic()
+        """The times between the micro-batch commits of the job's queries (from the first watched)."""
+        seen, last = len(list(commits.glob("*/commits/[0-9]*"))), time.monotonic()
         while not watching.is_set():
             now = len(list(commits.glob("*/commits/[0-9]*")))
             if now > seen:
@@ -333,8 +333,13 @@ def test_a_rolling_restart_of_the_three_brokers_under_steady_load(
 
     try:
         wait_for_log(log, "offers-main started", count=1, timeout=300)
+        warm = produce(settings, pipeline, 200, rate=200, seed=34)
+        warm.join(120)
+        deadline = time.monotonic() + 300
+        while not list(commits.glob("*/commits/0")):  # the first micro-batch starts every JVM and worker
+            assert time.monotonic() < deadline and job.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.5)
         sender = produce(settings, pipeline, 16_000, rate=250, seed=35)
-        time.sleep(5)
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         time.sleep(5)
@@ -347,15 +352,17 @@ def test_a_rolling_restart_of_the_three_brokers_under_steady_load(
             restarts.append(time.monotonic() - t0)
             _in_sync(settings, [pipeline.topic.name, pipeline.topic.dlq, "_schemas"])
         sender.join(600)
-        watching.set()
-        watcher.join(10)
         stats = sender.result["stats"]  # type: ignore[attr-defined]
         assert stats.unacknowledged == 0 and stats.acked > 0, stats
-        assert kcat_count(settings, pipeline.topic.name) == stats.acked
+        warmed = warm.result["stats"]  # type: ignore[attr-defined]
+        assert kcat_count(settings, pipeline.topic.name) == stats.acked + warmed.acked
         assert job.poll() is None, log.read_text()[-3000:]
         assert wait_equal(settings, pipeline, timeout=300) == [], log.read_text()[-3000:]
-        # A micro-batch every few seconds under load; a restart may hold one up, never longer.
-        assert pauses and max(pauses[1:]) <= max(restarts) + 15, (pauses, restarts)
+        watching.set()
+        watcher.join(10)
+        # Micro-batches went on through the restarts: none waited longer than a restart took, plus
+        # a micro-batch's own time on two loaded cores.
+        assert len(pauses) >= 2 and max(pauses) <= max(restarts) + 30, (pauses, restarts)
     finally:
         watching.set()
         stop_job(job)
