@@ -16,6 +16,7 @@ from pathlib import Path
 from infra.addresses import joined
 from lambdalake import jars
 from lambdalake.errors import LambdalakeError
+from lambdalake.kafka.admin import default_replication
 from lambdalake.settings import KafkaSettings
 
 LOG4J2 = """status = warn
@@ -50,8 +51,7 @@ def server_properties(
     voters = ",".join(
         f"{i}@{joined(h, settings.embedded_controller_port(p))}" for i, (h, p) in enumerate(nodes, 1)
     )
-    replicas = str(min(3, len(nodes)))
-    in_sync = "2" if len(nodes) >= 3 else "1"
+    replicas, in_sync = (str(n) for n in default_replication(len(nodes)))
     return {
         "process.roles": "broker,controller",
         "node.id": str(node_id),

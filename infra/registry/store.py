@@ -19,6 +19,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from infra.registry import compatibility
+from lambdalake.kafka.admin import default_replication
 from lambdalake.kafka.offsets import while_electing
 
 log = logging.getLogger("lambdalake.registry")
@@ -153,9 +154,8 @@ class KafkaBackedStore:
 
     def _ensure_topic(self) -> None:
         admin = AdminClient(self._kafka_config)
-        # As every topic: 3 replicas (the brokers there are, if fewer), 2 in sync from 3.
-        replicas = min(3, len(admin.list_topics(timeout=10).brokers)) or 1
-        config = {"cleanup.policy": "compact", "min.insync.replicas": "2" if replicas >= 3 else "1"}
+        replicas, in_sync = default_replication(len(admin.list_topics(timeout=10).brokers))
+        config = {"cleanup.policy": "compact", "min.insync.replicas": str(in_sync)}
         futures = admin.create_topics(
             [NewTopic(self.topic, 1, replicas, config=config)], operation_timeout=10
         )

@@ -107,6 +107,15 @@ def ensure_pipeline_topics(
     ]  # fmt: skip
 
 
+def default_replication(brokers: int) -> tuple[int, int]:
+    """(replication factor, ``min.insync.replicas``) a topic gets by default on ``brokers`` brokers:
+    3 replicas (fewer with fewer brokers), 2 in sync from 3 (one replica may be down with no
+    acknowledged write lost), else 1. Pipelines' topics, ``_schemas`` and Kafka's own internal
+    topics all follow it."""
+    replicas = max(1, min(3, brokers))
+    return replicas, 2 if replicas >= 3 else 1
+
+
 def topic_replication(settings: Settings, pipeline: Pipeline, admin: AdminClient) -> tuple[int, int]:
     """(replication factor, ``min.insync.replicas``) of the pipeline's topics: the pipeline's
     ``topic.replication_factor``, else ``kafka.replication_factor``, else 3 (the brokers there are,
@@ -117,7 +126,11 @@ def topic_replication(settings: Settings, pipeline: Pipeline, admin: AdminClient
         ConfigurationError: A factor above the brokers there are, or a minimum above the factor.
     """
     brokers = len(admin.list_topics(timeout=10).brokers)
-    replicas = pipeline.topic.replication_factor or settings.kafka.replication_factor or min(3, brokers)
+    replicas = (
+        pipeline.topic.replication_factor
+        or settings.kafka.replication_factor
+        or default_replication(brokers)[0]
+    )
     if replicas > brokers:
         raise ConfigurationError(
             f"topic {pipeline.topic.name!r}: replication factor {replicas}, but the Kafka cluster has "
@@ -125,7 +138,7 @@ def topic_replication(settings: Settings, pipeline: Pipeline, admin: AdminClient
             fix="lower topic.replication_factor in the pipeline or LAMBDALAKE_KAFKA__REPLICATION_FACTOR "
             "(unset: 3, or the brokers there are), or start the missing brokers",
         )
-    in_sync = settings.kafka.min_insync_replicas or (2 if replicas >= 3 else 1)
+    in_sync = settings.kafka.min_insync_replicas or default_replication(replicas)[1]
     in_sync = int(pipeline.topic.config.get("min.insync.replicas", in_sync))
     if in_sync > replicas:
         raise ConfigurationError(
