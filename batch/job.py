@@ -31,13 +31,9 @@ from functools import partial
 from typing import Any
 
 from deltalake import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_schema
-
-from batch.horizon import Horizon, find_horizon
-from batch.identities import EARLIER, KNOWN, IdentityIndex, classify
-from batch.incremental import (
+from lambdalake.batch.horizon import Horizon, find_horizon
+from lambdalake.batch.identities import EARLIER, KNOWN, IdentityIndex, classify
+from lambdalake.batch.incremental import (
     BOUNDARIES,
     LATEST_LAYOUT,
     LATEST_RULE,
@@ -50,8 +46,12 @@ from batch.incremental import (
     old_epochs,
     plan,
 )
-from batch.merge import TOUCHED, merge_latest, merge_windowed, read_view, same_columns
-from batch.run import RUN_ID, BatchRun, views_path
+from lambdalake.batch.merge import TOUCHED, merge_latest, merge_windowed, read_view, same_columns
+from lambdalake.batch.run import RUN_ID, BatchRun, views_path
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
 from lambdalake.delta import commit_metadata, open_table
 from lambdalake.errors import NothingToCover
 from lambdalake.latest import OFFSET, PARTITION, RANK
@@ -179,7 +179,7 @@ class BatchJob:
                     events, run, mode="append" if increment is not None else "overwrite"
                 )
             if publish:
-                from batch.publish import Publisher
+                from lambdalake.batch.publish import Publisher
 
                 with clock("publish"):
                     progress("publishing to Cassandra")
@@ -301,7 +301,7 @@ class BatchJob:
 
     def _gate(self, covered: DataFrame, outputs: dict[str, DataFrame], run: BatchRun) -> None:
         """The quality gate on the bronze slice and every view (raises before anything is written)."""
-        from batch.quality import QualityGate, bronze_expectations, view_expectations
+        from lambdalake.batch.quality import QualityGate, bronze_expectations, view_expectations
 
         gate = QualityGate(self.pipeline, self.settings.pipelines_dir)
         gate.check("bronze", covered, bronze_expectations(self.pipeline))

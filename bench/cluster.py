@@ -48,7 +48,7 @@ def services_up(nodes: int) -> dict[str, Any]:
     code = (
         "import json, time\n"
         "from bench.common import bench_settings\n"
-        "from infra.services import all_services, start_all, stop_all\n"
+        "from lambdalake.infra.services import all_services, start_all, stop_all\n"
         "from lambdalake.procs import process_tree\n"
         "services = all_services(bench_settings())\n"
         "t0 = time.monotonic(); start_all(services); up_s = time.monotonic() - t0\n"

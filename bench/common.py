@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from infra.services import all_services
+from lambdalake.infra.services import all_services
+
 from lambdalake.settings import PROJECT_ROOT, Settings
 
 RESULTS = PROJECT_ROOT / "bench" / "results"

@@ -26,9 +26,9 @@ import time
 import uuid
 from functools import partial
 
+from lambdalake.batch.identities import TABLE_PROPERTIES
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from batch.identities import TABLE_PROPERTIES
 from bench.common import write_result
 from lambdalake.delta import commit_files
 from lambdalake.settings import Settings

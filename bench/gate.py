@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import time
 
+from lambdalake.batch.expectations import evaluate
+from lambdalake.batch.quality import QualityGate, bronze_expectations, view_expectations
 from pyspark.sql import functions as F
 
-from batch.expectations import evaluate
-from batch.quality import QualityGate, bronze_expectations, view_expectations
 from bench.common import bench_settings, write_result
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.spark.session import spark_session

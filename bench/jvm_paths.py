@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from lambdalake.infra.services import running
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
@@ -41,7 +42,6 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from bench.common import bench_settings, write_result
 from bench.decode import source_batches
-from infra.services import running
 from lambdalake import jars
 from lambdalake.avro import parse_schema
 from lambdalake.columnar.validate import ColumnarValidator

@@ -32,7 +32,7 @@ from lambdalake.settings import PROJECT_ROOT, QUICK_JIT
 PROBE = r"""
 import json, os, sys, time
 from pathlib import Path
-from infra.services import BrokerService, CassandraService
+from lambdalake.infra.services import BrokerService, CassandraService
 from lambdalake.settings import Settings
 name, state, cache = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 jvm = {"jvm_options": json.loads(sys.argv[4])} if len(sys.argv) > 4 else {}

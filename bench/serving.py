@@ -40,8 +40,9 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from lambdalake.infra.services import running
+
 from bench.common import bench_settings, write_result
-from infra.services import running
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import (
     BATCH_META,
@@ -214,12 +215,13 @@ def bench_http(settings: Settings, rate: int, seconds: float, workers: int) -> d
 
 def bench_replay(settings: Settings, events: int) -> dict[str, Any]:
     """Produce ``events`` to a fresh topic, then replay the whole range into an empty bronze."""
+    from lambdalake.speed.replay import Replayer, plan_replay
+
     from lambdalake.kafka.admin import ensure_pipeline_topics
     from lambdalake.kafka.offsets import offset_consumer, watermarks
     from lambdalake.produce.generator import Mix, generate
     from lambdalake.produce.producer import EventProducer
     from lambdalake.spark.session import spark_session
-    from speed.replay import Replayer, plan_replay
 
     run = uuid.uuid4().hex[:6]
     base = configured_pipeline("telemetry", settings)
@@ -242,7 +244,7 @@ def bench_replay(settings: Settings, events: int) -> dict[str, Any]:
     with offset_consumer(run_settings) as consumer:
         ends = {p: high for p, (_, high) in watermarks(consumer, pipeline.topic.name).items()}
     plan = plan_replay(run_settings, pipeline, from_ms=0, now_ms=later, speed_end=ends)
-    from speed.job import SpeedJob
+    from lambdalake.speed.job import SpeedJob
 
     SpeedJob(settings=run_settings, pipeline=pipeline, spark=spark).deploy()  # the speed tables
     runs = {}
@@ -292,7 +294,7 @@ def main() -> None:
     with running(settings):
         pipeline = configured_pipeline("offers", settings)
         load_rows(settings, pipeline)
-        from serving import ServingClient
+        from lambdalake.serving import ServingClient
 
         client = ServingClient(settings=settings)
         session = client.session

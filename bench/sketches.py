@@ -32,11 +32,11 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
+from lambdalake.batch.job import BatchJob
+from lambdalake.infra.services import running
 
-from batch.job import BatchJob
 from bench.batch import synthetic_bronze
 from bench.common import bench_settings, percentile, write_result
-from infra.services import running
 from lambdalake.kafka.admin import ensure_pipeline_topics
 from lambdalake.master import MasterDataset
 from lambdalake.master_files import table_path, write_event_files
@@ -132,7 +132,7 @@ def main() -> None:
                 speed[name].append(speed_run(fresh, name))
                 print(f"speed {name}: {speed[name][-1]}", flush=True)
 
-        from serving import ServingClient
+        from lambdalake.serving import ServingClient
 
         clients = {n: ServingClient(settings=roots[n]) for n in AGGREGATES}
         merchants = [f"merchant-{k:04d}" for k in range(500)]

@@ -13,7 +13,8 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from infra.addresses import joined
+from lambdalake.infra.addresses import joined
+
 from lambdalake import jars
 from lambdalake.errors import LambdalakeError
 from lambdalake.kafka.admin import default_replication

@@ -20,10 +20,10 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
+from lambdalake.infra import cassandra_dist, kafka_dist
+from lambdalake.infra.addresses import host_port, joined
+from lambdalake.infra.process import ManagedProcess, port_open
 
-from infra import cassandra_dist, kafka_dist
-from infra.addresses import host_port, joined
-from infra.process import ManagedProcess, port_open
 from lambdalake.errors import LambdalakeError
 from lambdalake.settings import Settings
 
@@ -250,11 +250,12 @@ class BrokerService(EmbeddedService):
 
 
 class RegistryService(EmbeddedService):
-    """lambdalake's own Confluent-API schema registry (``infra.registry``), state in ``_schemas``."""
+    """lambdalake's own Confluent-API schema registry (``lambdalake.infra.registry``), its state in
+    ``_schemas``."""
 
     name = "registry"
     kind = "registry"
-    marker = "infra.registry"
+    marker = "lambdalake.infra.registry"
     start_timeout = 30.0
 
     @cached_property
@@ -273,10 +274,7 @@ class RegistryService(EmbeddedService):
         return "LAMBDALAKE_REGISTRY__URL=http://127.0.0.1:<port>"
 
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "infra.registry", "--host", self.host, "--port", str(self.port)]
-
-    def cwd(self) -> Path | None:
-        return Path(__file__).resolve().parent.parent
+        return [sys.executable, "-m", self.marker, "--host", self.host, "--port", str(self.port)]
 
     def env(self) -> dict[str, str]:
         return self.settings.to_env()

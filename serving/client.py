@@ -16,6 +16,9 @@ import pyarrow as pa
 from cassandra import InvalidRequest
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, ExecutionProfile, ResponseFuture, Session
 from cassandra.query import PreparedStatement, tuple_factory
+from lambdalake.serving.answers import Answer, LatestRow, Provenance
+from lambdalake.serving.contract import EARLIEST_MS, LATEST_MS
+from lambdalake.serving.merge import RowSet, aware_utc, aware_utc_values, merge_windows, pick_latest
 
 from lambdalake.cassandra.active import ActiveBatch, PipelineMeta, read_meta
 from lambdalake.cassandra.session import connect
@@ -33,9 +36,6 @@ from lambdalake.views import (
     newest_cells,
     speed_table,
 )
-from serving.answers import Answer, LatestRow, Provenance
-from serving.contract import EARLIEST_MS, LATEST_MS
-from serving.merge import RowSet, aware_utc, aware_utc_values, merge_windows, pick_latest
 
 #: Window bounds when a query gives none (Cassandra timestamps are epoch milliseconds).
 

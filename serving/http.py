@@ -19,13 +19,13 @@ from cassandra.cluster import NoHostAvailable
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from lambdalake.serving.client import BadQuery, NotDeployed, NotFound, ServingClient, _ms, quantile_list
+from lambdalake.serving.contract import TIME_PARAMETER, AnswerBody, HealthBody, answers
+from lambdalake.serving.metrics import make_registry
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lambdalake.errors import LambdalakeError, ServiceUnavailable
 from lambdalake.settings import Settings
-from serving.client import BadQuery, NotDeployed, NotFound, ServingClient, _ms, quantile_list
-from serving.contract import TIME_PARAMETER, AnswerBody, HealthBody, answers
-from serving.metrics import make_registry
 
 _bearer = HTTPBearer(auto_error=False)
 QUERY_PATH = "/v1/pipelines/{pipeline}/views/{view}/keys/{key}"

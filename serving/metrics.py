@@ -6,13 +6,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
+from lambdalake.serving.client import ServingClient
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from lambdalake.settings import Settings
 from lambdalake.status import pipeline_status
-from serving.client import ServingClient
 
 log = logging.getLogger("lambdalake.serving")
 

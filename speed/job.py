@@ -39,6 +39,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from lambdalake.speed.dedup import DedupLog
+from lambdalake.speed.last_read import LastReadCheck, LastRecords, lost_tail, offset_changed
+from lambdalake.speed.sinks import ArchiveSink, FileSet, LatestSink, PartitionProgress, RecordCounts, drain
 from py4j.protocol import Py4JError
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
@@ -65,9 +68,6 @@ from lambdalake.spark.views import INGEST_TS, together_column, together_row, win
 from lambdalake.status import speed_status_file
 from lambdalake.storage import list_files, read_text, write_text
 from lambdalake.views import windowed_inputs
-from speed.dedup import DedupLog
-from speed.last_read import LastReadCheck, LastRecords, lost_tail, offset_changed
-from speed.sinks import ArchiveSink, FileSet, LatestSink, PartitionProgress, RecordCounts, drain
 
 log = logging.getLogger("lambdalake.speed")
 

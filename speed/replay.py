@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from lambdalake.speed.sinks import send_dead_letters
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -64,7 +65,6 @@ from lambdalake.spark.views import (
     windowed,
 )
 from lambdalake.views import EPOCH, WINDOW_START
-from speed.sinks import send_dead_letters
 
 log = logging.getLogger("lambdalake.replay")
 

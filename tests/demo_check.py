@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import sys
 
+from lambdalake.serving import ServingClient
+
 from lambdalake.pipeline import configured_pipeline, list_pipelines
 from lambdalake.settings import get_settings
-from serving import ServingClient
 from tests.reference import merged_differences, topic_events
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
+from lambdalake.infra.process import port_open
 
-from infra.process import port_open
 from lambdalake.master import MasterDataset
 from lambdalake.master_files import table_path
 from lambdalake.pipeline import Pipeline, configured_pipeline
@@ -70,7 +70,7 @@ def send_generated(producer: Any, kind: str, n: int, *, seed: int, mix: Any) -> 
 
 def run_speed_once(settings: Settings, pipeline: Pipeline, spark: Any, **options: Any) -> None:
     """Run the pipeline's speed job in-process until it has processed what the topic holds."""
-    from speed.job import SpeedJob, SpeedOptions
+    from lambdalake.speed.job import SpeedJob, SpeedOptions
 
     job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark, options=SpeedOptions(**options))
     job.start()
@@ -240,9 +240,8 @@ def serving_app(settings: Settings, *, token: str, meta_ttl_s: float | None = No
     import threading
 
     import uvicorn
+    from lambdalake.serving.http import make_app
     from pydantic import SecretStr
-
-    from serving.http import make_app
 
     serving = {"token": SecretStr(token), **({"meta_ttl_s": meta_ttl_s} if meta_ttl_s is not None else {})}
     secured = settings.model_copy(update={"serving": settings.serving.model_copy(update=serving)})

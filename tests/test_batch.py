@@ -18,9 +18,10 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
+from lambdalake.batch.job import BatchJob, views_path
+from lambdalake.batch.run import RUN_ID, identities_path
+from lambdalake.speed.job import SpeedJob, SpeedOptions
 
-from batch.job import BatchJob, views_path
-from batch.run import RUN_ID, identities_path
 from lambdalake.avro import WireEncoder, parse_schema
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
@@ -31,7 +32,6 @@ from lambdalake.pipeline import Pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
-from speed.job import SpeedJob, SpeedOptions
 from tests.conftest import env_for, isolated, pipeline_named
 from tests.helpers import kill_publish_half_way, pipelines_folder
 from tests.reference import batch_differences, batch_rows, batch_views, topic_events
@@ -200,7 +200,7 @@ def test_dry_run_writes_nothing(archived: dict, spark, tmp_path: Path) -> None:
 
 def test_restore_republishes_the_cassandra_rows_from_delta(archived: dict, spark) -> None:
     """The serving store can be rebuilt from the system of record: drop the active tables, restore."""
-    from batch.restore import restore
+    from lambdalake.batch.restore import restore
 
     settings, pipeline = archived["settings"], archived["pipeline"]
     session = connect(settings.cassandra)
@@ -262,7 +262,8 @@ def test_a_planted_fault_fails_the_gate_and_serving_keeps_the_previous_version(a
     """A negative price written straight into bronze (around the producer's and the speed layer's
     checks): the run stops naming the expectation, and the active batch version does not move.
     Last in the module: it leaves bronze faulty."""
-    from batch.quality import QualityGateFailed
+    from lambdalake.batch.quality import QualityGateFailed
+
     from lambdalake.master import MasterDataset
     from lambdalake.master_files import table_path, write_event_files
 

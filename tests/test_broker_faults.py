@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from lambdalake.infra.services import BrokerService, RegistryService, running
 
-from infra.services import BrokerService, RegistryService, running
 from lambdalake.errors import LambdalakeError
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer, ProducerFailed

@@ -40,18 +40,19 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[FakeSession]:
 def test_a_failed_restore_stops_its_session(
     started: list[FakeSession], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import batch.restore
+    import lambdalake.batch.restore
+    import lambdalake.speed.replay
+
     import lambdalake.master
-    import speed.replay
 
     monkeypatch.setattr(cli_batch, "deployed_pipeline_of", lambda name, _s: SimpleNamespace(name=name))
     monkeypatch.setattr(lambdalake.master, "bronze_of", lambda *_a: SimpleNamespace(num_records=lambda: 10))
-    monkeypatch.setattr(speed.replay, "Replayer", lambda **_k: SimpleNamespace(recompute=None))
+    monkeypatch.setattr(lambdalake.speed.replay, "Replayer", lambda **_k: SimpleNamespace(recompute=None))
 
     def failing(*_a: Any, **_k: Any) -> None:
         raise RuntimeError("the Delta views are gone")
 
-    monkeypatch.setattr(batch.restore, "restore", failing)
+    monkeypatch.setattr(lambdalake.batch.restore, "restore", failing)
     with pytest.raises(RuntimeError, match="Delta views are gone"):
         cli_batch.batch_restore("p", version=None)
     assert [s.stopped for s in started] == [1]
@@ -60,15 +61,16 @@ def test_a_failed_restore_stops_its_session(
 def test_the_scheduler_stops_the_session_its_runs_shared(
     started: list[FakeSession], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import batch.job
-    import batch.schedule
+    import lambdalake.batch.job
+    import lambdalake.batch.schedule
+
     import lambdalake.master
 
     monkeypatch.setattr(cli_batch, "pipeline_of", lambda name, _s: SimpleNamespace(name=name))
     monkeypatch.setattr(cli_batch, "deployed_pipeline_of", lambda name, _s: SimpleNamespace(name=name))
     monkeypatch.setattr(lambdalake.master, "bronze_of", lambda *_a: SimpleNamespace(num_records=lambda: 10))
     ran = SimpleNamespace(outcome="published")
-    monkeypatch.setattr(batch.job, "BatchJob", lambda **_k: SimpleNamespace(run=lambda: ran))
+    monkeypatch.setattr(lambdalake.batch.job, "BatchJob", lambda **_k: SimpleNamespace(run=lambda: ran))
 
     class Scheduler:
         def __init__(self, *, runner: Any, pipelines: list[Any], **_kwargs: Any) -> None:
@@ -77,6 +79,6 @@ def test_the_scheduler_stops_the_session_its_runs_shared(
         def run_due(self) -> dict[str, str]:
             return {p.name: self.runner(p) for p in self.pipelines}
 
-    monkeypatch.setattr(batch.schedule, "Scheduler", Scheduler)
+    monkeypatch.setattr(lambdalake.batch.schedule, "Scheduler", Scheduler)
     cli_batch.batch_schedule(pipeline=["a", "b"], once=True)
     assert [s.stopped for s in started] == [1], "one session for both runs, stopped at the end"

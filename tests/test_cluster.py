@@ -17,14 +17,14 @@ from pathlib import Path
 import httpx
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
+from lambdalake.infra.services import EmbeddedService, all_services, running
+from lambdalake.serving.client import ServingClient
 
-from infra.services import EmbeddedService, all_services, running
 from lambdalake.cassandra.session import connect
 from lambdalake.pipeline import WindowedView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import QUICK_JIT, Settings
-from serving.client import ServingClient
 from tests.conftest import isolated, pipeline_named, port, run_cli
 from tests.helpers import kcat_count, kill_minus_nine, serving_app, stop_job
 from tests.reference import differences, merged_differences, stored_keys, topic_events
@@ -310,7 +310,7 @@ def test_a_rolling_restart_of_the_three_brokers_under_steady_load(
     """Each broker stopped and started in turn (the next once every replica is back in sync, as an
     operator rolls a cluster): nothing acknowledged is lost, and the speed job's micro-batches never
     pause for longer than one restart took."""
-    from speed.job import checkpoints_path
+    from lambdalake.speed.job import checkpoints_path
 
     settings = isolated(cluster, tmp_path, unique).model_copy(update={"topic_prefix": f"{unique}-"})
     pipeline = pipeline_named(settings, "offers")

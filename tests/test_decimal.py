@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+from lambdalake.serving import ServingClient
+from lambdalake.speed.job import SpeedJob
 
 from lambdalake.cassandra.session import connect
 from lambdalake.errors import ConfigurationError
@@ -20,8 +22,6 @@ from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from lambdalake.views import speed_table
-from serving import ServingClient
-from speed.job import SpeedJob
 from tests.conftest import isolated
 from tests.helpers import consume_all, offers_with_field
 

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lambdalake.batch.job import BatchJob, BatchRun
+from lambdalake.batch.publish import Publisher
+from lambdalake.serving import ServingClient
+from lambdalake.speed.replay import Replayer, plan_replay
 
-from batch.job import BatchJob, BatchRun
-from batch.publish import Publisher
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.errors import ConfigurationError
@@ -23,8 +25,6 @@ from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from lambdalake.views import speed_table
-from serving import ServingClient
-from speed.replay import Replayer, plan_replay
 from tests.conftest import isolated, pipeline_named, run_cli
 from tests.helpers import bronze_coordinates, kcat_count, pipelines_folder, run_speed_once
 from tests.reference import cassandra_rows, merged_differences

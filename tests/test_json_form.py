@@ -13,9 +13,9 @@ from decimal import Decimal
 from uuid import UUID
 
 import pytest
+from lambdalake.serving.answers import Answer, LatestRow, Provenance, WindowRow
 
 from lambdalake.json_form import DESCRIPTION, json_value
-from serving.answers import Answer, LatestRow, Provenance, WindowRow
 
 EVERY_TYPE = {
     "int": (7, 7),
@@ -87,7 +87,7 @@ def test_an_answer_of_every_type_reads_the_same_from_python_http_and_the_cli(wid
 
 
 def test_the_openapi_document_states_the_form() -> None:
-    from serving.contract import VALUES
+    from lambdalake.serving.contract import VALUES
 
     assert VALUES == DESCRIPTION
     for words in ("base64", '"NaN"', "RFC 3339", "digits"):

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lambdalake.serving import ServingClient
 
 from lambdalake.cassandra.legacy_latest import adopt_legacy_latest
 from lambdalake.cassandra.session import connect
@@ -24,7 +25,6 @@ from lambdalake.latest import RANK, arrow_winners, latest_tiebreak, rank_array
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.settings import Settings
 from lambdalake.views import legacy_latest_tables
-from serving import ServingClient
 from tests.conftest import isolated
 from tests.test_latest_rule import BASE_S, SCHEMA, TOML, _table, plain_rule
 

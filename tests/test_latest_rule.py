@@ -17,6 +17,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lambdalake.serving.answers import LatestRow
+from lambdalake.serving.merge import pick_latest
 
 from lambdalake.latest import (
     TIEBREAK_BITS,
@@ -27,8 +29,6 @@ from lambdalake.latest import (
     winner_key,
 )
 from lambdalake.pipeline import Pipeline, load
-from serving.answers import LatestRow
-from serving.merge import pick_latest
 
 SCHEMA = {
     "type": "record", "name": "Reading", "namespace": "test.latest",

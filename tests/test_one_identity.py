@@ -21,16 +21,16 @@ from pathlib import Path
 
 import httpx
 import pytest
+from lambdalake.batch.identities import IdentityIndex
+from lambdalake.batch.job import BatchJob
+from lambdalake.batch.run import RUN_ID
+from lambdalake.serving import ServingClient
 
-from batch.identities import IdentityIndex
-from batch.job import BatchJob
-from batch.run import RUN_ID
 from lambdalake.master_files import table_path
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from lambdalake.spark.delta import write_table
-from serving import ServingClient
 from tests.conftest import isolated
 from tests.helpers import run_speed_once, serving_app
 from tests.test_identity import old_index_rows

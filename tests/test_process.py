@@ -11,12 +11,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import lambdalake.infra.process as process
+import lambdalake.infra.services as services
 import pytest
+from lambdalake.infra.addresses import host_port, joined
+from lambdalake.infra.process import ManagedProcess, pid_alive
 
-import infra.process as process
-import infra.services as services
-from infra.addresses import host_port, joined
-from infra.process import ManagedProcess, pid_alive
 from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.settings import Settings
 

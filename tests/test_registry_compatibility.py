@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from infra.registry import compatibility
+from lambdalake.infra.registry import compatibility
 
 
 def record(*fields: dict) -> str:

@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 from deltalake import DeltaTable
+from lambdalake.batch.job import BatchJob
+from lambdalake.serving import ServingClient
+from lambdalake.speed.job import SpeedJob
 
-from batch.job import BatchJob
 from lambdalake.cassandra.session import connect
 from lambdalake.master_files import table_path
 from lambdalake.pipeline import LatestView
@@ -22,8 +24,6 @@ from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from lambdalake.views import speed_table
-from serving import ServingClient
-from speed.job import SpeedJob
 from tests.conftest import isolated, pipeline_named, run_cli
 from tests.helpers import bronze_coordinates, pipelines_folder, run_speed_once
 from tests.reference import cassandra_rows, merged_differences, topic_events

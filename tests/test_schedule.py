@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from batch.schedule import Scheduler
+from lambdalake.batch.schedule import Scheduler
+
 from lambdalake.pipeline import BatchSpec, configured_pipeline
 from lambdalake.settings import Settings
 

@@ -16,15 +16,15 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from batch.job import BatchJob
+from lambdalake.batch.job import BatchJob
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
+from lambdalake.serving import ServingClient
 from lambdalake.settings import PROJECT_ROOT, Settings
-from serving import ServingClient
-from speed.job import SpeedJob
+from lambdalake.speed.job import SpeedJob
 from tests.conftest import env_for, isolated, pipeline_named, run_cli
 from tests.helpers import (
     assert_schemathesis_passes,
@@ -288,7 +288,7 @@ def test_http_api_answers_like_the_python_api(served: Any, server: Any) -> None:
 
 
 def test_serving_imports_no_pyspark() -> None:
-    code = "import sys, serving, serving.http; assert 'pyspark' not in sys.modules, 'pyspark imported'"
+    code = "import sys, lambdalake.serving.http; assert 'pyspark' not in sys.modules, 'pyspark imported'"
     result = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr.decode()
 
@@ -296,7 +296,7 @@ def test_serving_imports_no_pyspark() -> None:
 def test_http_api_without_a_token_is_open(served: Any) -> None:
     from fastapi.testclient import TestClient
 
-    from serving.http import make_app
+    from lambdalake.serving.http import make_app
 
     settings, offers = served["settings"], served["pipelines"]["offers"]
     key = sorted(stored_keys(settings, offers, offers.views[0]))[0][0]
@@ -332,7 +332,7 @@ def test_http_errors_name_the_problem_and_never_answer_500(served: Any) -> None:
 
     from lambdalake.cassandra.tables import deploy_speed_tables
     from lambdalake.pipeline import configured_pipeline
-    from serving.http import make_app
+    from lambdalake.serving.http import make_app
 
     settings, offers = served["settings"], served["pipelines"]["offers"]
     hourly = offers.views[1]
@@ -387,7 +387,7 @@ def test_the_openapi_document_is_true_to_the_api(served: Any, server: Any, tmp_p
 
 
 def test_curl_of_each_documented_error_gives_the_documented_body(served: Any, server: Any) -> None:
-    from serving.contract import ErrorBody, NotFoundBody
+    from lambdalake.serving.contract import ErrorBody, NotFoundBody
 
     settings, offers = served["settings"], served["pipelines"]["offers"]
     merchant = sorted(stored_keys(settings, offers, offers.views[1]))[0][0]

@@ -24,7 +24,7 @@ def test_topic_prefix_names_every_pipeline_topic_and_its_dlq(monkeypatch: pytest
 
 
 def test_the_embedded_controller_port_moves_with_the_broker_port(tmp_path) -> None:
-    from infra.kafka_dist import server_properties
+    from lambdalake.infra.kafka_dist import server_properties
 
     def listeners(**kafka: object) -> str:
         settings = Settings(kafka=kafka)

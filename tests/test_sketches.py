@@ -15,13 +15,13 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from lambdalake.batch.job import BatchJob
+from lambdalake.serving import ServingClient
+from lambdalake.speed.replay import Replayer, plan_replay
 
-from batch.job import BatchJob
 from lambdalake.pipeline import Pipeline, WindowedView, configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
-from serving import ServingClient
-from speed.replay import Replayer, plan_replay
 from tests import reference
 from tests.conftest import isolated
 from tests.helpers import run_speed_once
@@ -198,7 +198,7 @@ def test_sketches_and_filters_match_the_reference_across_both_layers(
 def asked_later(settings: Settings, pipeline: Pipeline) -> None:
     """Quantiles the definition does not list, asked at query time (``?q=``), from the same merged
     sketches: each within the rank error of the truth."""
-    from serving.client import quantile_list
+    from lambdalake.serving.client import quantile_list
 
     view = pipeline.view("account_5m")
     events = pd.DataFrame(read_back(settings, pipeline.topic.name))
@@ -217,7 +217,7 @@ def asked_later(settings: Settings, pipeline: Pipeline) -> None:
 
 
 def test_quantiles_asked_at_query_time_are_numbers_between_0_and_1() -> None:
-    from serving.client import BadQuery, quantile_list
+    from lambdalake.serving.client import BadQuery, quantile_list
 
     assert quantile_list(["0.5,0.95", "1"]) == [0.5, 0.95, 1.0]
     for bad in ("1.5", "-0.1", "nan", "p99", ""):

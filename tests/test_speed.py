@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from lambdalake.speed.job import SpeedJob
 from pyspark.sql import functions as F
 
 from lambdalake.avro import HEADER, MAGIC, WireEncoder, parse_schema
@@ -24,7 +25,6 @@ from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from lambdalake.views import speed_table
-from speed.job import SpeedJob
 from tests.conftest import isolated, pipeline_named
 from tests.helpers import bronze_coordinates, consume_all, run_speed_once, send_generated
 from tests.reference import cassandra_rows, compare, differences, topic_events, windowed_view
@@ -282,7 +282,7 @@ def test_windowed_views_added_and_removed_on_a_live_pipeline_move_the_one_query_
     the new checkpoint recounts from the epoch of the first one: the view kept equals the reference
     in every epoch, the views added equal it from the epoch they start at (the view build
     recomputes the ones before), and bronze holds each valid event once."""
-    from speed.job import MAIN_FILE, START_FILE
+    from lambdalake.speed.job import MAIN_FILE, START_FILE
 
     unique = os.urandom(4).hex()
     settings = isolated(services, tmp_path, unique)
@@ -349,7 +349,7 @@ def test_a_view_added_before_a_moved_checkpoint_first_ran_records_where_it_start
     """A move left a checkpoint counting from an open epoch, and the job stopped before its first
     batch; a view added meanwhile starts with that checkpoint, so it records the epoch it is counted
     from (the view build recomputes the closed ones before it), as a view added at a move does."""
-    from speed.job import MAIN_FILE, START_FILE, view_signature
+    from lambdalake.speed.job import MAIN_FILE, START_FILE, view_signature
 
     unique = os.urandom(4).hex()
     settings = isolated(services, tmp_path, unique)

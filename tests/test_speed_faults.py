@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
+from lambdalake.infra.services import CassandraService
+from lambdalake.speed.job import SpeedJob
 
-from infra.services import CassandraService
 from lambdalake.compaction import OPERATION
 from lambdalake.master_files import table_path
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, BronzeSettings, Settings
-from speed.job import SpeedJob
 from tests.conftest import env_for, isolated, pipeline_named
 from tests.helpers import bronze_coordinates, stop_job
 from tests.reference import differences, topic_events
@@ -234,7 +234,7 @@ def test_a_python_worker_killed_mid_task_is_retried_and_the_views_stay_exact(
 
 def test_spark_sources_offset_change_reads_as_the_data_loss_it_is() -> None:
     """Spark's words for a log whose end went behind the checkpoint become the job's own error."""
-    from speed.last_read import offset_changed
+    from lambdalake.speed.last_read import offset_changed
 
     text = (
         "[KAFKA_DATA_LOSS.PARTITION_OFFSET_CHANGED] Some data may have been lost ... Reason: Partition "

@@ -14,8 +14,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from lambdalake.batch.job import BatchJob
+from lambdalake.speed.job import SpeedJob
 
-from batch.job import BatchJob
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import speed_table_def
 from lambdalake.errors import ConfigurationError
@@ -24,7 +25,6 @@ from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from lambdalake.views import speed_table
-from speed.job import SpeedJob
 from tests.conftest import isolated
 from tests.helpers import consume_all, offers_with_field
 from tests.test_batch import wait_for_epoch_end

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lambdalake.batch.job import BatchJob
+from lambdalake.serving import ServingClient
 
-from batch.job import BatchJob
 from lambdalake.errors import ConfigurationError
 from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
-from serving import ServingClient
 from tests.conftest import isolated
 from tests.helpers import run_speed_once
 from tests.user_pipeline import (
@@ -559,7 +559,7 @@ def test_a_repeat_just_after_a_speed_resets_start_counts_once(
     count stays 1 (the first copy counts in the epoch before, recomputed from bronze)."""
     import shutil
 
-    from speed.reset import reset_speed
+    from lambdalake.speed.reset import reset_speed
 
     unique = os.urandom(4).hex()
     settings = write_pipeline(

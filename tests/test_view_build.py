@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-import infra.view_build as view_build
 import lambdalake.cassandra.active as active
+import lambdalake.control.view_build as view_build
 from lambdalake.cassandra.active import PipelineMeta
 from lambdalake.errors import ConfigurationError, LambdalakeError, NothingToCover
 from lambdalake.view_versions import Registry
@@ -74,7 +74,7 @@ def test_dropping_retired_versions_is_bounded(losing: list[int], monkeypatch: py
 
 def _batch_refusing(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
     """The batch run raises ``error``; no batch is active; the switch finds nothing to switch."""
-    import batch.job
+    import lambdalake.batch.job
 
     class Refusing:
         def __init__(self, **_kwargs: Any) -> None:
@@ -83,7 +83,7 @@ def _batch_refusing(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
         def run(self, **_kwargs: Any) -> None:
             raise error
 
-    monkeypatch.setattr(batch.job, "BatchJob", Refusing)
+    monkeypatch.setattr(lambdalake.batch.job, "BatchJob", Refusing)
     monkeypatch.setattr(view_build, "connect", lambda _settings: None)
     monkeypatch.setattr(view_build, "with_deployed_views", lambda _s, _k, p: p)
     monkeypatch.setattr(view_build, "writer_lease", lambda *_a, **_k: contextlib.nullcontext())

@@ -18,6 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from lambdalake.serving import ServingClient
 
 from lambdalake.cassandra.active import read_meta
 from lambdalake.cassandra.session import connect
@@ -26,7 +27,6 @@ from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from lambdalake.view_versions import Registry, deployed_pipeline, plan
-from serving import ServingClient
 from tests.conftest import isolated, port, run_cli
 from tests.user_pipeline import SCHEMA_V1, payments, read_back, reference, write_pipeline
 

@@ -95,7 +95,7 @@ def test_merged_windows_count_each_epoch_once_from_query_tuples() -> None:
     returns them): the batch row holds epochs <= horizon, speed rows of those epochs are skipped."""
     from datetime import UTC, datetime
 
-    from serving.merge import merge_windows
+    from lambdalake.serving.merge import merge_windows
 
     w1, w2, w3 = (datetime(2026, 11, 23, h) for h in (1, 2, 3))
     batch_names = ("k", "window_start", *row([0.0]))

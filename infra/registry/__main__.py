@@ -1,4 +1,4 @@
-"""``python -m infra.registry``: run the embedded schema registry in the foreground."""
+"""``python -m lambdalake.infra.registry``: run the embedded schema registry in the foreground."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import argparse
 import logging
 import sys
 
-from infra.registry.server import make_server
-from infra.registry.store import KafkaBackedStore
+from lambdalake.infra.registry.server import make_server
+from lambdalake.infra.registry.store import KafkaBackedStore
+
 from lambdalake.settings import get_settings
 
 

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from batch.run import BatchRun
+from lambdalake.batch.run import BatchRun
 from lambdalake.cli.common import (
     PipelineArg,
     console,
@@ -49,7 +49,7 @@ def batch_run(
     what bronze added since the active batch is read, and merged into its views; full (everything
     rebuilt from the master dataset) with --full, on the first run, and after a view or the layers
     changed; the summary says which and why."""
-    from batch.job import BatchJob
+    from lambdalake.batch.job import BatchJob
 
     if horizon is not None and as_of is not None:
         raise LambdalakeError("give --horizon or --as-of, not both", fix="drop one of them")
@@ -118,10 +118,10 @@ def batch_restore(
     """Republish the Cassandra batch tables from a Delta version of the views, as a new batch version.
     An older version's horizon is older: the speed rows of the epochs in between are rebuilt from the
     master dataset first, so serving counts every event once."""
-    from batch.restore import restore
+    from lambdalake.batch.restore import restore
     from lambdalake.master import bronze_of
     from lambdalake.spark.session import command_session
-    from speed.replay import Replayer
+    from lambdalake.speed.replay import Replayer
 
     settings = get_settings()
     p = deployed_pipeline_of(pipeline, settings)
@@ -148,8 +148,8 @@ def batch_schedule(
     import logging
     import threading
 
-    from batch.job import BatchJob
-    from batch.schedule import Scheduler
+    from lambdalake.batch.job import BatchJob
+    from lambdalake.batch.schedule import Scheduler
     from lambdalake.master import bronze_of
     from lambdalake.spark.session import spark_session
 

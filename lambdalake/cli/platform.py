@@ -40,7 +40,7 @@ NodesOpt = Annotated[
 def up(only: OnlyOpt = None, nodes: NodesOpt = None) -> None:
     """Start the embedded broker(s), schema registry, Cassandra node(s) and, with a ``spark://``
     master of this machine, the Spark standalone cluster (idempotent)."""
-    from infra.services import select, start_all
+    from lambdalake.infra.services import select, start_all
     from lambdalake.settings import NODES_FILE
 
     settings = get_settings()
@@ -96,8 +96,8 @@ def install() -> None:
 def down(only: OnlyOpt = None) -> None:
     """Stop the deployed jobs, then the embedded services, by their PID files (data is kept under the
     state folder; `up` then `deploy` resume where they stopped)."""
-    from infra.deploy import deployed_pipelines, undeploy
-    from infra.services import select, stop_all
+    from lambdalake.control.deploy import deployed_pipelines, undeploy
+    from lambdalake.infra.services import select, stop_all
 
     settings = get_settings()
     if not only and deployed_pipelines(settings):
@@ -125,7 +125,7 @@ def status(
     """Show each service (address, health), then per pipeline: stream lag per partition, freshness
     of each speed view, DLQ records, the active batch version and horizon, and the last batch run.
     Exits 1 if any service is unhealthy."""
-    from infra.services import all_services
+    from lambdalake.infra.services import all_services
 
     settings = get_settings()
     statuses = [s.status() for s in all_services(settings)]
@@ -240,7 +240,7 @@ def deploy(
     their definition or settings changed) and the batch scheduler. A view changed or added on a live
     pipeline is built beside the one serving answers, then switched to at once (its progress shown).
     A second run reports no changes."""
-    from infra.deploy import Deployer
+    from lambdalake.control.deploy import Deployer
 
     settings = get_settings()
     names = [*(pipelines or []), *(pipeline or [])] or list_pipelines(settings.pipelines_dir)
@@ -249,7 +249,7 @@ def deploy(
     with console.status("deploying...") as shown:
         changes = deployer.deploy(chosen)
         if jobs:  # a view version is built while the jobs run it
-            from infra.view_build import build_views
+            from lambdalake.control.view_build import build_views
 
             for p in chosen:
 
@@ -271,8 +271,8 @@ def undeploy(
 ) -> None:
     """Stop the deployed speed jobs (and the batch scheduler once no pipeline is left). Topics,
     tables, the master dataset and checkpoints are kept: `deploy` resumes where the jobs stopped."""
-    from infra.deploy import deployed_pipelines
-    from infra.deploy import undeploy as stop
+    from lambdalake.control.deploy import deployed_pipelines
+    from lambdalake.control.deploy import undeploy as stop
 
     settings = get_settings()
     with console.status("stopping jobs..."):

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lambdalake.pipeline import Pipeline
-    from speed.replay import ReplayPlan
+    from lambdalake.speed.replay import ReplayPlan
 
 app = typer.Typer()
 
@@ -56,7 +56,7 @@ def replay(
     Epochs at or before the horizon are left to the next batch run (offered at the end); epochs still
     open belong to the running speed job and are left alone. Running it twice changes nothing."""
     from lambdalake.kafka.offsets import parse_offsets
-    from speed.replay import plan_replay
+    from lambdalake.speed.replay import plan_replay
 
     settings = get_settings()
     p = deployed_pipeline_of(pipeline, settings)
@@ -103,7 +103,7 @@ def _replay_and_batch(
     settings: Settings, p: Pipeline, plan: ReplayPlan, spark: SparkSession, run_batch: bool | None
 ) -> None:
     """The replay under its lease, then the batch it leaves to do (asked, unless ``run_batch`` says)."""
-    from speed.replay import Replayer
+    from lambdalake.speed.replay import Replayer
 
     with writer_lease(settings, p.name, "replay"), console.status(f"replaying {plan.records:,} records..."):
         result = Replayer(settings=settings, pipeline=p, spark=spark).run(plan)
@@ -120,7 +120,7 @@ def _replay_and_batch(
         )
         wanted = run_batch if run_batch is not None else typer.confirm(question, default=True)
         if wanted:
-            from batch.job import BatchJob
+            from lambdalake.batch.job import BatchJob
 
             with writer_lease(settings, p.name, "batch run"), console.status("running the batch..."):
                 run = BatchJob(settings=settings, pipeline=p, spark=spark).run()

@@ -23,7 +23,7 @@ from lambdalake.settings import get_settings
 app = typer.Typer()
 
 if TYPE_CHECKING:
-    from serving.answers import Answer
+    from lambdalake.serving.answers import Answer
 
 
 class Format(StrEnum):
@@ -54,8 +54,8 @@ def query(
 ) -> None:
     """The merged answer for one key: the active batch version's row combined with the speed rows of
     later ingest epochs, with its provenance. Exits 1 when the key has no rows."""
-    from serving import ServingClient
-    from serving.client import quantile_list
+    from lambdalake.serving import ServingClient
+    from lambdalake.serving.client import quantile_list
 
     settings = get_settings()
     wanted = quantile_list([q]) if q else None
@@ -166,5 +166,5 @@ def serve(
     auth = "bearer token required" if settings.serving.token else "no token configured: open to anyone"
     console.print(f"serving on http://{host}:{port} with {workers} worker(s) (docs at /docs; {auth})")
     # Each worker builds its app (and Cassandra session) from the environment's settings.
-    uvicorn.run("serving.http:create_app", factory=True, host=host, port=port, workers=workers,
+    uvicorn.run("lambdalake.serving.http:create_app", factory=True, host=host, port=port, workers=workers,
                 log_level="warning", access_log=False)  # fmt: skip

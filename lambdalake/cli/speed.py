@@ -63,7 +63,7 @@ def speed_run(
     One speed job per pipeline runs at a time, on every host: a second one refuses (exit 2)."""
     import logging
 
-    from speed.job import SpeedJob, SpeedOptions
+    from lambdalake.speed.job import SpeedJob, SpeedOptions
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("lambdalake").setLevel(log_level.value)
@@ -169,7 +169,7 @@ def speed_show(
 
 
 def _refuse_running_job(settings: Settings, pipeline: str, action: str) -> None:
-    from infra.deploy import speed_process
+    from lambdalake.control.deploy import speed_process
 
     pid = speed_process(settings, pipeline).pid()
     if pid is not None:
@@ -187,7 +187,7 @@ def speed_reset(
     """Rebuild the speed layer after its checkpoint was lost or broken: truncate its tables, delete its
     checkpoints, recompute the closed epochs after the batch horizon from bronze (never from the
     topic, which compaction may have thinned), and start the next run at the oldest open epoch."""
-    from speed.reset import reset_speed
+    from lambdalake.speed.reset import reset_speed
 
     settings = get_settings()
     p = deployed_pipeline_of(pipeline, settings)

@@ -30,9 +30,9 @@ from collections.abc import Callable
 
 from pyspark.sql import SparkSession
 
-from infra.deploy import Change, Deployer
 from lambdalake.cassandra.active import PipelineMeta, read_meta, swap_until_applied, with_deployed_views
 from lambdalake.cassandra.session import connect
+from lambdalake.control.deploy import Change, Deployer
 from lambdalake.errors import LambdalakeError, NothingToCover
 from lambdalake.lease import writer_lease
 from lambdalake.pipeline import Pipeline, WindowedView
@@ -90,10 +90,10 @@ def _recompute(
     settings: Settings, pipeline: Pipeline, version: ViewVersion, spark: SparkSession, progress: Progress
 ) -> int:
     """Step 2: the closed epochs after the horizon the speed job's query does not count."""
-    from batch.horizon import boundaries
+    from lambdalake.batch.horizon import boundaries
     from lambdalake.master import bronze_of
-    from speed.job import MAIN_FILE, START_FILE, checkpoints_path
-    from speed.replay import Replayer
+    from lambdalake.speed.job import MAIN_FILE, START_FILE, checkpoints_path
+    from lambdalake.speed.replay import Replayer
 
     checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
     folder = f"{checkpoints}/{version.name}"
@@ -139,7 +139,7 @@ def _batch_and_switch(
 ) -> list[ViewVersion]:
     """Step 3 and the switch: a batch of every deployed version, then the versions made active in
     one conditional write naming the batch that holds them. Returns the versions switched."""
-    from batch.job import BatchJob
+    from lambdalake.batch.job import BatchJob
 
     session = connect(settings.cassandra)
     keyspace = settings.cassandra.keyspace
@@ -189,8 +189,8 @@ def _switch(settings: Settings, pipeline: str, names: set[str]) -> list[ViewVers
 def drop_retired(settings: Settings, pipeline: Pipeline, progress: Progress) -> list[Change]:
     """Drop the tables, Delta views and checkpoints of retired versions (the jobs no longer run
     them), and the main query's checkpoints that a move left behind."""
-    from batch.run import views_path
-    from speed.job import MAIN_FILE, checkpoints_path
+    from lambdalake.batch.run import views_path
+    from lambdalake.speed.job import MAIN_FILE, checkpoints_path
 
     session = connect(settings.cassandra)
     keyspace = settings.cassandra.keyspace

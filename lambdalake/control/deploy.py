@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from infra.process import ManagedProcess
 from lambdalake.errors import ConfigurationError, LambdalakeError
+from lambdalake.infra.process import ManagedProcess
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import PROJECT_ROOT, Settings
 
@@ -257,7 +257,7 @@ class Deployer:
 
     def _views(self, p: Pipeline) -> tuple[Pipeline, list[Change]]:
         """Record the views' versions: a view changed, or added to a live pipeline, gets a version
-        to build (the jobs compute it beside the active one; ``infra.view_build`` builds and
+        to build (the jobs compute it beside the active one; ``lambdalake.control.view_build`` builds and
         switches it); a removed one leaves serving at once. Returns the pipeline with the views
         its jobs compute, and the changes."""
         from lambdalake.cassandra.active import swap_until_applied

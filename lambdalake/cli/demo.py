@@ -5,7 +5,7 @@ The demo runs the pipelines of ``pipelines/`` with 20-second ingest epochs (and 
 delay) instead of their one hour, so that a batch can cover closed epochs within the demo; they are
 written under the demo's own folder, with its own topics (a prefix), keyspace and storage root.
 
-    python -m infra.demo pipelines DIR | wait-archived | wait-epoch-closed | pick-merchant
+    python -m lambdalake.cli.demo pipelines DIR | wait-archived | wait-epoch-closed | pick-merchant
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def wait_epoch_closed() -> None:
 
 def pick_merchant() -> None:
     """Print the merchant whose hourly answer merges the most speed epochs into a batch row."""
-    from serving import ServingClient
+    from lambdalake.serving import ServingClient
 
     settings = get_settings()
     client = ServingClient(settings=settings)
