@@ -40,8 +40,6 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from lambdalake.infra.services import running
-
 from bench.common import bench_settings, write_result
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import (
@@ -52,6 +50,7 @@ from lambdalake.cassandra.tables import (
     speed_table_def,
 )
 from lambdalake.cassandra.writer import upsert
+from lambdalake.infra.services import running
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.settings import PROJECT_ROOT, Settings
 
@@ -215,13 +214,12 @@ def bench_http(settings: Settings, rate: int, seconds: float, workers: int) -> d
 
 def bench_replay(settings: Settings, events: int) -> dict[str, Any]:
     """Produce ``events`` to a fresh topic, then replay the whole range into an empty bronze."""
-    from lambdalake.speed.replay import Replayer, plan_replay
-
     from lambdalake.kafka.admin import ensure_pipeline_topics
     from lambdalake.kafka.offsets import offset_consumer, watermarks
     from lambdalake.produce.generator import Mix, generate
     from lambdalake.produce.producer import EventProducer
     from lambdalake.spark.session import spark_session
+    from lambdalake.speed.replay import Replayer, plan_replay
 
     run = uuid.uuid4().hex[:6]
     base = configured_pipeline("telemetry", settings)
@@ -323,7 +321,7 @@ def main() -> None:
 
         threaded(raw, args.threads, args.queries // 4)  # warm-up of both paths
         threaded(merged, args.threads, args.queries // 4)
-        # As a serving process does after startup (serving.http.create_app): what setup built stays
+        # As a serving process does after startup (lambdalake.api.http.create_app): what setup built stays
         # out of the collector's full passes, which would otherwise walk this process's bench data.
         gc.collect()
         gc.freeze()

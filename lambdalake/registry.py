@@ -41,6 +41,32 @@ def call(settings: Settings, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise _unavailable(settings, exc) from exc
 
 
+@dataclass(frozen=True)
+class Compatibility:
+    """The registry's verdict on a candidate schema under a subject, with its reasons."""
+
+    compatible: bool
+    reasons: list[str]
+
+
+def check_compatibility(
+    settings: Settings, sr: SchemaRegistryClient, subject: str, schema: Schema
+) -> Compatibility:
+    """The registry's compatibility verdict on ``schema`` under ``subject``, without registering it.
+
+    Raises:
+        SchemaRegistryError: the registry refused the request (404: the subject is new).
+    """
+    # The client's public test_compatibility returns a bare boolean; the verbose answer names why.
+    answer = call(
+        settings,
+        sr._rest_client.post,
+        f"compatibility/subjects/{subject}/versions?verbose=true",
+        body=schema.to_dict(),
+    )
+    return Compatibility(bool(answer.get("is_compatible", False)), list(answer.get("messages", [])))
+
+
 def subject_schemas(settings: Settings, subject: str) -> dict[int, str]:
     """Every schema registered under ``subject``, by registry id (empty for an unknown subject)."""
     sr = client(settings)

@@ -16,9 +16,6 @@ import pyarrow as pa
 from cassandra import InvalidRequest
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, ExecutionProfile, ResponseFuture, Session
 from cassandra.query import PreparedStatement, tuple_factory
-from lambdalake.serving.answers import Answer, LatestRow, Provenance
-from lambdalake.serving.contract import EARLIEST_MS, LATEST_MS
-from lambdalake.serving.merge import RowSet, aware_utc, aware_utc_values, merge_windows, pick_latest
 
 from lambdalake.cassandra.active import ActiveBatch, PipelineMeta, read_meta
 from lambdalake.cassandra.session import connect
@@ -27,6 +24,9 @@ from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.event_schema import event_schema
 from lambdalake.latest import CANDIDATE, LEGACY_RANK, RANK, from_legacy_rank, rank, timestamp_version
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_pipeline, list_pipelines
+from lambdalake.serving.answers import Answer, LatestRow, Provenance
+from lambdalake.serving.contract import EARLIEST_MS, LATEST_MS
+from lambdalake.serving.merge import RowSet, aware_utc, aware_utc_values, merge_windows, pick_latest
 from lambdalake.settings import Settings
 from lambdalake.view_types import held_types
 from lambdalake.views import (
@@ -278,8 +278,8 @@ class ServingClient:
         """Both reads, in flight at once: the speed rows and the active version's batch rows."""
         params = values
         if isinstance(v, WindowedView):
-            params = [*values, _ms(start, "from") if start is not None else EARLIEST_MS,
-                      _ms(end, "to") if end is not None else LATEST_MS]  # fmt: skip
+            params = [*values, moment_ms(start, "from") if start is not None else EARLIEST_MS,
+                      moment_ms(end, "to") if end is not None else LATEST_MS]  # fmt: skip
         return self._read(p, v, None, params), self._read(p, v, active.generation, params) if active else None
 
     def _answer(
@@ -507,7 +507,7 @@ def _typed(column: str, t: pa.DataType, value: Any) -> Any:
                 raise ValueError(value)
             return str(value).lower() == "true"
         if pa.types.is_timestamp(t):
-            return _ms(value, column)
+            return moment_ms(value, column)
     except (TypeError, ValueError, ArithmeticError):
         raise BadQuery(
             f"key column {column!r} is {t}: {str(value)[:100]!r} is not one", fix=f"give a {t} value"
@@ -515,7 +515,7 @@ def _typed(column: str, t: pa.DataType, value: Any) -> Any:
     return str(value)
 
 
-def _ms(value: Moment, what: str) -> int:
+def moment_ms(value: Moment, what: str) -> int:
     """Epoch milliseconds from a datetime, a number of ms or ISO-8601 text."""
     if isinstance(value, datetime):
         ms = int((value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp() * 1000)

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
-from lambdalake.infra.process import port_open
 
+from lambdalake.infra.process import port_open
 from lambdalake.master import MasterDataset
 from lambdalake.master_files import table_path
 from lambdalake.pipeline import Pipeline, configured_pipeline
@@ -240,8 +240,9 @@ def serving_app(settings: Settings, *, token: str, meta_ttl_s: float | None = No
     import threading
 
     import uvicorn
-    from lambdalake.serving.http import make_app
     from pydantic import SecretStr
+
+    from lambdalake.api.http import make_app
 
     serving = {"token": SecretStr(token), **({"meta_ttl_s": meta_ttl_s} if meta_ttl_s is not None else {})}
     secured = settings.model_copy(update={"serving": settings.serving.model_copy(update=serving)})

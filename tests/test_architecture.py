@@ -98,7 +98,7 @@ def test_the_wheel_holds_every_module_of_the_layers_under_lambdalake(wheel: zipf
 def test_the_layers_import_as_lambdalake_modules_only() -> None:
     code = (
         "import importlib.util, sys\n"
-        "import lambdalake.speed.job, lambdalake.batch.job, lambdalake.serving.http\n"
+        "import lambdalake.speed.job, lambdalake.batch.job, lambdalake.api.http\n"
         "import lambdalake.infra.services\n"
         "print([n for n in ('speed', 'batch', 'serving', 'infra') if importlib.util.find_spec(n)])\n"
     )

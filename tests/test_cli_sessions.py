@@ -1,4 +1,4 @@
-"""The CLI stops the Spark sessions it starts, however the command ends (measured before: restore,
+"""The operations stop the Spark sessions they start, however the command ends (measured before: restore,
 replay, speed reset and the batch scheduler left their driver JVM to the process's exit). Narrow unit
 tests: the session and the work are stand-ins; tests/test_cli.py runs the commands for real."""
 
@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import lambdalake.cli.batch as cli_batch
+import lambdalake.control.batch as control_batch
 import lambdalake.spark.session as session_module
 from lambdalake.settings import Settings
 
@@ -33,7 +34,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[FakeSession]:
 
     monkeypatch.setattr(session_module, "spark_session", spark_session)
     monkeypatch.setattr(cli_batch, "get_settings", lambda: Settings())
-    monkeypatch.setattr(cli_batch, "writer_lease", lambda *_a, **_k: contextlib.nullcontext())
+    monkeypatch.setattr(control_batch, "writer_lease", lambda *_a, **_k: contextlib.nullcontext())
     return sessions
 
 
@@ -45,7 +46,7 @@ def test_a_failed_restore_stops_its_session(
 
     import lambdalake.master
 
-    monkeypatch.setattr(cli_batch, "deployed_pipeline_of", lambda name, _s: SimpleNamespace(name=name))
+    monkeypatch.setattr(control_batch, "deployed_pipeline", lambda _s, name: SimpleNamespace(name=name))
     monkeypatch.setattr(lambdalake.master, "bronze_of", lambda *_a: SimpleNamespace(num_records=lambda: 10))
     monkeypatch.setattr(lambdalake.speed.replay, "Replayer", lambda **_k: SimpleNamespace(recompute=None))
 
@@ -66,8 +67,8 @@ def test_the_scheduler_stops_the_session_its_runs_shared(
 
     import lambdalake.master
 
-    monkeypatch.setattr(cli_batch, "pipeline_of", lambda name, _s: SimpleNamespace(name=name))
-    monkeypatch.setattr(cli_batch, "deployed_pipeline_of", lambda name, _s: SimpleNamespace(name=name))
+    monkeypatch.setattr(control_batch, "configured_pipeline", lambda name, _s: SimpleNamespace(name=name))
+    monkeypatch.setattr(control_batch, "deployed_pipeline", lambda _s, name: SimpleNamespace(name=name))
     monkeypatch.setattr(lambdalake.master, "bronze_of", lambda *_a: SimpleNamespace(num_records=lambda: 10))
     ran = SimpleNamespace(outcome="published")
     monkeypatch.setattr(lambdalake.batch.job, "BatchJob", lambda **_k: SimpleNamespace(run=lambda: ran))

@@ -288,7 +288,7 @@ def test_http_api_answers_like_the_python_api(served: Any, server: Any) -> None:
 
 
 def test_serving_imports_no_pyspark() -> None:
-    code = "import sys, lambdalake.serving.http; assert 'pyspark' not in sys.modules, 'pyspark imported'"
+    code = "import sys, lambdalake.api.http; assert 'pyspark' not in sys.modules, 'pyspark imported'"
     result = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr.decode()
 
@@ -296,7 +296,7 @@ def test_serving_imports_no_pyspark() -> None:
 def test_http_api_without_a_token_is_open(served: Any) -> None:
     from fastapi.testclient import TestClient
 
-    from lambdalake.serving.http import make_app
+    from lambdalake.api.http import make_app
 
     settings, offers = served["settings"], served["pipelines"]["offers"]
     key = sorted(stored_keys(settings, offers, offers.views[0]))[0][0]
@@ -330,9 +330,9 @@ def test_http_errors_name_the_problem_and_never_answer_500(served: Any) -> None:
     rows alone; Cassandra unreachable: 503 with Retry-After, and /health hides the driver's text."""
     from fastapi.testclient import TestClient
 
+    from lambdalake.api.http import make_app
     from lambdalake.cassandra.tables import deploy_speed_tables
     from lambdalake.pipeline import configured_pipeline
-    from lambdalake.serving.http import make_app
 
     settings, offers = served["settings"], served["pipelines"]["offers"]
     hourly = offers.views[1]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import time
-from contextlib import nullcontext
 from typing import Annotated
 
 import typer
@@ -14,14 +13,11 @@ from lambdalake.batch.run import BatchRun
 from lambdalake.cli.common import (
     PipelineArg,
     console,
-    deployed_pipeline_of,
     out,
-    pipeline_of,
     timestamp_ms,
 )
 from lambdalake.errors import LambdalakeError
-from lambdalake.lease import writer_lease
-from lambdalake.pipeline import Pipeline, list_pipelines
+from lambdalake.pipeline import Pipeline
 from lambdalake.settings import get_settings
 
 app = typer.Typer(
@@ -49,26 +45,23 @@ def batch_run(
     what bronze added since the active batch is read, and merged into its views; full (everything
     rebuilt from the master dataset) with --full, on the first run, and after a view or the layers
     changed; the summary says which and why."""
-    from lambdalake.batch.job import BatchJob
+    from lambdalake.control.batch import run_batch
 
     if horizon is not None and as_of is not None:
         raise LambdalakeError("give --horizon or --as-of, not both", fix="drop one of them")
     settings = get_settings()
-    p = deployed_pipeline_of(pipeline, settings)
     t0 = time.monotonic()
-    with (
-        writer_lease(settings, p.name, "batch run") if not dry_run else nullcontext(),
-        console.status("starting Spark...") as status,
-    ):
-        job = BatchJob(settings=settings, pipeline=p)
-        result = job.run(
+    with console.status("starting Spark...") as status:
+        result = run_batch(
+            settings,
+            pipeline,
             horizon=horizon,
             as_of_ms=timestamp_ms(as_of) if as_of else None,
             dry_run=dry_run,
             full=full,
             progress=lambda stage: status.update(f"{stage}..."),
         )
-    table = Table(title=f"batch run {result.run_id} of {p.name}: {result.outcome}", show_header=False)
+    table = Table(title=f"batch run {result.run_id} of {pipeline}: {result.outcome}", show_header=False)
     table.add_row("horizon", f"epoch {result.horizon} (ingest time < {result.horizon_end_ms} ms)")
     table.add_row("bronze version", str(result.bronze_version))
     for name, value in run_kind_rows(result):
@@ -118,21 +111,13 @@ def batch_restore(
     """Republish the Cassandra batch tables from a Delta version of the views, as a new batch version.
     An older version's horizon is older: the speed rows of the epochs in between are rebuilt from the
     master dataset first, so serving counts every event once."""
-    from lambdalake.batch.restore import restore
-    from lambdalake.master import bronze_of
-    from lambdalake.spark.session import command_session
-    from lambdalake.speed.replay import Replayer
+    from lambdalake.control.batch import restore
 
     settings = get_settings()
-    p = deployed_pipeline_of(pipeline, settings)
-    with writer_lease(settings, p.name, "batch restore"), console.status("restoring from the Delta views..."):
-        events = bronze_of(settings, p).num_records()
-        name = f"lambdalake-restore-{p.name}"
-        with command_session(settings, name, workload="batch", events=events) as spark:
-            replayer = Replayer(settings=settings, pipeline=p, spark=spark)
-            run = restore(settings, p, spark, version=version, rebuild_speed=replayer.recompute)
+    with console.status("restoring from the Delta views..."):
+        run = restore(settings, pipeline, version=version)
     console.print(
-        f"[green]✔[/] {p.name}: batch version {run.batch_version} active, from run {run.run_id} "
+        f"[green]✔[/] {pipeline}: batch version {run.batch_version} active, from run {run.run_id} "
         f"(Delta versions {run.delta_versions}, horizon epoch {run.horizon})"
     )
 
@@ -148,46 +133,24 @@ def batch_schedule(
     import logging
     import threading
 
-    from lambdalake.batch.job import BatchJob
-    from lambdalake.batch.schedule import Scheduler
-    from lambdalake.master import bronze_of
-    from lambdalake.spark.session import spark_session
+    from lambdalake.control.batch import schedule
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("lambdalake").setLevel(logging.INFO)
     settings = get_settings()
-    chosen = [pipeline_of(name, settings) for name in (pipeline or list_pipelines(settings.pipelines_dir))]
-    spark = None
+    if once:
+        for name, outcome in schedule(settings, pipeline).items():
+            console.print(f"{name}: {outcome}")
+        return
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
 
-    def run(p: Pipeline) -> str:
-        nonlocal spark
-        with writer_lease(settings, p.name, "batch run"):
-            if spark is None:
-                # A --once process runs what is due and exits: its driver is sized by the largest
-                # bronze it may read. A long-running one keeps the JVM's defaults (bronze grows).
-                events = None
-                if once:
-                    counts = [bronze_of(settings, c).num_records() for c in chosen]
-                    events = None if None in counts else max((n or 0 for n in counts), default=0)
-                spark = spark_session(settings, "lambdalake-batch-schedule", workload="batch", events=events)
-            deployed = deployed_pipeline_of(p.name, settings)  # the view versions as of this run
-            return BatchJob(settings=settings, pipeline=deployed, spark=spark).run().outcome
-
-    scheduler = Scheduler(settings=settings, pipelines=chosen, runner=run, first_run_now=once)
-    try:
-        if once:
-            for name, outcome in scheduler.run_due().items():
-                console.print(f"{name}: {outcome}")
-            return
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+    def started(chosen: list[Pipeline]) -> None:
         names = ", ".join(f"{p.name} ({p.batch.schedule})" for p in chosen)
         console.print(f"scheduling {names}; SIGTERM stops")
-        scheduler.run_forever(stop)
-    finally:
-        if spark is not None:  # the session the runs shared: its driver JVM goes with the command
-            spark.stop()
+
+    schedule(settings, pipeline, stop=stop, started=started)
 
 
 # Commands kept in modules of their own register on ``app`` when imported.

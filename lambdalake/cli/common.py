@@ -41,16 +41,6 @@ def pipeline_of(name: str, settings: Settings) -> Pipeline:
     return configured_pipeline(name, settings)
 
 
-def deployed_pipeline_of(name: str, settings: Settings) -> Pipeline:
-    """The pipeline with the view versions its jobs compute (``lambdalake.view_versions``): the
-    active and building ones, which may differ from the file's while a changed view builds."""
-    from lambdalake.cassandra.active import with_deployed_views
-    from lambdalake.cassandra.session import connect
-
-    pipeline = pipeline_of(name, settings)
-    return with_deployed_views(connect(settings.cassandra), settings.cassandra.keyspace, pipeline)
-
-
 def timestamp_ms(text: str) -> int:
     """Epoch milliseconds from ISO-8601 (``2026-11-23T02:00:00Z``) or a number of milliseconds."""
     from datetime import UTC, datetime

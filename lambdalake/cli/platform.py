@@ -240,24 +240,19 @@ def deploy(
     their definition or settings changed) and the batch scheduler. A view changed or added on a live
     pipeline is built beside the one serving answers, then switched to at once (its progress shown).
     A second run reports no changes."""
-    from lambdalake.control.deploy import Deployer
+    from lambdalake.control.deploy import deploy as deploy_pipelines
 
     settings = get_settings()
-    names = [*(pipelines or []), *(pipeline or [])] or list_pipelines(settings.pipelines_dir)
-    chosen = [pipeline_of(name, settings) for name in dict.fromkeys(names)]  # all valid before any change
-    deployer = Deployer(settings=settings, apply_topic_configs=apply, start_jobs=jobs)
+    names = [*(pipelines or []), *(pipeline or [])] or None
     with console.status("deploying...") as shown:
-        changes = deployer.deploy(chosen)
-        if jobs:  # a view version is built while the jobs run it
-            from lambdalake.control.view_build import build_views
 
-            for p in chosen:
+        def progress(name: str, step: str) -> None:
+            shown.update(f"building views of {name}: {step}")
+            console.log(f"{name}: {step}")
 
-                def progress(step: str, name: str = p.name) -> None:
-                    shown.update(f"building views of {name}: {step}")
-                    console.log(f"{name}: {step}")
-
-                changes += build_views(settings, p, deployer, progress)
+        changes = deploy_pipelines(
+            settings, names, apply_topic_configs=apply, start_jobs=jobs, progress=progress
+        )
     _print_changes(changes)
     if not jobs and any(c.what.startswith("view ") and "building" in c.detail for c in changes):
         out.print("[yellow]view versions to build[/]: they are built by `lambdalake deploy` with the jobs")

@@ -7,22 +7,11 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from lambdalake.cli.common import (
-    DryRun,
-    PipelineArg,
-    console,
-    deployed_pipeline_of,
-    out,
-    timestamp_ms,
-)
-from lambdalake.lease import writer_lease
-from lambdalake.settings import Settings, get_settings
+from lambdalake.cli.common import DryRun, PipelineArg, console, out, timestamp_ms
+from lambdalake.settings import get_settings
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-    from lambdalake.pipeline import Pipeline
-    from lambdalake.speed.replay import ReplayPlan
+    from lambdalake.speed.replay import ReplayPlan, ReplayResult
 
 app = typer.Typer()
 
@@ -55,19 +44,18 @@ def replay(
     lacks and recompute every speed cell of the closed epochs after the batch horizon from bronze.
     Epochs at or before the horizon are left to the next batch run (offered at the end); epochs still
     open belong to the running speed job and are left alone. Running it twice changes nothing."""
+    from lambdalake.control import replay as control
     from lambdalake.kafka.offsets import parse_offsets
-    from lambdalake.speed.replay import plan_replay
 
     settings = get_settings()
-    p = deployed_pipeline_of(pipeline, settings)
+    span = control.ReplayRange(
+        from_offsets=parse_offsets(from_offsets, "--from-offsets") if from_offsets else None,
+        from_ms=timestamp_ms(from_timestamp) if from_timestamp else None,
+        to_offsets=parse_offsets(to_offsets, "--to-offsets") if to_offsets else None,
+        to_ms=timestamp_ms(to_timestamp) if to_timestamp else None,
+    )
     with console.status("planning the replay..."):
-        plan = plan_replay(
-            settings, p,
-            from_offsets=parse_offsets(from_offsets, "--from-offsets") if from_offsets else None,
-            from_ms=timestamp_ms(from_timestamp) if from_timestamp else None,
-            to_offsets=parse_offsets(to_offsets, "--to-offsets") if to_offsets else None,
-            to_ms=timestamp_ms(to_timestamp) if to_timestamp else None,
-        )  # fmt: skip
+        plan = control.plan(settings, pipeline, span)
     table = Table("partition", "asked", "read (whole epochs)", "records")
     for part, (start, end) in sorted(plan.ranges.items()):
         asked = plan.asked.get(part)
@@ -91,22 +79,31 @@ def replay(
     if dry_run:
         out.print("[dim]dry run: nothing changed[/]")
         return
-    from lambdalake.spark.session import command_session
 
-    with command_session(
-        settings, f"lambdalake-replay-{p.name}", workload="replay", events=plan.records
-    ) as spark:
-        _replay_and_batch(settings, p, plan, spark, run_batch)
+    def ask_for_batch(planned: ReplayPlan, result: ReplayResult) -> bool:
+        status.stop()
+        _print_result(result)
+        question = (
+            f"epochs {planned.batch_epochs} are the batch layer's: run `lambdalake batch run {pipeline}` now?"
+        )
+        wanted = run_batch if run_batch is not None else typer.confirm(question, default=True)
+        if wanted:
+            status.start()
+        return wanted
+
+    with console.status("starting Spark...") as status:
+        outcome = control.replay(settings, pipeline, plan, run_batch=ask_for_batch, progress=status.update)
+    if not plan.batch_epochs:
+        _print_result(outcome.result)
+    elif (run := outcome.batch) is not None:
+        console.print(f"[green]✔[/] batch: {run.outcome}, horizon {run.horizon}, version {run.batch_version}")
+    else:
+        console.print(
+            f"run `lambdalake batch run {pipeline}` to bring epochs {plan.batch_epochs} back to exact"
+        )
 
 
-def _replay_and_batch(
-    settings: Settings, p: Pipeline, plan: ReplayPlan, spark: SparkSession, run_batch: bool | None
-) -> None:
-    """The replay under its lease, then the batch it leaves to do (asked, unless ``run_batch`` says)."""
-    from lambdalake.speed.replay import Replayer
-
-    with writer_lease(settings, p.name, "replay"), console.status(f"replaying {plan.records:,} records..."):
-        result = Replayer(settings=settings, pipeline=p, spark=spark).run(plan)
+def _print_result(result: ReplayResult) -> None:
     rate = result.read / result.seconds if result.seconds else 0
     console.print(f"[green]✔[/] read {result.read:,} valid events in {result.seconds:.1f}s ({rate:,.0f}/s); "
                   f"{result.archived:,} were missing from bronze and are archived now")  # fmt: skip
@@ -114,20 +111,3 @@ def _replay_and_batch(
         emptied = result.emptied.get(view)
         note = f", {emptied:,} no event counts in any more emptied" if emptied else ""
         console.print(f"[green]✔[/] {view}: {rows:,} speed rows rewritten{note}")
-    if plan.batch_epochs:
-        question = (
-            f"epochs {plan.batch_epochs} are the batch layer's: run `lambdalake batch run {p.name}` now?"
-        )
-        wanted = run_batch if run_batch is not None else typer.confirm(question, default=True)
-        if wanted:
-            from lambdalake.batch.job import BatchJob
-
-            with writer_lease(settings, p.name, "batch run"), console.status("running the batch..."):
-                run = BatchJob(settings=settings, pipeline=p, spark=spark).run()
-            console.print(
-                f"[green]✔[/] batch: {run.outcome}, horizon {run.horizon}, version {run.batch_version}"
-            )
-        else:
-            console.print(
-                f"run `lambdalake batch run {p.name}` to bring epochs {plan.batch_epochs} back to exact"
-            )

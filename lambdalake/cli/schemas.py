@@ -38,18 +38,14 @@ def schemas_check(
     from confluent_kafka.schema_registry import Schema
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-    from lambdalake.registry import call, client
+    from lambdalake.registry import check_compatibility, client
 
     settings = get_settings()
     p = pipeline_of(pipeline, settings)
     sr = client(settings)
     try:
-        text = schema_file.read_text()
-        answer = call(
-            settings,
-            sr._rest_client.post,  # the public method hides the reasons
-            f"compatibility/subjects/{p.schema_.subject}/versions?verbose=true",
-            body=Schema(text, "AVRO").to_dict(),
+        verdict = check_compatibility(
+            settings, sr, p.schema_.subject, Schema(schema_file.read_text(), "AVRO")
         )
     except UnicodeDecodeError:
         raise LambdalakeError(
@@ -60,10 +56,10 @@ def schemas_check(
             f"the registry refused {schema_file}: {exc.error_message} (code {exc.error_code})",
             fix="an .avsc holds one valid Avro schema as JSON; correct the part named above",
         ) from None
-    if answer["is_compatible"]:
+    if verdict.compatible:
         console.print(f"[green]✔ compatible[/] with {p.schema_.subject}")
         return
     console.print(f"[red]✘ incompatible[/] with {p.schema_.subject}:")
-    for message in answer.get("messages", []):
+    for message in verdict.reasons:
         console.print(f"  - {message}")
     raise typer.Exit(1)

@@ -166,5 +166,5 @@ def serve(
     auth = "bearer token required" if settings.serving.token else "no token configured: open to anyone"
     console.print(f"serving on http://{host}:{port} with {workers} worker(s) (docs at /docs; {auth})")
     # Each worker builds its app (and Cassandra session) from the environment's settings.
-    uvicorn.run("lambdalake.serving.http:create_app", factory=True, host=host, port=port, workers=workers,
+    uvicorn.run("lambdalake.api.http:create_app", factory=True, host=host, port=port, workers=workers,
                 log_level="warning", access_log=False)  # fmt: skip

@@ -13,13 +13,12 @@ from lambdalake.cli.common import (
     LogLevel,
     PipelineArg,
     console,
-    deployed_pipeline_of,
     out,
     pipeline_of,
 )
-from lambdalake.errors import LambdalakeError
+from lambdalake.control.pipelines import deployed_pipeline
 from lambdalake.lease import writer_lease
-from lambdalake.settings import Settings, get_settings
+from lambdalake.settings import get_settings
 
 app = typer.Typer(
     help="The speed layer: streaming jobs from Kafka to Delta and Cassandra.", no_args_is_help=True
@@ -78,7 +77,7 @@ def speed_run(
         broker_wait_s=broker_wait,
         fail_on_data_loss=fail_on_data_loss,
     )
-    p = deployed_pipeline_of(pipeline, settings)
+    p = deployed_pipeline(settings, pipeline)
     with writer_lease(settings, p.name, "speed job", wait_s=lease_wait) as lease:
         job = SpeedJob(settings=settings, pipeline=p, options=options)
         if not once:
@@ -168,17 +167,6 @@ def speed_show(
         out.print(grid)
 
 
-def _refuse_running_job(settings: Settings, pipeline: str, action: str) -> None:
-    from lambdalake.control.deploy import speed_process
-
-    pid = speed_process(settings, pipeline).pid()
-    if pid is not None:
-        raise LambdalakeError(
-            f"the speed job of {pipeline!r} runs (pid {pid}): {action} would race its state",
-            fix=f"stop it first (`lambdalake undeploy --pipeline {pipeline}`), `lambdalake deploy` after",
-        )
-
-
 @app.command("reset")
 def speed_reset(
     pipeline: PipelineArg,
@@ -187,25 +175,15 @@ def speed_reset(
     """Rebuild the speed layer after its checkpoint was lost or broken: truncate its tables, delete its
     checkpoints, recompute the closed epochs after the batch horizon from bronze (never from the
     topic, which compaction may have thinned), and start the next run at the oldest open epoch."""
-    from lambdalake.speed.reset import reset_speed
+    from lambdalake.control.speed import refuse_running_job, reset_speed
 
     settings = get_settings()
-    p = deployed_pipeline_of(pipeline, settings)
-    _refuse_running_job(settings, p.name, "a reset")
+    pipeline_of(pipeline, settings)  # a pipeline that is not there is named before anything is asked
+    refuse_running_job(settings, pipeline, "a reset")
     if not yes:
-        typer.confirm(f"truncate the speed tables of {p.name} and delete its checkpoints?", abort=True)
-    from lambdalake.master import bronze_of
-    from lambdalake.spark.session import command_session
-
-    with writer_lease(settings, p.name, "speed reset"):
-        events = bronze_of(settings, p).num_records()
-        with (
-            command_session(
-                settings, f"lambdalake-speed-reset-{p.name}", workload="replay", events=events
-            ) as spark,
-            console.status("rebuilding the speed rows from bronze..."),
-        ):
-            result = reset_speed(settings, p, spark)
+        typer.confirm(f"truncate the speed tables of {pipeline} and delete its checkpoints?", abort=True)
+    with console.status("rebuilding the speed rows from bronze..."):
+        result = reset_speed(settings, pipeline)
     console.print(
         f"[green]✔[/] horizon {result.horizon}; rebuilt epochs from bronze: {result.rebuilt_epochs or 'none'}"
     )
@@ -215,4 +193,6 @@ def speed_reset(
         console.print(f"  {view}: {rows:,} rows")
     starts = ", ".join(f"p{k}@{v}" for k, v in sorted(result.starting_offsets.items()))
     console.print(f"the next run starts at epoch {result.first_open_epoch}: {starts}")
-    console.print(f"start it with `lambdalake deploy --pipeline {p.name}` or `lambdalake speed run {p.name}`")
+    console.print(
+        f"start it with `lambdalake deploy --pipeline {pipeline}` or `lambdalake speed run {pipeline}`"
+    )

@@ -15,6 +15,7 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -121,7 +122,7 @@ class Deployer:
         from lambdalake.evolution import require_appliable
         from lambdalake.kafka.admin import require_log_append_time
         from lambdalake.master import bronze_of
-        from lambdalake.registry import call, client
+        from lambdalake.registry import call, check_compatibility, client
 
         sr = client(self.settings)
         for p in pipelines:
@@ -142,16 +143,13 @@ class Deployer:
                     if exc.http_status_code != 404:
                         raise
                 try:
-                    answer = call(
-                        self.settings, sr._rest_client.post,  # the public method hides the reasons
-                        f"compatibility/subjects/{subject}/versions?verbose=true", body=schema.to_dict(),
-                    )  # fmt: skip
+                    verdict = check_compatibility(self.settings, sr, subject, schema)
                 except SchemaRegistryError as exc:
                     if exc.http_status_code == 404:
                         break  # a new subject: every version is checked as it registers
                     raise
-                if not answer.get("is_compatible", False):
-                    reasons = "; ".join(answer.get("messages", [])) or "no reason given"
+                if not verdict.compatible:
+                    reasons = "; ".join(verdict.reasons) or "no reason given"
                     raise ConfigurationError(
                         f"pipeline {p.name!r}: schema {file} is incompatible with subject {subject!r}: "
                         f"{reasons}. Nothing was deployed.",
@@ -182,10 +180,10 @@ class Deployer:
             changes += self._topics(p)
             deployed, view_changes = self._views(p)
             changes += view_changes
-            changes += self._schemas(p)
+            changes += self.register_schemas(p)
             changes += self._tables(deployed)
             if self.start_jobs:
-                changes.append(self._speed_job(deployed))
+                changes.append(self.ensure_speed_job(deployed))
         if self.start_jobs:
             changes.append(self._scheduler())
             changes.append(self._serving())
@@ -203,7 +201,7 @@ class Deployer:
             out.append(Change(f"topic {report.topic}", action, detail))
         return out
 
-    def _schemas(self, p: Pipeline) -> list[Change]:
+    def register_schemas(self, p: Pipeline) -> list[Change]:
         """Register the pipeline's schema versions, unless a windowed view's stored types widen with
         them: then not before its new version serves (``lambdalake.view_types``), so no value of the
         wider type reaches the version still serving."""
@@ -310,7 +308,7 @@ class Deployer:
             out.append(Change(f"table {keyspace}.{name}", "updated", copied))
         return out
 
-    def _speed_job(self, p: Pipeline) -> Change:
+    def ensure_speed_job(self, p: Pipeline) -> Change:
         proc = speed_process(self.settings, p.name)
         wanted = fingerprint(self.settings, p)
         return self._ensure_process(
@@ -376,6 +374,42 @@ def deployed_pipelines(settings: Settings) -> list[str]:
     """Pipelines whose speed jobs deploy started (and undeploy has not stopped)."""
     folder = settings.state_dir / "deploy"
     return sorted(p.stem for p in folder.glob("*.json") if p.stem not in (SCHEDULER, SERVING))
+
+
+def deploy(
+    settings: Settings,
+    pipelines: list[str] | None = None,
+    *,
+    apply_topic_configs: bool = True,
+    start_jobs: bool = True,
+    progress: Callable[[str, str], None] = lambda _pipeline, _step: None,
+) -> list[Change]:
+    """Make the platform match the pipeline definitions, idempotently, and build the view versions a
+    changed definition records (:mod:`lambdalake.control.view_build`), switching serving to them.
+
+    Args:
+        pipelines: the pipelines to deploy (default: every file of the pipelines folder); all are
+            validated before anything changes.
+        apply_topic_configs: set topic configs that differ from the definitions (never partitions).
+        start_jobs: start or restart the speed jobs, the batch scheduler and the serving API, and
+            build changed views (which needs the jobs); without it, topics, schemas and tables only.
+        progress: told (pipeline, step) as a view build moves on.
+
+    Returns:
+        Every change, unchanged ones too; a second call reports none changed.
+    """
+    from lambdalake.pipeline import configured_pipeline, list_pipelines
+
+    names = pipelines or list_pipelines(settings.pipelines_dir)
+    chosen = [configured_pipeline(name, settings) for name in dict.fromkeys(names)]
+    deployer = Deployer(settings=settings, apply_topic_configs=apply_topic_configs, start_jobs=start_jobs)
+    changes = deployer.deploy(chosen)
+    if start_jobs:  # a view version is built while the jobs run it
+        from lambdalake.control.view_build import build_views
+
+        for p in chosen:
+            changes += build_views(settings, p, deployer, lambda step, name=p.name: progress(name, step))
+    return changes
 
 
 def undeploy(settings: Settings, pipelines: list[str]) -> list[Change]:

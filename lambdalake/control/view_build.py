@@ -79,9 +79,9 @@ def build_views(
             changes.append(Change(f"view {pipeline.name}.{version.view}", "updated",
                                   f"v{version.version} active (serving switched)"))  # fmt: skip
         if held:  # the schema versions that widen their stored types, held back until now
-            changes += deployer._schemas(pipeline)
+            changes += deployer.register_schemas(pipeline)
         progress("restarting the speed job without the versions replaced")
-        changes.append(deployer._speed_job(with_deployed_views(session, keyspace, pipeline)))
+        changes.append(deployer.ensure_speed_job(with_deployed_views(session, keyspace, pipeline)))
     changes += drop_retired(settings, pipeline, progress)
     return changes
 

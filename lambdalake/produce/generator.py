@@ -51,7 +51,7 @@ class Zipf:
         return bisect.bisect_left(self._cum, self._rng.random() * self._cum[-1])
 
 
-class _Stream:
+class EventStream:
     """Shared mechanics: duplicates, invalid and late records around a pipeline's valid events."""
 
     corruptions: list[tuple[str, Callable[[dict[str, Any], random.Random, int], None]]] = []
@@ -91,7 +91,7 @@ class _Stream:
         return now_ms - self.rng.randint(0, self.mix.out_of_order_ms)
 
 
-def _set(field: str, value: Any) -> Callable[[dict[str, Any], random.Random, int], None]:
+def set_field(field: str, value: Any) -> Callable[[dict[str, Any], random.Random, int], None]:
     def corrupt(r: dict[str, Any], _rng: random.Random, _now: int) -> None:
         r[field] = value
 
@@ -105,25 +105,25 @@ def _drop(field: str) -> Callable[[dict[str, Any], random.Random, int], None]:
     return corrupt
 
 
-def _future(field: str) -> Callable[[dict[str, Any], random.Random, int], None]:
+def future_field(field: str) -> Callable[[dict[str, Any], random.Random, int], None]:
     def corrupt(r: dict[str, Any], _rng: random.Random, now: int) -> None:
         r[field] = now + DAY_MS
 
     return corrupt
 
 
-class OfferStream(_Stream):
+class OfferStream(EventStream):
     """Offer updates: each update of an offer carries the next version of it (its time in ms, or one
     more than the offer's previous version when updates come faster than the clock)."""
 
     time_field = "updated_at"
     corruptions = [
-        ("negative price", _set("price_cents", -500)),
-        ("unknown currency", _set("currency", "XXX")),
-        ("missing offer id", _set("offer_id", "")),
-        ("future time", _future("updated_at")),
-        ("wrong type", _set("price_cents", "12.99")),
-        ("unknown status", _set("status", "deleted")),
+        ("negative price", set_field("price_cents", -500)),
+        ("unknown currency", set_field("currency", "XXX")),
+        ("missing offer id", set_field("offer_id", "")),
+        ("future time", future_field("updated_at")),
+        ("wrong type", set_field("price_cents", "12.99")),
+        ("unknown status", set_field("status", "deleted")),
         ("missing field", _drop("title")),
     ]
 
@@ -165,18 +165,18 @@ class OfferStream(_Stream):
         }
 
 
-class TelemetryStream(_Stream):
+class TelemetryStream(EventStream):
     """EDR readings: each vehicle drives a random walk; (vehicle, event time) identifies a reading."""
 
     time_field = "event_time"
     corruptions = [
-        ("negative speed", _set("speed_kmh", -12.0)),
-        ("impossible speed", _set("speed_kmh", 999.0)),
-        ("heading out of range", _set("heading_deg", 400.0)),
-        ("latitude out of range", _set("latitude", 123.4)),
+        ("negative speed", set_field("speed_kmh", -12.0)),
+        ("impossible speed", set_field("speed_kmh", 999.0)),
+        ("heading out of range", set_field("heading_deg", 400.0)),
+        ("latitude out of range", set_field("latitude", 123.4)),
         ("missing vehicle id", _drop("vehicle_id")),
-        ("future time", _future("event_time")),
-        ("wrong type", _set("odometer_km", "far")),
+        ("future time", future_field("event_time")),
+        ("wrong type", set_field("odometer_km", "far")),
     ]
 
     def __init__(self, n: int, *, seed: int, mix: Mix, clock: Callable[[], float]) -> None:
@@ -222,7 +222,7 @@ class TelemetryStream(_Stream):
         }
 
 
-STREAMS: dict[str, type[_Stream]] = {"offers": OfferStream, "telemetry": TelemetryStream}
+STREAMS: dict[str, type[EventStream]] = {"offers": OfferStream, "telemetry": TelemetryStream}
 
 
 def generate(

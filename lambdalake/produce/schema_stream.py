@@ -18,13 +18,13 @@ from decimal import Decimal
 from typing import Any
 
 from lambdalake.pipeline import AllowedRule, LatestView, NotFutureRule, Pipeline, RangeRule, RequiredRule
-from lambdalake.produce.generator import DAY_MS, Mix, Zipf, _future, _set, _Stream
+from lambdalake.produce.generator import DAY_MS, EventStream, Mix, Zipf, future_field, set_field
 
 #: Keys a stream draws from (Zipf-skewed: a few are hot).
 KEYS = 1000
 
 
-class SchemaStream(_Stream):
+class SchemaStream(EventStream):
     """Records of ``pipeline``'s writer ``schema`` (its newest version unless given)."""
 
     def __init__(
@@ -133,17 +133,17 @@ class SchemaStream(_Stream):
         for rule in self.pipeline.rules:
             field = rule.field
             if isinstance(rule, RequiredRule):
-                out.append((f"{field} missing", _set(field, "")))
+                out.append((f"{field} missing", set_field(field, "")))
             elif isinstance(rule, RangeRule):
                 value = (rule.min - 1) if rule.min is not None else (rule.max or 0) + 1
-                out.append((f"{field} out of range", _set(field, value)))
+                out.append((f"{field} out of range", set_field(field, value)))
             elif isinstance(rule, AllowedRule):
-                out.append((f"{field} not allowed", _set(field, "not-a-listed-value")))
+                out.append((f"{field} not allowed", set_field(field, "not-a-listed-value")))
             elif isinstance(rule, NotFutureRule):
-                out.append((f"{field} in the future", _future(field)))
+                out.append((f"{field} in the future", future_field(field)))
         plain = ("int", "long", "float", "double")
         numbers = [f["name"] for f in self.schema["fields"] if f["type"] in plain]
         if numbers:
-            out.append(("wrong type", _set(numbers[0], "12.5 as text")))
-        out.append(("unknown field", _set("not_in_the_schema", 1)))
+            out.append(("wrong type", set_field(numbers[0], "12.5 as text")))
+        out.append(("unknown field", set_field("not_in_the_schema", 1)))
         return out

@@ -19,12 +19,12 @@ from cassandra.cluster import NoHostAvailable
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from lambdalake.serving.client import BadQuery, NotDeployed, NotFound, ServingClient, _ms, quantile_list
-from lambdalake.serving.contract import TIME_PARAMETER, AnswerBody, HealthBody, answers
-from lambdalake.serving.metrics import make_registry
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lambdalake.errors import LambdalakeError, ServiceUnavailable
+from lambdalake.serving.client import BadQuery, NotDeployed, NotFound, ServingClient, moment_ms, quantile_list
+from lambdalake.serving.contract import TIME_PARAMETER, AnswerBody, HealthBody, answers
+from lambdalake.serving.metrics import make_registry
 from lambdalake.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False)
@@ -154,7 +154,7 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
     ) -> Response:
         start, end = start or None, end or None  # an empty value is absent
         try:
-            if start is not None and end is not None and _ms(start, "from") > _ms(end, "to"):
+            if start is not None and end is not None and moment_ms(start, "from") > moment_ms(end, "to"):
                 return JSONResponse({"detail": f"from ({start}) is after to ({end})"}, status_code=400)
             wanted = quantile_list(q) if q else None
             answer = await client.aquery(pipeline, view, key, start=start, end=end, quantiles=wanted)
