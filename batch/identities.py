@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from lambdalake.batch.run import RUN_ID, BatchRun, identities_path
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from lambdalake.batch.run import RUN_ID, BatchRun, identities_path
 from lambdalake.delta import commit_metadata, open_table
 from lambdalake.identity import ENCODING, spark_hashes
 from lambdalake.pipeline import Pipeline

@@ -30,11 +30,11 @@ import json
 from dataclasses import dataclass
 from functools import reduce
 
-from lambdalake.batch.identities import IdentityIndex
-from lambdalake.batch.run import RUN_ID, views_path
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from lambdalake.batch.identities import IdentityIndex
+from lambdalake.batch.run import RUN_ID, views_path
 from lambdalake.cassandra.active import ActiveBatch, read_meta
 from lambdalake.cassandra.session import connect
 from lambdalake.coverage import Coverage, difference, from_json, intersection, normalized

@@ -31,6 +31,10 @@ from functools import partial
 from typing import Any
 
 from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
 from lambdalake.batch.horizon import Horizon, find_horizon
 from lambdalake.batch.identities import EARLIER, KNOWN, IdentityIndex, classify
 from lambdalake.batch.incremental import (
@@ -48,10 +52,6 @@ from lambdalake.batch.incremental import (
 )
 from lambdalake.batch.merge import TOUCHED, merge_latest, merge_windowed, read_view, same_columns
 from lambdalake.batch.run import RUN_ID, BatchRun, views_path
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_schema
-
 from lambdalake.delta import commit_metadata, open_table
 from lambdalake.errors import NothingToCover
 from lambdalake.latest import OFFSET, PARTITION, RANK

@@ -30,10 +30,10 @@ from typing import Any
 
 from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
-from lambdalake.batch.run import BatchRun, views_path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from lambdalake.batch.run import BatchRun, views_path
 from lambdalake.cassandra.active import ActiveBatch, active_batch, lwt, read_meta
 from lambdalake.cassandra.session import connect, refresh_metadata
 from lambdalake.cassandra.tables import (

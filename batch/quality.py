@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lambdalake.batch.expectations import Spec, Verdict, evaluate, identify, is_native
 from pyspark.sql import DataFrame
 
+from lambdalake.batch.expectations import Spec, Verdict, evaluate, identify, is_native
 from lambdalake.errors import LambdalakeError
 from lambdalake.pipeline import AllowedRule, LatestView, Pipeline, RangeRule, RequiredRule, WindowedView
 from lambdalake.spark.views import INGEST_TS

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from lambdalake.batch.publish import Publisher
-from lambdalake.batch.run import BatchRun, views_path
 from pyspark.sql import SparkSession
 
+from lambdalake.batch.publish import Publisher
+from lambdalake.batch.run import BatchRun, views_path
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.delta import commit_metadata, open_table

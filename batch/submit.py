@@ -21,7 +21,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--horizon", type=int, default=None)
     args = parser.parse_args(argv)
     from lambdalake.batch.job import BatchJob
-
     from lambdalake.pipeline import configured_pipeline
     from lambdalake.settings import get_settings
 

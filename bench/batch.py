@@ -22,12 +22,12 @@ import uuid
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from lambdalake.batch.job import BatchJob
-from lambdalake.infra.services import running
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from bench.common import bench_settings, write_result
+from lambdalake.batch.job import BatchJob
+from lambdalake.infra.services import running
 from lambdalake.kafka.admin import ensure_pipeline_topics
 from lambdalake.master import MasterDataset
 from lambdalake.master_files import table_path, write_event_files

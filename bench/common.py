@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from lambdalake.infra.services import all_services
-
 from lambdalake.settings import PROJECT_ROOT, Settings
 
 RESULTS = PROJECT_ROOT / "bench" / "results"

@@ -26,10 +26,10 @@ import time
 import uuid
 from functools import partial
 
-from lambdalake.batch.identities import TABLE_PROPERTIES
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from bench.common import write_result
+from lambdalake.batch.identities import TABLE_PROPERTIES
 from lambdalake.delta import commit_files
 from lambdalake.settings import Settings
 from lambdalake.spark.delta import write_table, write_tables

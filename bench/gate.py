@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from lambdalake.batch.expectations import evaluate
-from lambdalake.batch.quality import QualityGate, bronze_expectations, view_expectations
 from pyspark.sql import functions as F
 
 from bench.common import bench_settings, write_result
+from lambdalake.batch.expectations import evaluate
+from lambdalake.batch.quality import QualityGate, bronze_expectations, view_expectations
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.spark.session import spark_session
 

@@ -19,10 +19,10 @@ import sys
 import time
 
 import pyarrow as pa
-from lambdalake.infra.services import running
 
 from bench.batch import synthetic_bronze
 from bench.common import bench_settings, write_result
+from lambdalake.infra.services import running
 from lambdalake.kafka.admin import ensure_pipeline_topics
 from lambdalake.master import bronze_of
 from lambdalake.master_files import write_event_files

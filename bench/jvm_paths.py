@@ -34,7 +34,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from lambdalake.infra.services import running
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
@@ -45,6 +44,7 @@ from bench.decode import source_batches
 from lambdalake import jars
 from lambdalake.avro import parse_schema
 from lambdalake.columnar.validate import ColumnarValidator
+from lambdalake.infra.services import running
 from lambdalake.spark import decode
 from lambdalake.validation import RecordValidator
 

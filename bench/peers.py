@@ -52,10 +52,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
-from lambdalake.infra.services import running
 
 from bench.common import bench_settings, probe_freshness, write_result
 from lambdalake.cassandra.session import connect
+from lambdalake.infra.services import running
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_pipeline
 from lambdalake.procs import tree_memory
 from lambdalake.produce.generator import Mix, generate

@@ -27,9 +27,9 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from lambdalake.infra.services import running
 
 from bench.common import bench_settings, write_result
+from lambdalake.infra.services import running
 from lambdalake.kafka.admin import admin_client, ensure_topic
 from lambdalake.pipeline import Pipeline, load_pipeline
 from lambdalake.produce.generator import generate

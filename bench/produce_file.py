@@ -20,9 +20,8 @@ import time
 import uuid
 from pathlib import Path
 
-from lambdalake.infra.services import running
-
 from bench.common import bench_settings, write_result
+from lambdalake.infra.services import running
 from lambdalake.produce.generator import generate
 from lambdalake.settings import PROJECT_ROOT
 

@@ -32,11 +32,11 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
-from lambdalake.batch.job import BatchJob
-from lambdalake.infra.services import running
 
 from bench.batch import synthetic_bronze
 from bench.common import bench_settings, percentile, write_result
+from lambdalake.batch.job import BatchJob
+from lambdalake.infra.services import running
 from lambdalake.kafka.admin import ensure_pipeline_topics
 from lambdalake.master import MasterDataset
 from lambdalake.master_files import table_path, write_event_files

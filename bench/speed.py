@@ -31,10 +31,9 @@ import time
 import uuid
 from pathlib import Path
 
-from lambdalake.infra.services import running
-
 from bench.common import bench_settings, probe_freshness, write_result
 from lambdalake.cassandra.session import connect
+from lambdalake.infra.services import running
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer

@@ -13,10 +13,9 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from lambdalake.infra.addresses import joined
-
 from lambdalake import jars
 from lambdalake.errors import LambdalakeError
+from lambdalake.infra.addresses import joined
 from lambdalake.kafka.admin import default_replication
 from lambdalake.settings import KafkaSettings
 

@@ -20,11 +20,11 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
+
+from lambdalake.errors import LambdalakeError
 from lambdalake.infra import cassandra_dist, kafka_dist
 from lambdalake.infra.addresses import host_port, joined
 from lambdalake.infra.process import ManagedProcess, port_open
-
-from lambdalake.errors import LambdalakeError
 from lambdalake.settings import Settings
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}

@@ -11,9 +11,8 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from lambdalake.serving.answers import LatestRow, WindowRow
-
 from lambdalake.pipeline import WindowedView
+from lambdalake.serving.answers import LatestRow, WindowRow
 from lambdalake.views import EPOCH, WINDOW_START, Merger
 
 #: A query's rows: its column names and the rows as tuples in that order.

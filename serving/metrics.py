@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-from lambdalake.serving.client import ServingClient
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from lambdalake.serving.client import ServingClient
 from lambdalake.settings import Settings
 from lambdalake.status import pipeline_status
 

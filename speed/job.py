@@ -39,9 +39,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from lambdalake.speed.dedup import DedupLog
-from lambdalake.speed.last_read import LastReadCheck, LastRecords, lost_tail, offset_changed
-from lambdalake.speed.sinks import ArchiveSink, FileSet, LatestSink, PartitionProgress, RecordCounts, drain
 from py4j.protocol import Py4JError
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
@@ -65,6 +62,9 @@ from lambdalake.spark.kafka import Offsets, source_options
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.sinks import upsert_views
 from lambdalake.spark.views import INGEST_TS, together_column, together_row, windowed, windowed_together
+from lambdalake.speed.dedup import DedupLog
+from lambdalake.speed.last_read import LastReadCheck, LastRecords, lost_tail, offset_changed
+from lambdalake.speed.sinks import ArchiveSink, FileSet, LatestSink, PartitionProgress, RecordCounts, drain
 from lambdalake.status import speed_status_file
 from lambdalake.storage import list_files, read_text, write_text
 from lambdalake.views import windowed_inputs

@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from lambdalake.speed.sinks import send_dead_letters
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -64,6 +63,7 @@ from lambdalake.spark.views import (
     window_cells,
     windowed,
 )
+from lambdalake.speed.sinks import send_dead_letters
 from lambdalake.views import EPOCH, WINDOW_START
 
 log = logging.getLogger("lambdalake.replay")

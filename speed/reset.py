@@ -23,8 +23,6 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from lambdalake.speed.job import RESET_FILE, RESET_FROM_FILE, checkpoints_path
-from lambdalake.speed.replay import Replayer, ReplayPlan
 from pyspark.sql import SparkSession
 
 from lambdalake.cassandra.active import active_batch
@@ -34,6 +32,8 @@ from lambdalake.cassandra.tables import deploy_speed_tables
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, watermarks
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
+from lambdalake.speed.job import RESET_FILE, RESET_FROM_FILE, checkpoints_path
+from lambdalake.speed.replay import Replayer, ReplayPlan
 from lambdalake.storage import delete_folder, write_text
 
 

@@ -15,8 +15,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from lambdalake.speed.dedup import DedupLog
-from lambdalake.speed.last_read import Fingerprints, noting_last
 from pyspark import Accumulator
 from pyspark.accumulators import AccumulatorParam
 from pyspark.sql import DataFrame
@@ -31,6 +29,8 @@ from lambdalake.procs import LIGHT_TASK_ROWS, release_freed_memory
 from lambdalake.settings import CassandraSettings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decoder
 from lambdalake.spark.views import INGEST_TS
+from lambdalake.speed.dedup import DedupLog
+from lambdalake.speed.last_read import Fingerprints, noting_last
 
 _producers: dict[str, Any] = {}
 

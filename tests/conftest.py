@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lambdalake.infra.services import running
 
+from lambdalake.infra.services import running
 from lambdalake.pipeline import LayersSpec, Pipeline, configured_pipeline
 from lambdalake.settings import PROJECT_ROOT, QUICK_JIT, Settings
 

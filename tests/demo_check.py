@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from lambdalake.serving import ServingClient
-
 from lambdalake.pipeline import configured_pipeline, list_pipelines
+from lambdalake.serving import ServingClient
 from lambdalake.settings import get_settings
 from tests.reference import merged_differences, topic_events
 

@@ -18,11 +18,10 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
-from lambdalake.batch.job import BatchJob, views_path
-from lambdalake.batch.run import RUN_ID, identities_path
-from lambdalake.speed.job import SpeedJob, SpeedOptions
 
 from lambdalake.avro import WireEncoder, parse_schema
+from lambdalake.batch.job import BatchJob, views_path
+from lambdalake.batch.run import RUN_ID, identities_path
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import batch_table_def
@@ -32,6 +31,7 @@ from lambdalake.pipeline import Pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
+from lambdalake.speed.job import SpeedJob, SpeedOptions
 from tests.conftest import env_for, isolated, pipeline_named
 from tests.helpers import kill_publish_half_way, pipelines_folder
 from tests.reference import batch_differences, batch_rows, batch_views, topic_events
@@ -263,7 +263,6 @@ def test_a_planted_fault_fails_the_gate_and_serving_keeps_the_previous_version(a
     checks): the run stops naming the expectation, and the active batch version does not move.
     Last in the module: it leaves bronze faulty."""
     from lambdalake.batch.quality import QualityGateFailed
-
     from lambdalake.master import MasterDataset
     from lambdalake.master_files import table_path, write_event_files
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from lambdalake.infra.services import BrokerService, RegistryService, running
 
 from lambdalake.errors import LambdalakeError
+from lambdalake.infra.services import BrokerService, RegistryService, running
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer, ProducerFailed
 from lambdalake.settings import PROJECT_ROOT, Settings

@@ -42,9 +42,8 @@ def test_a_failed_restore_stops_its_session(
     started: list[FakeSession], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import lambdalake.batch.restore
-    import lambdalake.speed.replay
-
     import lambdalake.master
+    import lambdalake.speed.replay
 
     monkeypatch.setattr(control_batch, "deployed_pipeline", lambda _s, name: SimpleNamespace(name=name))
     monkeypatch.setattr(lambdalake.master, "bronze_of", lambda *_a: SimpleNamespace(num_records=lambda: 10))
@@ -64,7 +63,6 @@ def test_the_scheduler_stops_the_session_its_runs_shared(
 ) -> None:
     import lambdalake.batch.job
     import lambdalake.batch.schedule
-
     import lambdalake.master
 
     monkeypatch.setattr(control_batch, "configured_pipeline", lambda name, _s: SimpleNamespace(name=name))

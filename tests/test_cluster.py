@@ -17,13 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
-from lambdalake.infra.services import EmbeddedService, all_services, running
-from lambdalake.serving.client import ServingClient
 
 from lambdalake.cassandra.session import connect
+from lambdalake.infra.services import EmbeddedService, all_services, running
 from lambdalake.pipeline import WindowedView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
+from lambdalake.serving.client import ServingClient
 from lambdalake.settings import QUICK_JIT, Settings
 from tests.conftest import isolated, pipeline_named, port, run_cli
 from tests.helpers import kcat_count, kill_minus_nine, serving_app, stop_job

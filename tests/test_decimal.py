@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
-from lambdalake.serving import ServingClient
-from lambdalake.speed.job import SpeedJob
 
 from lambdalake.cassandra.session import connect
 from lambdalake.errors import ConfigurationError
 from lambdalake.master_files import table_path
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.producer import EventProducer
+from lambdalake.serving import ServingClient
 from lambdalake.settings import Settings
+from lambdalake.speed.job import SpeedJob
 from lambdalake.views import speed_table
 from tests.conftest import isolated
 from tests.helpers import consume_all, offers_with_field

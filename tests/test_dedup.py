@@ -6,13 +6,13 @@ import itertools
 import random
 from pathlib import Path
 
-import lambdalake.speed.dedup as dedup
 import numpy as np
 import pyarrow as pa
 import pytest
-from lambdalake.speed.dedup import DedupLog, IdentityIndex, repeats_within
 
+import lambdalake.speed.dedup as dedup
 from lambdalake.identity import ENCODING
+from lambdalake.speed.dedup import DedupLog, IdentityIndex, repeats_within
 
 WINDOW = 10_000_000  # ten seconds, in µs
 

@@ -12,18 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from lambdalake.batch.job import BatchJob, BatchRun
 from lambdalake.batch.publish import Publisher
-from lambdalake.serving import ServingClient
-from lambdalake.speed.replay import Replayer, plan_replay
-
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.errors import ConfigurationError
 from lambdalake.pipeline import LatestView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
+from lambdalake.serving import ServingClient
 from lambdalake.settings import Settings
+from lambdalake.speed.replay import Replayer, plan_replay
 from lambdalake.views import speed_table
 from tests.conftest import isolated, pipeline_named, run_cli
 from tests.helpers import bronze_coordinates, kcat_count, pipelines_folder, run_speed_once

@@ -150,7 +150,6 @@ def test_an_index_of_the_encoding_before_reads_as_encoding_1(spark, tmp_path) ->
 
     from lambdalake.batch.identities import IdentityIndex
     from lambdalake.batch.run import RUN_ID, BatchRun
-
     from lambdalake.pipeline import load
     from lambdalake.settings import Settings
     from lambdalake.spark.delta import write_table
@@ -174,9 +173,10 @@ def test_an_index_of_the_encoding_before_reads_as_encoding_1(spark, tmp_path) ->
 def old_index_rows(rows, identity: list[str]):
     """Index rows as the code before wrote them: xxhash64 of (null flag, value) per part, text as
     bytes and integers as longs."""
-    from lambdalake.batch.identities import COORDINATE, HASHES
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType
+
+    from lambdalake.batch.identities import COORDINATE, HASHES
 
     def value(c: str):
         return F.col(c).cast("binary" if isinstance(rows.schema[c].dataType, StringType) else "long")

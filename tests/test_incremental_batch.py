@@ -22,12 +22,10 @@ import pytest
 from deltalake import DeltaTable
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
+
 from lambdalake.batch.job import BatchJob
 from lambdalake.batch.restore import restore
 from lambdalake.batch.run import views_path
-from lambdalake.speed.replay import Replayer, plan_replay
-from lambdalake.speed.reset import reset_speed
-
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.delta import commit_metadata
@@ -35,6 +33,8 @@ from lambdalake.master_files import table_path
 from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
+from lambdalake.speed.replay import Replayer, plan_replay
+from lambdalake.speed.reset import reset_speed
 from tests.conftest import env_for, isolated
 from tests.helpers import kill_publish_half_way, run_speed_once
 from tests.test_user_pipeline import merged_problems, send

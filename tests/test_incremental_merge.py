@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from lambdalake.batch.identities import COORDINATE, EARLIER, KNOWN, classify, identity_hashes
 from lambdalake.batch.job import BatchJob
 from lambdalake.batch.merge import TOUCHED, merge_latest, merge_windowed, same_columns
-
 from lambdalake.pipeline import LatestView, Pipeline, configured_pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.bronze import bronze_schema

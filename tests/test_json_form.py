@@ -13,9 +13,9 @@ from decimal import Decimal
 from uuid import UUID
 
 import pytest
-from lambdalake.serving.answers import Answer, LatestRow, Provenance, WindowRow
 
 from lambdalake.json_form import DESCRIPTION, json_value
+from lambdalake.serving.answers import Answer, LatestRow, Provenance, WindowRow
 
 EVERY_TYPE = {
     "int": (7, 7),

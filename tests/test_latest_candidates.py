@@ -15,7 +15,6 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lambdalake.serving import ServingClient
 
 from lambdalake.cassandra.legacy_latest import adopt_legacy_latest
 from lambdalake.cassandra.session import connect
@@ -23,6 +22,7 @@ from lambdalake.cassandra.tables import deploy_speed_tables, speed_table_def
 from lambdalake.cassandra.writer import upsert_arrow
 from lambdalake.latest import RANK, arrow_winners, latest_tiebreak, rank_array
 from lambdalake.pipeline import configured_pipeline
+from lambdalake.serving import ServingClient
 from lambdalake.settings import Settings
 from lambdalake.views import legacy_latest_tables
 from tests.conftest import isolated

@@ -17,8 +17,6 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lambdalake.serving.answers import LatestRow
-from lambdalake.serving.merge import pick_latest
 
 from lambdalake.latest import (
     TIEBREAK_BITS,
@@ -29,6 +27,8 @@ from lambdalake.latest import (
     winner_key,
 )
 from lambdalake.pipeline import Pipeline, load
+from lambdalake.serving.answers import LatestRow
+from lambdalake.serving.merge import pick_latest
 
 SCHEMA = {
     "type": "record", "name": "Reading", "namespace": "test.latest",

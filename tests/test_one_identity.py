@@ -21,14 +21,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from lambdalake.batch.identities import IdentityIndex
 from lambdalake.batch.job import BatchJob
 from lambdalake.batch.run import RUN_ID
-from lambdalake.serving import ServingClient
-
 from lambdalake.master_files import table_path
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.producer import EventProducer
+from lambdalake.serving import ServingClient
 from lambdalake.settings import Settings
 from lambdalake.spark.delta import write_table
 from tests.conftest import isolated

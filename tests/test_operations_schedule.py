@@ -22,16 +22,16 @@ from typing import Any
 
 import pytest
 from deltalake import DeltaTable
+
 from lambdalake.batch.job import BatchJob, views_path
 from lambdalake.batch.restore import restore
-from lambdalake.serving import ServingClient
-from lambdalake.speed.replay import Replayer, plan_replay
-from lambdalake.speed.reset import reset_speed
-
 from lambdalake.errors import ConfigurationError
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
+from lambdalake.serving import ServingClient
 from lambdalake.settings import PROJECT_ROOT, Settings
+from lambdalake.speed.replay import Replayer, plan_replay
+from lambdalake.speed.reset import reset_speed
 from tests.conftest import env_for, isolated, pipeline_named, run_cli
 from tests.helpers import bronze_coordinates, pipelines_folder, run_speed_once, stop_job
 from tests.reference import merged_differences, topic_events

@@ -11,13 +11,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import lambdalake.infra.process as process
 import lambdalake.infra.services as services
-import pytest
+from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.infra.addresses import host_port, joined
 from lambdalake.infra.process import ManagedProcess, pid_alive
-
-from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.settings import Settings
 
 #: A process that sleeps and names itself, so a test's marker matches it alone.

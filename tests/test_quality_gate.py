@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from lambdalake.batch.expectations import evaluate, identify, is_native
-from lambdalake.batch.quality import QualityGate, QualityGateFailed
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
+from lambdalake.batch.expectations import evaluate, identify, is_native
+from lambdalake.batch.quality import QualityGate, QualityGateFailed
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.settings import Settings
 

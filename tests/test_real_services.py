@@ -22,8 +22,8 @@ from cassandra.cluster import Cluster
 from cassandra.query import SimpleStatement
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from lambdalake.infra.services import BrokerService, CassandraService, running
 
+from lambdalake.infra.services import BrokerService, CassandraService, running
 from lambdalake.kafka.admin import ensure_topic
 from lambdalake.settings import Settings
 from lambdalake.spark.kafka import read_ranges

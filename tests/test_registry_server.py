@@ -8,8 +8,8 @@ import httpx
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
-from lambdalake.infra.services import RegistryService
 
+from lambdalake.infra.services import RegistryService
 from lambdalake.settings import Settings
 
 pytestmark = pytest.mark.services

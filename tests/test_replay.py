@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 from deltalake import DeltaTable
-from lambdalake.batch.job import BatchJob
-from lambdalake.serving import ServingClient
-from lambdalake.speed.job import SpeedJob
 
+from lambdalake.batch.job import BatchJob
 from lambdalake.cassandra.session import connect
 from lambdalake.master_files import table_path
 from lambdalake.pipeline import LatestView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
+from lambdalake.serving import ServingClient
 from lambdalake.settings import Settings
+from lambdalake.speed.job import SpeedJob
 from lambdalake.views import speed_table
 from tests.conftest import isolated, pipeline_named, run_cli
 from tests.helpers import bronze_coordinates, pipelines_folder, run_speed_once

@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from lambdalake.batch.schedule import Scheduler
-
 from lambdalake.pipeline import BatchSpec, configured_pipeline
 from lambdalake.settings import Settings
 

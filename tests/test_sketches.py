@@ -15,13 +15,13 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from lambdalake.batch.job import BatchJob
-from lambdalake.serving import ServingClient
-from lambdalake.speed.replay import Replayer, plan_replay
 
+from lambdalake.batch.job import BatchJob
 from lambdalake.pipeline import Pipeline, WindowedView, configured_pipeline
 from lambdalake.produce.producer import EventProducer
+from lambdalake.serving import ServingClient
 from lambdalake.settings import Settings
+from lambdalake.speed.replay import Replayer, plan_replay
 from tests import reference
 from tests.conftest import isolated
 from tests.helpers import run_speed_once

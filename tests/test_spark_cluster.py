@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pyspark
 import pytest
-from lambdalake.infra.process import port_open
 
+from lambdalake.infra.process import port_open
 from lambdalake.produce.generator import Mix
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from lambdalake.speed.job import SpeedJob
 from pyspark.sql import functions as F
 
 from lambdalake.avro import HEADER, MAGIC, WireEncoder, parse_schema
@@ -24,6 +23,7 @@ from lambdalake.pipeline import Pipeline, WindowedView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
+from lambdalake.speed.job import SpeedJob
 from lambdalake.views import speed_table
 from tests.conftest import isolated, pipeline_named
 from tests.helpers import bronze_coordinates, consume_all, run_speed_once, send_generated

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
-from lambdalake.infra.services import CassandraService
-from lambdalake.speed.job import SpeedJob
 
 from lambdalake.compaction import OPERATION
+from lambdalake.infra.services import CassandraService
 from lambdalake.master_files import table_path
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, BronzeSettings, Settings
+from lambdalake.speed.job import SpeedJob
 from tests.conftest import env_for, isolated, pipeline_named
 from tests.helpers import bronze_coordinates, stop_job
 from tests.reference import differences, topic_events

@@ -14,9 +14,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from lambdalake.batch.job import BatchJob
-from lambdalake.speed.job import SpeedJob
 
+from lambdalake.batch.job import BatchJob
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import speed_table_def
 from lambdalake.errors import ConfigurationError
@@ -24,6 +23,7 @@ from lambdalake.master_files import table_path
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
+from lambdalake.speed.job import SpeedJob
 from lambdalake.views import speed_table
 from tests.conftest import isolated
 from tests.helpers import consume_all, offers_with_field

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lambdalake.batch.job import BatchJob
-from lambdalake.serving import ServingClient
 
+from lambdalake.batch.job import BatchJob
 from lambdalake.errors import ConfigurationError
 from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.produce.producer import EventProducer
+from lambdalake.serving import ServingClient
 from lambdalake.settings import Settings
 from tests.conftest import isolated
 from tests.helpers import run_speed_once

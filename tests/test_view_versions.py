@@ -18,13 +18,13 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from lambdalake.serving import ServingClient
 
 from lambdalake.cassandra.active import read_meta
 from lambdalake.cassandra.session import connect
 from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.produce.producer import EventProducer
+from lambdalake.serving import ServingClient
 from lambdalake.settings import Settings
 from lambdalake.view_versions import Registry, deployed_pipeline, plan
 from tests.conftest import isolated, port, run_cli

@@ -8,7 +8,6 @@ import sys
 
 from lambdalake.infra.registry.server import make_server
 from lambdalake.infra.registry.store import KafkaBackedStore
-
 from lambdalake.settings import get_settings
 
 

@@ -16,8 +16,9 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from lambdalake.infra.registry.store import KafkaBackedStore, RegistryError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lambdalake.infra.registry.store import KafkaBackedStore, RegistryError
 
 log = logging.getLogger("lambdalake.registry")
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from lambdalake.infra.registry import compatibility
 
+from lambdalake.infra.registry import compatibility
 from lambdalake.kafka.admin import default_replication
 from lambdalake.kafka.offsets import while_electing
 
