@@ -562,6 +562,12 @@ def start_all(
                     del starting[name]
                     if progress is not None:
                         progress(service, launched, time.monotonic() - t0)
+                elif not launched and time.monotonic() - since > service.start_timeout:
+                    raise LambdalakeError(
+                        f"{service.name} runs (pid {service.proc.pid()}) but does not answer on "
+                        f"{service.address}: {service.probe()}",
+                        fix="it may run with other settings: `lambdalake down`, then `lambdalake up`",
+                    )
                 elif service.proc.exited() or time.monotonic() - since > service.start_timeout:
                     proc = service.proc
                     why = (

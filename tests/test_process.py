@@ -189,3 +189,32 @@ def test_a_node_that_does_not_come_up_is_named_with_its_log_and_what_started_is_
     assert after.proc.pid() is None and not after.proc.log_file.exists(), (
         "a node whose need failed was started"
     )
+
+
+class _Deaf(_Sleeper):
+    """A stand-in node that runs but never answers (as one started with other settings)."""
+
+    name = "deaf"
+    start_timeout = 1.0
+
+    def probe(self) -> str | None:
+        return "connection refused"
+
+
+def test_a_running_node_that_does_not_answer_is_named_with_the_fix(tmp_path: Path) -> None:
+    """A node `lambdalake up` finds running but not answering (started with other settings, say) is
+    neither started again nor waited for forever: the error names it, its pid and the fix; it is
+    left running (this start did not spawn it)."""
+    settings = Settings(state_dir=tmp_path / "state")
+    deaf = _Deaf(settings)
+    assert deaf.launch() is True  # as an earlier `lambdalake up` with other settings left it
+    pid = deaf.proc.pid()
+    try:
+        with pytest.raises(LambdalakeError) as failed:
+            services.start_all([_Deaf(settings)])
+        text = failed.value.message
+        assert f"deaf runs (pid {pid}) but does not answer on" in text and "connection refused" in text
+        assert "other settings" in (failed.value.fix or "")
+        assert pid is not None and pid_alive(pid)
+    finally:
+        deaf.stop()
