@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup up down status deploy undeploy test soak demo lint bench clean
+.PHONY: setup up down status deploy undeploy test soak demo lint docs bench clean
 
 setup: $(STAMP) .lambdalake/.apt .lambdalake/.jars .lambdalake/.spark-cds
 
@@ -78,6 +78,11 @@ soak: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+# The documentation site (docs/, mkdocs.yml) into site/; `make test` builds it strictly too.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 demo: setup
 	bash infra/demo.sh
