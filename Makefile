@@ -85,7 +85,7 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 demo: setup
-	bash infra/demo.sh
+	bash lambdalake/cli/demo.sh
 
 bench: setup
 	$(BIN)/python -m bench.produce

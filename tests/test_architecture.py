@@ -3,6 +3,7 @@ contracts), and an installed lambdalake that holds every module of the checkout 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -58,21 +59,17 @@ def test_an_import_upwards_breaks_the_contracts(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
-    out = tmp_path_factory.mktemp("wheel")
+    """The wheel, built from a copy of the checkout (setuptools leaves build/ where it builds)."""
+    src, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    for name in ("pyproject.toml", "README.md", "lambdalake", *LAYERS):
+        path = PROJECT_ROOT / name
+        if path.is_dir():  # the links lambdalake/speed -> ../speed are copied as links
+            shutil.copytree(path, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(path, src / name)
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(out),
-            ".",
-        ],
-        cwd=PROJECT_ROOT,
+        [*pip, "-w", str(out), str(src)],
         check=True,
         capture_output=True,
         timeout=600,

@@ -1,4 +1,4 @@
-"""Helpers of ``make demo`` (infra/demo.sh): the demo's pipeline files, waiting for the deployed
+"""Helpers of ``make demo`` (lambdalake/cli/demo.sh): the demo's pipeline files, waiting for the deployed
 jobs, and picking an answer that shows both layers.
 
 The demo runs the pipelines of ``pipelines/`` with 20-second ingest epochs (and a 5-second dedup

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: the platform end to end on the embedded defaults, checked against a reference.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PATH="$PWD/.venv/bin:$PATH"
 N=${DEMO_EVENTS:-5000}
 
