@@ -8,7 +8,7 @@ commit, then a checkpoint) gets ``--commits`` real micro-batch commits of 300 ev
 job), timed as its caller sees them, for three ways of getting the snapshot a commit decides on:
 
 - ``reopen``: open the table for every commit and bring it up to date inline after it (the code
-  before 2026-11-26);
+  this benchmark was written to replace);
 - ``kept-inline``: keep the previous commit's snapshot, update it before deciding, inline after;
 - ``kept``: the same, with the update after the commit on a thread of its own (the code now).
 

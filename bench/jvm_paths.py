@@ -1,8 +1,8 @@
-"""Issue 46's engine path against today's, in one Spark session (local[2]), rounds alternating.
+"""The JVM engine path against the Python one, in one Spark session (local[2]), rounds alternating.
 
 - Read: a whole-topic batch read of the same records (a 3-partition topic on the bench broker) to
   Spark's ``noop`` sink with Spark's own ``kafka`` source (the Python twin it was measured against
-  on 2026-11-28 is gone); and the floor of Spark's: a streaming query's micro-batch of one record.
+  is gone); and the floor of Spark's: a streaming query's micro-batch of one record.
 - Decode: the same Confluent-wire records (``offers``, 10 % written with its first schema version),
   cached in Spark, decoded by today's Python path (columnar decode, rules checked, failures kept
   with their reasons), by Spark's ``from_avro`` in the JVM, one per writer schema id with the
