@@ -422,7 +422,9 @@ class SparkService(EmbeddedService):
 
 class SparkMasterService(SparkService):
     """The standalone master of ``spark.master``; each application takes 2 cores unless it asks
-    for others (``spark.cores.max``), so the speed job and a batch run share the workers."""
+    for others (``spark.cores.max``), so the speed job and a batch run share the workers. They are
+    given as one executor on one worker rather than one core on each (``spreadOut``): on one machine
+    a second executor JVM, with its Python workers, buys no cores and costs its start and memory."""
 
     name = "spark-master"
     marker = "org.apache.spark.deploy.master.Master"
@@ -442,7 +444,8 @@ class SparkMasterService(SparkService):
         return "LAMBDALAKE_SPARK__MASTER=spark://127.0.0.1:<port> (its web UI takes the next port)"
 
     def env(self) -> dict[str, str]:
-        return {**super().env(), "SPARK_MASTER_OPTS": "-Dspark.deploy.defaultCores=2"}
+        opts = "-Dspark.deploy.defaultCores=2 -Dspark.deploy.spreadOut=false"
+        return {**super().env(), "SPARK_MASTER_OPTS": opts}
 
     def argv(self) -> list[str]:
         return [self.spark_class(), "org.apache.spark.deploy.master.Master", "--host", self.host,

@@ -1,4 +1,4 @@
-"""The driver JVM's options follow the workload and its size; clusters keep the JVM's defaults."""
+"""The driver JVM's options follow the workload and its size; clusters elsewhere keep the JVM's defaults."""
 
 from __future__ import annotations
 
@@ -27,3 +27,13 @@ def test_the_stream_keeps_its_options_whatever_the_size(tmp_path: Path) -> None:
     local = Settings(cache_dir=tmp_path)
     assert driver_java_options(local, "stream") == driver_java_options(local, "stream", events=10)
     assert QUICK in driver_java_options(local, "stream").split()
+
+
+def test_a_standalone_master_on_this_machine_counts_as_local(tmp_path: Path) -> None:
+    """`lambdalake up --nodes 3`'s master shares this machine's cores with the driver: the driver
+    compiles as a local one does; a master elsewhere keeps the JVM's defaults."""
+    settings = Settings(cache_dir=tmp_path)
+    for master, quick in (("spark://127.0.0.1:7077", True), ("spark://localhost:7077", True),
+                          ("spark://spark-master:7077", False), ("k8s://https://k:443", False)):  # fmt: skip
+        here = settings.model_copy(update={"spark": settings.spark.model_copy(update={"master": master})})
+        assert (QUICK in driver_java_options(here, "stream").split()) is quick, master

@@ -81,17 +81,26 @@ Workload = Literal["stream", "batch", "replay"]
 QUICK_JIT_EVENTS = 1_000_000
 
 
+def on_this_machine(master: str) -> bool:
+    """Whether ``master`` runs its executors on this machine, sharing its cores with the driver:
+    ``local[...]``, or a standalone master on a loopback address (``lambdalake up --nodes 3``)."""
+    if master.startswith("local"):
+        return True
+    host = master.removeprefix("spark://").split(":")[0]
+    return master.startswith("spark://") and (host == "localhost" or host.startswith("127."))
+
+
 def driver_java_options(settings: Settings, workload: Workload, *, events: int | None = None) -> str:
     """The driver JVM's options for ``workload`` reading about ``events`` events (None: unknown);
     ``spark.driver.extraJavaOptions`` in the settings' conf replaces them."""
     opts = [f"-Dlog4j.configurationFile=file:{LOG4J}"]
-    local = settings.spark.master.startswith("local")
+    local = on_this_machine(settings.spark.master)
     if workload != "stream" and local and events is not None and events < QUICK_JIT_EVENTS:
         opts += [*QUICK_JIT, "-XX:+UseSerialGC"]
     elif workload == "stream" and local:
         # Every micro-batch runs freshly generated code, and with the C2 compiler on, JIT compiling it
         # took a third of the JVM's CPU time on a 2-core machine (measured: C2 thread 30 s of 80 s).
-        # C1 alone compiles far cheaper; on clusters the driver keeps the JVM's default.
+        # C1 alone compiles far cheaper; on other machines' clusters the driver keeps the JVM's default.
         opts += QUICK_JIT
         # The serial collector: a micro-batch's garbage is young and small, and G1's remembered sets
         # and concurrent threads cost memory and a share of two cores (bench.peers, four runs each:
