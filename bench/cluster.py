@@ -14,6 +14,7 @@ every Kafka write waits for two replicas, every Cassandra read and write for two
 machine of two cores the cluster is slower, and the ratio (three over one) is the figure.
 
     python -m bench.cluster [--produce-events 100000] [--speed-events 100000] [--batch-events 1000000]
+                            [--only produce,speed,serving,batch]
 """
 
 from __future__ import annotations
@@ -69,28 +70,33 @@ def services_up(nodes: int) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def figures(folder: Path) -> dict[str, Any]:
-    """The figures compared, from the benchmarks' result files."""
+def figures(folder: Path, ran: set[str]) -> dict[str, Any]:
+    """The figures compared, from the result files of the benchmarks that ran."""
 
     def load(name: str) -> dict[str, Any]:
         return json.loads((folder / f"{name}.json").read_text())
 
-    produce, speed, serving, batch = load("produce"), load("speed"), load("serving"), load("batch")
-    fresh = speed["freshness"]
-    run = batch["runs"][-1]
-    return {
-        "produce_events_per_s": round(produce["median_events_per_s"]["send"]),
-        "produce_table_events_per_s": round(produce["median_events_per_s"]["batch_table"]),
-        "speed_events_per_s": round(speed["throughput_events_per_s"]),
-        "latest_p50_s": round(fresh["latest"]["p50_s"], 2),
-        "latest_p99_s": round(fresh["latest"]["p99_s"], 2),
-        "windowed_p50_s": round(fresh["windowed"]["p50_s"], 2),
-        "windowed_p99_s": round(fresh["windowed"]["p99_s"], 2),
-        "merged_query_p99_ms": serving["python"]["p99_ms"],
-        "http_query_p99_ms": serving["http_1_workers"]["p99_ms"],
-        "batch_events": run["events"],
-        "batch_s": run["end_to_end_s"],
-    }
+    out: dict[str, Any] = {}
+    if "produce" in ran:
+        produce = load("produce")
+        out["produce_events_per_s"] = round(produce["median_events_per_s"]["send"])
+        out["produce_table_events_per_s"] = round(produce["median_events_per_s"]["batch_table"])
+    if "speed" in ran:
+        speed = load("speed")
+        fresh = speed["freshness"]
+        out["speed_events_per_s"] = round(speed["throughput_events_per_s"])
+        for view in ("latest", "windowed"):
+            out[f"{view}_p50_s"] = round(fresh[view]["p50_s"], 2)
+            out[f"{view}_p99_s"] = round(fresh[view]["p99_s"], 2)
+    if "serving" in ran:
+        serving = load("serving")
+        out["merged_query_p99_ms"] = serving["python"]["p99_ms"]
+        out["http_query_p99_ms"] = serving["http_1_workers"]["p99_ms"]
+    if "batch" in ran:
+        run = load("batch")["runs"][-1]
+        out["batch_events"] = run["events"]
+        out["batch_s"] = run["end_to_end_s"]
+    return out
 
 
 def main() -> None:
@@ -101,25 +107,28 @@ def main() -> None:
     parser.add_argument("--speed-events", type=int, default=100_000)
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--batch-events", type=int, default=1_000_000)
+    parser.add_argument(
+        "--only", default="produce,speed,serving,batch", help="the benchmarks to run, comma-separated"
+    )
     args = parser.parse_args()
+    only = set(args.only.split(","))
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
         for nodes in (1, 3):
             folder = Path(tmp) / f"nodes-{nodes}"
             services = services_up(nodes)
             print(f"services on {nodes} node(s): {services}", flush=True)
-            walls = {
-                "produce": run("bench.produce", ["--events", str(args.produce_events), "--rounds", "1"],
-                               nodes, folder),
-                "speed": run("bench.speed", ["--events", str(args.speed_events), "--backlog", "20000",
-                                             "--rate", str(args.rate), "--seconds", "40"], nodes, folder),
-                "serving": run("bench.serving", ["--queries", "2000", "--seconds", "10", "--replay", "20000"],
-                               nodes, folder),
-                "batch": run("bench.batch", ["--events", str(args.batch_events), "--history"], nodes, folder),
+            commands = {
+                "produce": ("bench.produce", ["--events", str(args.produce_events), "--rounds", "1"]),
+                "speed": ("bench.speed", ["--events", str(args.speed_events), "--backlog", "20000",
+                                          "--rate", str(args.rate), "--seconds", "40"]),
+                "serving": ("bench.serving", ["--queries", "2000", "--seconds", "10", "--replay", "20000"]),
+                "batch": ("bench.batch", ["--events", str(args.batch_events), "--history"]),
             }  # fmt: skip
+            walls = {name: run(*commands[name], nodes, folder) for name in commands if name in only}
             results[f"nodes_{nodes}"] = {
                 "services": services,
-                **figures(folder),
+                **figures(folder, only),
                 "wall_s": {k: round(v) for k, v in walls.items()},
             }
             print(f"{nodes} node(s): {results[f'nodes_{nodes}']}", flush=True)
