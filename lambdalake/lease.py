@@ -22,7 +22,7 @@ lease      taken by     why
 ``replay`` replay       two recomputes of one epoch write it twice
 ========== ============ =======================================================================
 
-A batch run or a replay beside the speed job is allowed (the README's design): they take other
+A batch run or a replay beside the speed job is allowed (docs/concepts.md): they take other
 leases.
 
 Delivery guarantee: mutual exclusion while the holder renews in time. A holder that cannot renew

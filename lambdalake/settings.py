@@ -1,6 +1,6 @@
 """The one typed settings model of the platform.
 
-Every value has an embedded default that works on one machine (see README: "What runs locally") and
+Every value has an embedded default that works on one machine (docs/production.md: "What runs locally") and
 is overridden by environment variables with the ``LAMBDALAKE_`` prefix; nested groups use ``__``::
 
     LAMBDALAKE_KAFKA__BOOTSTRAP_SERVERS=broker-1:9092,broker-2:9092

@@ -39,7 +39,7 @@ Fingerprints = dict[str, list[int]]
 
 #: How a data-loss error's message ends: what to do.
 FIX = (
-    "see the README (data loss): produce the lost records again, then restart with "
+    "see docs/layers.md (Broker restarts and data loss): produce the lost records again, then restart with "
     "failOnDataLoss=false (`speed run --no-fail-on-data-loss`) to go on past them; new records at the "
     "reused offsets are not read (they would take coordinates the archive already holds)"
 )

@@ -16,7 +16,7 @@ from lambdalake.errors import LambdalakeError
 app = typer.Typer(
     name="lambdalake",
     help="A Kafka-backed lambda-architecture data platform: embedded services, schemas, producers and "
-    "pipeline jobs. Configuration comes from LAMBDALAKE_* environment variables (see README).",
+    "pipeline jobs. Configuration comes from LAMBDALAKE_* environment variables (docs/production.md).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -86,7 +86,7 @@ def bronze_compact(
 ) -> None:
     """Rewrite the master dataset's small files into large ones now, as a running speed job does every
     LAMBDALAKE_BRONZE__COMPACT_EVERY_COMMITS micro-batches. The rows stay as they are; safe beside
-    running speed jobs, replays and batch runs (README, Speed layer)."""
+    running speed jobs, replays and batch runs (docs/layers.md, Speed layer)."""
     from lambdalake.compaction import Compaction, CompactionPolicy, plan
     from lambdalake.compaction import vacuum as vacuum_bronze
     from lambdalake.delta import open_table
