@@ -29,8 +29,11 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 MASTER_PORT = port(17077)
 
 
-@pytest.fixture
-def standalone(tmp_path: Path) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A master and a worker for the module's tests (one start, ~20 s); yields the master's URL and
+    the worker's folder, where each application's executors leave their logs."""
+    tmp_path = tmp_path_factory.mktemp("standalone")
     home = Path(pyspark.__file__).parent
     env = {
         **os.environ,
@@ -89,7 +92,7 @@ def standalone(tmp_path: Path) -> Iterator[str]:
         while "Successfully registered with master" not in (tmp_path / "worker.log").read_text():
             assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-2000:]
             time.sleep(0.5)
-        yield url
+        yield url, tmp_path / "work"
     finally:
         for p in reversed(procs):
             os.killpg(p.pid, signal.SIGTERM)
@@ -97,13 +100,14 @@ def standalone(tmp_path: Path) -> Iterator[str]:
 
 
 def test_speed_job_on_standalone_cluster(
-    services: Settings, standalone: str, tmp_path: Path, unique: str
+    services: Settings, standalone: tuple[str, Path], tmp_path: Path, unique: str
 ) -> None:
+    master, work = standalone
     settings = isolated(services, tmp_path, unique)
     settings = settings.model_copy(
         update={
             "topic_prefix": f"{unique}-",
-            "spark": settings.spark.model_copy(update={"master": standalone}),
+            "spark": settings.spark.model_copy(update={"master": master}),
         }
     )
     pipeline = pipeline_named(settings, "telemetry")
@@ -114,7 +118,7 @@ def test_speed_job_on_standalone_cluster(
     try:
         problems = wait_equal(settings, pipeline, timeout=300)
         assert problems == [], f"{problems[:10]}\n{log.read_text()[-3000:]}"
-        executors = list((tmp_path / "work").glob("app-*/*/stderr"))
+        executors = list(work.glob("app-*/*/stderr"))
         assert executors, "no executor ran on the worker"
     finally:
         job.send_signal(signal.SIGTERM)
@@ -123,7 +127,7 @@ def test_speed_job_on_standalone_cluster(
 
 
 def test_batch_job_on_standalone_cluster(
-    services: Settings, standalone: str, tmp_path: Path, unique: str
+    services: Settings, standalone: tuple[str, Path], tmp_path: Path, unique: str
 ) -> None:
     """The speed job archives on the cluster, then `lambdalake batch run` rebuilds and publishes on it:
     the published rows equal the pandas reference for the horizon (as a local run's do, test_batch)."""
@@ -144,7 +148,7 @@ def test_batch_job_on_standalone_cluster(
         update={
             "topic_prefix": f"{unique}-",
             "pipelines_dir": pipelines,
-            "spark": settings.spark.model_copy(update={"master": standalone}),
+            "spark": settings.spark.model_copy(update={"master": standalone[0]}),
         }
     )
     pipeline = pipeline_named(settings, "telemetry")
@@ -159,6 +163,11 @@ def test_batch_job_on_standalone_cluster(
         job.send_signal(signal.SIGTERM)
         job.wait(90)
     time.sleep(12)  # the events' epochs close (10 s epochs, 1 s grace)
+
+    def apps() -> set[str]:
+        return {p.parent.parent.name for p in standalone[1].glob("app-*/*/stderr")}
+
+    before = apps()
     result = run_cli(settings, "batch", "run", "telemetry")
     assert result.returncode == 0, (result.stdout + result.stderr).decode()[-3000:]
     active = active_batch(connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name)
@@ -168,4 +177,4 @@ def test_batch_job_on_standalone_cluster(
     rows = {v.name: batch_rows(settings, pipeline, v, active) for v in pipeline.views}
     assert all(rows.values())
     assert batch_differences(pipeline, want, rows) == []
-    assert list((tmp_path / "work").glob("app-*/*/stderr")), "no executor ran on the worker"
+    assert apps() - before, "the batch run's executors did not run on the worker"
