@@ -48,10 +48,10 @@ TEST_PORTS = {
 }
 
 
-#: The slowest files first (seconds each in the one-process run of BENCHMARKS.md, 2026-11-28), so
-#: that workers taking whole files in turn end together instead of one waiting on a long last file.
+#: The slowest files first (seconds each, measured alone in one process), so that workers taking
+#: whole files in turn end together instead of one waiting on a long last file.
 _SLOW_FILES = (
-    "test_cluster.py",  # ~600 s: three nodes of each, started once for its seven tests
+    "test_cluster.py",  # 660 s: three nodes of each and one speed job, started once for its tests
     "test_view_versions.py",  # 509 s
     "test_exactness.py",  # 320
     "test_incremental_batch.py",  # 294

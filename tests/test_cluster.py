@@ -187,6 +187,61 @@ def test_the_cluster_replicates_by_three_and_refuses_a_factor_it_cannot_hold(
     assert refused.returncode != 0 and "replication factor 4" in output and "3 Cassandra" in output, output
 
 
+def test_a_replay_of_a_range_while_a_broker_is_down(cluster: Settings, tmp_path: Path, unique: str) -> None:
+    """After losing an epoch of bronze and the windowed speed rows, `lambdalake replay` reads its range
+    from the two brokers left (each partition has replicas there), archives what bronze lacks once
+    and recomputes every cell of the closed epochs. Placed before the
+    tests of the module's speed job, which took a share of the cores while idling beside it."""
+    from deltalake import DeltaTable
+
+    from lambdalake.master_files import table_path
+    from lambdalake.views import speed_table
+    from tests.helpers import bronze_coordinates, pipelines_folder
+
+    base = isolated(cluster, tmp_path, unique)
+    pipeline = pipeline_named(base, "offers", topic=f"offers-{unique}", epoch="10 seconds", grace="1 second")
+    settings = base.model_copy(update={"pipelines_dir": pipelines_folder(tmp_path, pipeline)})
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    t0 = time.monotonic()
+    for i, record in enumerate(generate("offers", 4000, seed=36, mix=Mix(duplicates=0.05, late=0.05))):
+        producer.send(record)
+        if i % 1000 == 999:  # over several ingest epochs
+            time.sleep(max(0.0, (i + 1) / 250 - (time.monotonic() - t0)))
+    assert producer.flush().unacknowledged == 0
+    time.sleep(12)  # the events' ingest epochs close
+    once = run_cli(settings, "speed", "run", "offers", "--once")
+    assert once.returncode == 0, (once.stdout + once.stderr).decode()[-3000:]
+    events, _ = topic_events(settings, pipeline)
+    want = sorted(zip(events["_partition"], events["_offset"], strict=True))
+    assert sorted(bronze_coordinates(settings, pipeline)) == want
+    epochs = sorted(set(events["_ts"] // pipeline.layers.epoch_ms))
+    assert len(epochs) >= 2, epochs
+    # Lost: an epoch of bronze, and every windowed speed row.
+    DeltaTable(table_path(settings.storage_root, pipeline.name)).delete(f"_epoch = {epochs[0]}")
+    windowed = pipeline.model_copy(
+        update={"views": [v for v in pipeline.views if isinstance(v, WindowedView)]}
+    )
+    session = connect(settings.cassandra)
+    for view in windowed.views:
+        session.execute(f'TRUNCATE "{settings.cassandra.keyspace}"."{speed_table(pipeline, view)}"')
+    assert len(bronze_coordinates(settings, pipeline)) < len(want)
+    victim = node(settings, "broker-2")
+    kill_minus_nine(victim)
+    try:
+        window = [
+            "--from-timestamp",
+            str(int(events["_ts"].min())),
+            "--to-timestamp",
+            str(int(events["_ts"].max()) + 1),
+        ]
+        result = run_cli(settings, "replay", "offers", *window, "--no-run-batch")
+        assert result.returncode == 0, (result.stdout + result.stderr).decode()[-3000:]
+        assert sorted(bronze_coordinates(settings, pipeline)) == want
+        assert differences(settings, windowed, events) == []
+    finally:
+        victim.start()
+
+
 def test_kill_minus_nine_of_a_partition_leader_while_producing_and_the_speed_job_runs(
     offers: SpeedJob,
 ) -> None:
@@ -388,60 +443,6 @@ def test_a_rolling_restart_of_the_three_brokers_under_steady_load(offers: SpeedJ
         assert len(pauses) >= 2 and max(pauses) <= max(restarts) + 30, (pauses, restarts)
     finally:
         watching.set()
-
-
-def test_a_replay_of_a_range_while_a_broker_is_down(cluster: Settings, tmp_path: Path, unique: str) -> None:
-    """After losing an epoch of bronze and the windowed speed rows, `lambdalake replay` reads its range
-    from the two brokers left (each partition has replicas there), archives what bronze lacks once
-    and recomputes every cell of the closed epochs."""
-    from deltalake import DeltaTable
-
-    from lambdalake.master_files import table_path
-    from lambdalake.views import speed_table
-    from tests.helpers import bronze_coordinates, pipelines_folder
-
-    base = isolated(cluster, tmp_path, unique)
-    pipeline = pipeline_named(base, "offers", topic=f"offers-{unique}", epoch="10 seconds", grace="1 second")
-    settings = base.model_copy(update={"pipelines_dir": pipelines_folder(tmp_path, pipeline)})
-    producer = EventProducer(settings=settings, pipeline=pipeline)
-    t0 = time.monotonic()
-    for i, record in enumerate(generate("offers", 4000, seed=36, mix=Mix(duplicates=0.05, late=0.05))):
-        producer.send(record)
-        if i % 1000 == 999:  # over several ingest epochs
-            time.sleep(max(0.0, (i + 1) / 250 - (time.monotonic() - t0)))
-    assert producer.flush().unacknowledged == 0
-    time.sleep(12)  # the events' ingest epochs close
-    once = run_cli(settings, "speed", "run", "offers", "--once")
-    assert once.returncode == 0, (once.stdout + once.stderr).decode()[-3000:]
-    events, _ = topic_events(settings, pipeline)
-    want = sorted(zip(events["_partition"], events["_offset"], strict=True))
-    assert sorted(bronze_coordinates(settings, pipeline)) == want
-    epochs = sorted(set(events["_ts"] // pipeline.layers.epoch_ms))
-    assert len(epochs) >= 2, epochs
-    # Lost: an epoch of bronze, and every windowed speed row.
-    DeltaTable(table_path(settings.storage_root, pipeline.name)).delete(f"_epoch = {epochs[0]}")
-    windowed = pipeline.model_copy(
-        update={"views": [v for v in pipeline.views if isinstance(v, WindowedView)]}
-    )
-    session = connect(settings.cassandra)
-    for view in windowed.views:
-        session.execute(f'TRUNCATE "{settings.cassandra.keyspace}"."{speed_table(pipeline, view)}"')
-    assert len(bronze_coordinates(settings, pipeline)) < len(want)
-    victim = node(settings, "broker-2")
-    kill_minus_nine(victim)
-    try:
-        window = [
-            "--from-timestamp",
-            str(int(events["_ts"].min())),
-            "--to-timestamp",
-            str(int(events["_ts"].max()) + 1),
-        ]
-        result = run_cli(settings, "replay", "offers", *window, "--no-run-batch")
-        assert result.returncode == 0, (result.stdout + result.stderr).decode()[-3000:]
-        assert sorted(bronze_coordinates(settings, pipeline)) == want
-        assert differences(settings, windowed, events) == []
-    finally:
-        victim.start()
 
 
 def test_fewer_than_a_quorum_of_cassandra_nodes_answers_503_naming_the_consistency_level(
