@@ -190,8 +190,8 @@ def test_the_cluster_replicates_by_three_and_refuses_a_factor_it_cannot_hold(
 def test_a_replay_of_a_range_while_a_broker_is_down(cluster: Settings, tmp_path: Path, unique: str) -> None:
     """After losing an epoch of bronze and the windowed speed rows, `lambdalake replay` reads its range
     from the two brokers left (each partition has replicas there), archives what bronze lacks once
-    and recomputes every cell of the closed epochs. Placed before the
-    tests of the module's speed job, which took a share of the cores while idling beside it."""
+    and recomputes every cell of the closed epochs. Placed before the tests of the module's speed
+    job, which took a share of the cores while idling beside it."""
     from deltalake import DeltaTable
 
     from lambdalake.master_files import table_path
