@@ -63,7 +63,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
 
 
 @dataclass
-class SpeedJob:
+class SharedJob:
     """The module's speed job of ``offers`` on the standalone cluster, and the pipeline it runs."""
 
     settings: Settings
@@ -101,14 +101,14 @@ class SpeedJob:
 
 
 @pytest.fixture(scope="module")
-def offers(cluster: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SpeedJob]:
+def offers(cluster: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedJob]:
     folder = tmp_path_factory.mktemp("offers")
     unique = uuid.uuid4().hex[:8]
     base = isolated(cluster, folder, unique)
     pipeline = pipeline_named(base, "offers", topic=f"offers-{unique}", epoch="10 seconds", grace="1 second")
     settings = base.model_copy(update={"pipelines_dir": pipelines_folder(folder, pipeline)})
     EventProducer(settings=settings, pipeline=pipeline)  # topics and schemas before the job
-    job = SpeedJob(settings=settings, pipeline=pipeline, log=folder / "speed.log")
+    job = SharedJob(settings=settings, pipeline=pipeline, log=folder / "speed.log")
     try:
         yield job
     finally:
@@ -160,10 +160,11 @@ def test_the_cluster_replicates_by_three_and_refuses_a_factor_it_cannot_hold(
         config = next(iter(admin.describe_configs([ConfigResource("topic", topic)]).values())).result()
         assert config["min.insync.replicas"].value == "2", topic
     session = connect(settings.cassandra)
+    from lambdalake.cassandra.session import refresh_metadata
     from lambdalake.cassandra.tables import create_keyspace
 
     create_keyspace(session, settings.cassandra)
-    session.cluster.refresh_keyspace_metadata(settings.cassandra.keyspace)
+    refresh_metadata(session, settings.cassandra.keyspace)
     replication = session.cluster.metadata.keyspaces[settings.cassandra.keyspace].replication_strategy
     assert "NetworkTopologyStrategy" in type(replication).__name__ and "datacenter1': '3'" in str(
         replication.export_for_schema()
@@ -243,7 +244,7 @@ def test_a_replay_of_a_range_while_a_broker_is_down(cluster: Settings, tmp_path:
 
 
 def test_kill_minus_nine_of_a_partition_leader_while_producing_and_the_speed_job_runs(
-    offers: SpeedJob,
+    offers: SharedJob,
 ) -> None:
     """acks=all with min.insync.replicas=2: a leader killed mid-stream loses no acknowledged record,
     the idempotent producer adds none twice, and the speed job (on the standalone cluster) goes on
@@ -270,7 +271,7 @@ def test_kill_minus_nine_of_a_partition_leader_while_producing_and_the_speed_job
 
 
 def test_kill_minus_nine_of_a_cassandra_node_while_the_speed_job_writes_and_serving_answers(
-    offers: SpeedJob,
+    offers: SharedJob,
 ) -> None:
     """QUORUM writes and reads: with one replica of three down, writes go on and every query
     answers (never a 5xx); after the node restarts, hinted handoff replays what it missed, and each
@@ -327,7 +328,7 @@ def test_kill_minus_nine_of_a_cassandra_node_while_the_speed_job_writes_and_serv
 
 
 def test_a_batch_run_publishes_with_one_cassandra_node_down_and_the_merged_answers_are_exact(
-    offers: SpeedJob,
+    offers: SharedJob,
 ) -> None:
     """A batch run beside the running speed job publishes with one Cassandra node of three down, and
     the merged answers (batch rows up to its horizon, speed rows after) equal the reference."""
@@ -354,7 +355,7 @@ def test_a_batch_run_publishes_with_one_cassandra_node_down_and_the_merged_answe
         victim.start()
 
 
-def test_kill_minus_nine_of_the_spark_worker_running_the_speed_job(offers: SpeedJob) -> None:
+def test_kill_minus_nine_of_the_spark_worker_running_the_speed_job(offers: SharedJob) -> None:
     """The standalone master gives the application a new executor on the other worker; the tasks
     of the lost one run again there, and no record is lost or counted twice."""
     offers.ensure()
@@ -396,7 +397,7 @@ def _in_sync(settings: Settings, topics: list[str], timeout: float = 180) -> Non
         time.sleep(1)
 
 
-def test_a_rolling_restart_of_the_three_brokers_under_steady_load(offers: SpeedJob) -> None:
+def test_a_rolling_restart_of_the_three_brokers_under_steady_load(offers: SharedJob) -> None:
     """Each broker stopped and started in turn (the next once every replica is back in sync, as an
     operator rolls a cluster): nothing acknowledged is lost, and the speed job's micro-batches never
     pause for longer than one restart took."""
@@ -446,7 +447,7 @@ def test_a_rolling_restart_of_the_three_brokers_under_steady_load(offers: SpeedJ
 
 
 def test_fewer_than_a_quorum_of_cassandra_nodes_answers_503_naming_the_consistency_level(
-    offers: SpeedJob,
+    offers: SharedJob,
 ) -> None:
     """Two replicas of three down: a QUORUM read cannot be met, and serving says so (503, the level
     and the replicas that answered), never a partial or stale answer; once they are back, it answers."""

@@ -81,24 +81,27 @@ def refresh_metadata(
     The driver's control connection may still be coming back after a Cassandra restart (measured in
     the tests: a job deployed right after one failed with "Table metadata was not refreshed"), and a
     table just created may not show yet when the schema agreement wait ran out on a loaded machine
-    (seen: a KeyError right after CREATE TABLE): the refresh is asked again until ``wait_s`` has
-    passed, then its error is raised.
+    (seen: a KeyError right after CREATE TABLE, and after CREATE KEYSPACE on three nodes): the
+    refresh is asked again until the keyspace (or the table) shows or ``wait_s`` has passed, then
+    its error is raised.
     """
     deadline = time.monotonic() + wait_s
     while True:
         try:
             if table is None:
                 session.cluster.refresh_keyspace_metadata(keyspace)
-                return
-            if keyspace in session.cluster.metadata.keyspaces:
+                if keyspace in session.cluster.metadata.keyspaces:
+                    return
+            elif keyspace in session.cluster.metadata.keyspaces:
                 session.cluster.refresh_table_metadata(keyspace, table)
             else:  # created by another process since this session read the schema
                 session.cluster.refresh_keyspace_metadata(keyspace)
             ks = session.cluster.metadata.keyspaces.get(keyspace)
-            if ks is not None and table in ks.tables:
+            if table is not None and ks is not None and table in ks.tables:
                 return
             if time.monotonic() > deadline:
-                raise DriverException(f"{keyspace}.{table} is not in the cluster's schema after {wait_s:g}s")
+                what = keyspace if table is None else f"{keyspace}.{table}"
+                raise DriverException(f"{what} is not in the cluster's schema after {wait_s:g}s")
         except DriverException:
             if time.monotonic() > deadline:
                 raise

@@ -74,9 +74,8 @@ def replay(
         with writer_lease(settings, p.name, "replay"):
             progress(f"replaying {planned.records:,} records")
             result = Replayer(settings=settings, pipeline=p, spark=spark).run(planned)
-        wanted = planned.batch_epochs and (run_batch(planned, result) if callable(run_batch) else run_batch)
         batch = None
-        if wanted:
+        if planned.batch_epochs and (run_batch(planned, result) if callable(run_batch) else run_batch):
             with writer_lease(settings, p.name, "batch run"):
                 progress("running the batch")
                 batch = BatchJob(settings=settings, pipeline=p, spark=spark).run()
