@@ -31,8 +31,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	@touch $@
 
 # Apache Kafka and Apache Cassandra JARs, and Spark's Kafka connector, fetched from Maven Central
-# once into .lambdalake/cache/jars/ (versions in lambdalake/maven/pom.xml; a new version is fetched beside the old one).
-.lambdalake/.jars: $(STAMP) .lambdalake/.apt lambdalake/maven/pom.xml
+# once into .lambdalake/cache/jars/ (versions in lambdalake/maven/pom.xml; a new version is fetched beside the old one),
+# and the latest views' Real-time writer built from lambdalake/maven/writer/ (a changed source is built anew).
+.lambdalake/.jars: $(STAMP) .lambdalake/.apt lambdalake/maven/pom.xml $(shell find lambdalake/maven/writer -type f -not -path '*/target/*')
 	$(BIN)/lambdalake install
 	@touch $@
 

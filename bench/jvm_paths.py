@@ -129,7 +129,7 @@ def jvm_checked(df: DataFrame, spec: decode.DecodeSpec) -> DataFrame:
         parsed = parse_schema(reader)
         validator = RecordValidator(rules, schema=reader, parsed_schema=parsed, check_shape=False)
         checks = ColumnarValidator(rules, schema=reader, check_shape=False)
-        millis = decode._millis_fields(reader)
+        millis = decode.millis_fields(reader)
         for batch in batches:
             ruled = decode._millis_as_ints(batch.select(names), millis)
             now = batch.column("timestamp").cast(pa.int64()).to_numpy(zero_copy_only=False) / 1e6

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -21,9 +22,11 @@ from typing import Literal
 from lambdalake.errors import LambdalakeError
 
 POM = Path(__file__).resolve().parent / "maven" / "pom.xml"
+#: The Real-time writer's Maven module (built from source, not fetched).
+WRITER = POM.parent / "writer"
 _NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 
-Bundle = Literal["kafka", "cassandra", "spark", "delta"]
+Bundle = Literal["kafka", "cassandra", "spark", "delta", "writer"]
 #: Long enough for a first fetch on a slow link (the two bundles are ~110 MB); a registry that hangs
 #: past it is reported, not waited on for ever.
 FETCH_TIMEOUT_S = 1200.0
@@ -38,13 +41,24 @@ def versions() -> dict[str, str]:
 
 
 def version(bundle: Bundle) -> str:
-    return versions()[f"{bundle}.version"]
+    return versions()["cassandra-driver.version" if bundle == "writer" else f"{bundle}.version"]
 
 
 def lib_dir(cache_dir: Path, bundle: Bundle) -> Path:
     """The bundle's folder: named by its version and by a digest of its profile in the pom (with the
-    properties it names), so a changed dependency or exclusion is fetched anew, beside the old one."""
-    return cache_dir / "jars" / f"{bundle}-{version(bundle)}-{profile_digests()[bundle]}"
+    properties it names), so a changed dependency or exclusion is fetched anew, beside the old one.
+    The writer's digest is of its module (pom and sources): a changed source is built anew."""
+    digest = writer_digest() if bundle == "writer" else profile_digests()[bundle]
+    return cache_dir / "jars" / f"{bundle}-{version(bundle)}-{digest}"
+
+
+@functools.cache
+def writer_digest() -> str:
+    """12 hex digits of the writer module's files and of the parent pom's properties."""
+    h = hashlib.sha256(json.dumps(versions(), sort_keys=True).encode())
+    for path in sorted(p for p in WRITER.rglob("*") if p.is_file() and "target" not in p.parts):
+        h.update(str(path.relative_to(WRITER)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
 
 
 @functools.cache
@@ -83,12 +97,20 @@ def fetch(cache_dir: Path, bundle: Bundle) -> Path:
             f"Maven is needed to fetch {bundle} {version(bundle)} and is not installed",
             fix="apt-get install -y maven, then `make setup`",
         )
-    partial = target.with_name(target.name + ".partial")
+    partial = target.with_name(target.name + ".partial").resolve()
     shutil.rmtree(partial, ignore_errors=True)
-    argv = [
-        "mvn", "-B", "-q", "-f", str(POM), "-P", bundle, "dependency:copy-dependencies",
-        "-DincludeScope=runtime", f"-DoutputDirectory={partial}",
-    ]  # fmt: skip
+    if bundle == "writer":
+        # Compiled in a folder of the cache's (never in the checkout), the jar and its runtime
+        # dependencies then copied beside each other.
+        argv = [
+            "mvn", "-B", "-q", "-f", str(WRITER / "pom.xml"), f"-Dbuild.folder={partial}/build", "package",
+            "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={partial}",
+        ]  # fmt: skip
+    else:
+        argv = [
+            "mvn", "-B", "-q", "-f", str(POM), "-P", bundle, "dependency:copy-dependencies",
+            "-DincludeScope=runtime", f"-DoutputDirectory={partial}",
+        ]  # fmt: skip
     command = " ".join(argv)
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=FETCH_TIMEOUT_S, check=False)
@@ -105,6 +127,10 @@ def fetch(cache_dir: Path, bundle: Bundle) -> Path:
             fix="check that Maven Central is reachable and the version in lambdalake/maven/pom.xml exists, "
             "then `make setup`",
         )
+    if bundle == "writer":
+        for jar in (partial / "build").glob("*.jar"):
+            jar.rename(partial / jar.name)
+        shutil.rmtree(partial / "build")
     (partial / ".complete").write_text(version(bundle))
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)

@@ -312,6 +312,22 @@ class BronzeSettings(BaseModel):
     vacuum_retention_hours: int = Field(168, ge=0, description="hours, 0 or more", examples=["168"])
 
 
+class SpeedSettings(BaseModel):
+    """The speed layer's jobs."""
+
+    #: Which query writes the ``latest`` views: ``microbatch``, the speed job's archive pass (a
+    #: processing-time micro-batch costs ~0.65 s here even for one record), or ``realtime``, a
+    #: Real-time Mode query of its own whose tasks run as long as a batch and write each record's
+    #: candidates from the JVM as it arrives (:mod:`lambdalake.spark.realtime`). Both leave the same
+    #: rows; the rest of the speed job (bronze, dead letters, windowed views) is the micro-batch's.
+    latest: Literal["microbatch", "realtime"] = Field(
+        "microbatch", description="microbatch or realtime", examples=["realtime"]
+    )
+    #: Real-time Mode's batch duration: how often the query checkpoints its offsets, and so how much
+    #: it reads again after a restart. Its tasks hold a core slot each for as long.
+    realtime_batch_s: int = Field(5, ge=1, le=600, description="seconds, 1-600", examples=["5"])
+
+
 class ServingSettings(BaseModel):
     """The HTTP API (``lambdalake serve``)."""
 
@@ -337,6 +353,7 @@ class Settings(BaseSettings):
     cassandra: CassandraSettings = Field(default_factory=CassandraSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     bronze: BronzeSettings = Field(default_factory=BronzeSettings)
+    speed: SpeedSettings = Field(default_factory=SpeedSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
     #: Where embedded services keep data, PID files and logs.
     state_dir: Path = PROJECT_ROOT / ".lambdalake"

@@ -56,9 +56,11 @@ from lambdalake.kafka.offsets import offset_consumer, offsets_at, record_time, w
 from lambdalake.master import bronze_of
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.procs import TreeMemory, tree_memory
+from lambdalake.registry import subject_schemas
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import DecodeSpec
 from lambdalake.spark.kafka import Offsets, source_options
+from lambdalake.spark.realtime import start_latest_query, unknown_schema_id
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.sinks import upsert_views
 from lambdalake.spark.views import INGEST_TS, together_column, together_row, windowed, windowed_together
@@ -68,6 +70,7 @@ from lambdalake.speed.sinks import ArchiveSink, FileSet, LatestSink, PartitionPr
 from lambdalake.status import speed_status_file
 from lambdalake.storage import list_files, read_text, write_text
 from lambdalake.views import windowed_inputs
+from lambdalake.writer_schemas import SchemaIdNotFound, fetcher
 
 log = logging.getLogger("lambdalake.speed")
 
@@ -344,8 +347,15 @@ class SpeedJob:
         self.settings = settings
         self.pipeline = pipeline
         self.options = options or SpeedOptions()
+        #: Whether the latest views are a Real-time query of their own (``speed.latest``).
+        self.realtime = settings.speed.latest == "realtime" and any(
+            isinstance(v, LatestView) for v in pipeline.views
+        )
         self._owns_spark = spark is None
-        self.spark = spark or spark_session(settings, f"lambdalake-speed-{pipeline.name}")
+        # A Real-time query holds a task slot per Kafka partition for as long as it runs: a local
+        # session gets that many more than the micro-batch query's.
+        slots = pipeline.topic.partitions if self.realtime else 0
+        self.spark = spark or spark_session(settings, f"lambdalake-speed-{pipeline.name}", extra_slots=slots)
         self.spec = DecodeSpec.of(pipeline, settings)
         self.master = bronze_of(settings, pipeline)
         self.compactor: Compactor | None = None
@@ -368,6 +378,11 @@ class SpeedJob:
         self.last_read = self.spark.sparkContext.accumulator({}, LastRecords())
         self.reads_check: LastReadCheck | None = None
         self.run_id = ""
+        #: The Real-time query of the latest views (None: they are the main query's).
+        self.latest_query: StreamingQuery | None = None
+        #: Writer schemas the Real-time query decodes, by id, and the ids the registry does not hold.
+        self._writers: dict[int, str] = {}
+        self._missing: set[int] = set()
 
     # --- building blocks ----------------------------------------------------------------------
 
@@ -410,19 +425,22 @@ class SpeedJob:
         chosen = read_text(f"{self.checkpoints}/{RESET_FILE}")
         return chosen.strip() if chosen else self.options.starting_offsets
 
-    def records(self, *, starting: str | None = None) -> DataFrame:
+    def records(self, *, starting: str | None = None, bounded: bool = True) -> DataFrame:
         """The pipeline's topic as a stream of Kafka records, read by Spark's own Kafka source;
-        ``starting``: where a fresh checkpoint starts (default :meth:`starting_offsets`).
+        ``starting``: where a fresh checkpoint starts (default :meth:`starting_offsets`);
+        ``bounded``: at most ``max_offsets_per_trigger`` records a micro-batch (Real-time Mode has
+        no micro-batches to bound, and refuses the option).
 
         What the source does not check is checked around each micro-batch (:meth:`_main_batch`):
         offsets the broker gave to new records, and a plan that goes behind the checkpoint."""
         options = source_options(self.settings, broker_wait_s=self.options.broker_wait_s)
+        if bounded:
+            options["maxOffsetsPerTrigger"] = str(self.options.max_offsets_per_trigger)
         return (
             self.spark.readStream.format("kafka")
             .options(**options)
             .option("subscribe", self.pipeline.topic.name)
             .option("startingOffsets", starting or self.starting_offsets())
-            .option("maxOffsetsPerTrigger", str(self.options.max_offsets_per_trigger))
             .option("failOnDataLoss", str(self.options.fail_on_data_loss).lower())
             .load()
         )
@@ -571,7 +589,7 @@ class SpeedJob:
                 where=self.pipeline.view_filter(view),
             )
             for view in self.pipeline.views
-            if isinstance(view, LatestView)
+            if isinstance(view, LatestView) and not self.realtime
         )
         sink = ArchiveSink(
             decode=self.spec,
@@ -665,18 +683,53 @@ class SpeedJob:
             main.option("checkpointLocation", self.main_dir)
             .foreachBatch(self._main_batch).trigger(**trigger).start()
         ]  # fmt: skip
+        if self.realtime:
+            self._writers = {**subject_schemas(self.settings, self.pipeline.schema_.subject), **self._writers}
+            self.queries.append(self._start_latest())
         for q in self.queries:
             log.info("query %s started (id %s)", q.name, q.id)
         self.progress.follow(self.queries)
         return self.queries
 
+    def _start_latest(self) -> StreamingQuery:
+        """Start the latest views' Real-time query (:mod:`lambdalake.spark.realtime`) from its
+        checkpoint, decoding the writer schemas known so far."""
+        query = start_latest_query(
+            self.spark, self.settings, self.pipeline,
+            self.records(starting=self.starting_offsets(), bounded=False),
+            checkpoint=f"{self.checkpoints}/latest", writers=self._writers, missing=frozenset(self._missing),
+        )  # fmt: skip
+        self.latest_query = query
+        return query
+
+    def _learn_writer_schema(self, query: StreamingQuery, error: BaseException | None) -> bool:
+        """If the Real-time query stopped on a writer schema id it did not know: learn it (or that
+        the registry does not hold it: such records are the main query's dead letters) and start
+        the query again from its checkpoint. Returns whether it did."""
+        found = unknown_schema_id(error) if query is self.latest_query else None
+        if found is None:
+            return False
+        try:
+            self._writers[found] = fetcher(self.settings.registry.client_config())(found)
+        except SchemaIdNotFound:
+            self._missing.add(found)
+        log.info("the latest views' query met writer schema id %d; starting it again with it", found)
+        self.queries.remove(query)
+        self.queries.append(self._start_latest())
+        self.progress.follow(self.queries)
+        return True
+
     def catch_up(self) -> None:
         """Process everything available now (tests and backfills)."""
-        for q in self.queries:
-            try:
-                q.processAllAvailable()
-            except StreamingQueryException as exc:
-                raise self._failure(q, exc) from exc
+        for q in list(self.queries):
+            while True:
+                try:
+                    q.processAllAvailable()
+                    break
+                except StreamingQueryException as exc:
+                    if not self._learn_writer_schema(q, exc):
+                        raise self._failure(q, exc) from exc
+                    q = self.queries[-1]
         self.progress.poll(self.queries)  # the status is complete when this returns
 
     def _failure(self, query: StreamingQuery, exc: BaseException | None) -> Exception:
@@ -754,6 +807,8 @@ class SpeedJob:
         try:
             while not stop.is_set():
                 failed = next((q for q in self.queries if not q.isActive), None)
+                if failed is not None and self._learn_writer_schema(failed, failed.exception()):
+                    continue
                 if failed is not None:
                     error = self._failure(failed, failed.exception())
                     now = time.monotonic()

@@ -89,7 +89,13 @@ def test_the_wheel_holds_every_module_of_the_layers_under_lambdalake(wheel: zipf
     for layer in LAYERS:
         expected |= {f"lambdalake/{layer}/{p.relative_to(PROJECT_ROOT / layer)}" for p in _sources(layer)}
     assert expected - names == set()
-    assert {"lambdalake/maven/pom.xml", "lambdalake/spark/log4j2.properties"} <= names
+    # The Maven modules: the services' pom, and the Real-time writer's, built from its sources.
+    writer = {
+        f"lambdalake/{p.relative_to(PROJECT_ROOT / 'lambdalake')}"
+        for p in (PROJECT_ROOT / "lambdalake" / "maven" / "writer").rglob("*")
+        if p.is_file() and "target" not in p.parts
+    }
+    assert writer and {"lambdalake/maven/pom.xml", "lambdalake/spark/log4j2.properties", *writer} <= names
 
 
 def test_the_layers_import_as_lambdalake_modules_only() -> None:

@@ -78,14 +78,15 @@ def up(only: OnlyOpt = None, nodes: NodesOpt = None) -> None:
 @app.command()
 def install() -> None:
     """Fetch the JARs (Apache Kafka and Apache Cassandra for the embedded services, Spark's Kafka
-    connector and delta-spark for every Spark session) from Maven Central into the cache, once, without
-    starting them."""
+    connector and delta-spark for every Spark session) from Maven Central into the cache, and build the
+    latest views' Real-time writer from its sources, once, without starting anything."""
     from lambdalake import jars
 
     settings = get_settings()
-    for bundle in ("kafka", "cassandra", "spark", "delta"):
+    for bundle in ("kafka", "cassandra", "spark", "delta", "writer"):
         t0 = time.monotonic()
-        with console.status(f"fetching {bundle} {jars.version(bundle)} with Maven..."):
+        verb = "building" if bundle == "writer" else "fetching"
+        with console.status(f"{verb} {bundle} {jars.version(bundle)} with Maven..."):
             done = jars.cached(settings.cache_dir, bundle)
             folder = jars.fetch(settings.cache_dir, bundle)
         took = "cached" if done else f"fetched in {time.monotonic() - t0:.0f}s"

@@ -29,11 +29,11 @@ from lambdalake.validation import INT32
 #: Integers beyond this magnitude lose precision as doubles: comparisons with float bounds defer.
 EXACT_DOUBLE = 1 << 53
 #: Every character ``str.strip`` removes (``str.isspace``), for the ``required`` rule's blank test.
-_SPACES = (
+SPACES = (
     "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
     "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 )
-_BLANK_START = "^[" + "".join(f"\\x{{{ord(c):x}}}" for c in _SPACES) + "]"
+_BLANK_START = "^[" + "".join(f"\\x{{{ord(c):x}}}" for c in SPACES) + "]"
 
 
 @dataclass(frozen=True)

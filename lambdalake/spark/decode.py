@@ -117,7 +117,7 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
         )
         checks = ColumnarValidator(spec.rules, schema=reader, check_shape=False)
         schema = spec.output_schema
-        millis = _millis_fields(reader)
+        millis = millis_fields(reader)
         events_type = pa.struct(list(event_schema(reader)))
         epoch_us = spec.epoch_seconds * 1_000_000
         for batch in batches:
@@ -171,7 +171,7 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
     return run
 
 
-def _millis_fields(reader: Mapping[str, Any]) -> list[str]:
+def millis_fields(reader: Mapping[str, Any]) -> list[str]:
     """Top-level fields of the reader schema with the timestamp-millis logical type."""
 
     def millis(t: Any) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,6 +125,7 @@ def spark_session(
     *,
     workload: Workload = "stream",
     events: int | None = None,
+    extra_slots: int = 0,
 ) -> SparkSession:
     """The active session, created with the settings' master and conf if there is none.
 
@@ -136,6 +138,9 @@ def spark_session(
             Only a new session takes it.
         events: About how many events a batch or replay reads, when known (default None: unknown);
             below :data:`QUICK_JIT_EVENTS` a local driver starts with the quick JIT.
+        extra_slots: Task slots a local master gets beyond its own (default 0): a Real-time query
+            holds one per Kafka partition for as long as it runs. A cluster's executors must offer
+            them (``spark.executor.cores``).
     """
     # Executors must run the interpreter that has lambdalake installed (the venv's).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -143,7 +148,7 @@ def spark_session(
     if settings.spark.master.startswith("local"):
         # One machine: bind to loopback instead of guessing an interface (and warning about it).
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder.appName(app_name).master(settings.spark.master)
+    builder = SparkSession.builder.appName(app_name).master(with_slots(settings.spark.master, extra_slots))
     derived = {"spark.driver.extraJavaOptions": driver_java_options(settings, workload, events=events)}
     if settings.spark.idle_python_workers is not None:
         derived[IDLE_WORKERS_CONF] = str(settings.spark.idle_python_workers)
@@ -156,6 +161,17 @@ def spark_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def with_slots(master: str, extra: int) -> str:
+    """A ``local[N]`` or ``local[N,F]`` master with ``extra`` more task slots (threads: a slot held by
+    a Real-time task that waits for records costs no core). Other masters are left as they are."""
+    found = re.fullmatch(r"local(?:\[(\d+|\*)(,\d+)?\])?", master)
+    if not extra or found is None:
+        return master
+    given = found.group(1) or "1"
+    threads = (os.cpu_count() or 1) if given == "*" else int(given)
+    return f"local[{threads + extra}{found.group(2) or ''}]"
 
 
 @contextlib.contextmanager
@@ -172,6 +188,8 @@ def command_session(
 
 
 def connector_jars(settings: Settings) -> list[str]:
-    """Spark's own Kafka source and Avro functions at pyspark's version, and delta-spark (pyspark ships
-    none of them), from the cache ``make setup`` fills; Spark sends them to a cluster's executors itself."""
-    return [str(jar) for bundle in ("spark", "delta") for jar in jars.classpath(settings.cache_dir, bundle)]
+    """Spark's own Kafka source and Avro functions at pyspark's version, delta-spark (pyspark ships
+    none of them) and the latest views' Real-time writer with its Cassandra driver, from the cache
+    ``make setup`` fills; Spark sends them to a cluster's executors itself."""
+    bundles: tuple[jars.Bundle, ...] = ("spark", "delta", "writer")
+    return [str(jar) for bundle in bundles for jar in jars.classpath(settings.cache_dir, bundle)]

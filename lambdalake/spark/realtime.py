@@ -1,0 +1,282 @@
+"""The ``latest`` views as a Real-time Mode query of their own (``speed.latest = "realtime"``).
+
+Real-time Mode runs a stateless query in tasks that last a whole batch (``speed.realtime_batch_s``)
+and hand each record on as it arrives, but only through operators on its allowlist: no Python UDF,
+no ``mapInArrow``, no ``foreachBatch``. So this path is made of Spark's own expressions, ending in a
+writer in the JVM (``lambdalake/maven/writer``, built by ``make setup``):
+
+1. the Kafka source (committed records only, as the speed job reads);
+2. the Confluent wire header read with expressions: magic byte, writer schema id;
+3. ``from_avro`` per writer schema id, resolved to the reader schema (``avroSchema``), each field
+   then in the form the micro-batch path's decode gives it (:func:`event_columns`);
+4. the edge's rules as expressions (:mod:`lambdalake.spark.rules`): a record the speed job would
+   dead-letter never reaches a latest view (its dead letter stays the speed job's);
+5. per view its filter (:mod:`lambdalake.spark.filters`) and its rank (:func:`lambdalake.latest.spark_rank`),
+   then the candidate's columns as its table holds them;
+6. ``lambdalake.realtime.CandidateWriter``: the INSERT and the DELETE of lower candidates the
+   micro-batch writer sends, at the settings' consistency.
+
+A record written with a writer schema id the query does not know stops it
+(``UnknownWriterSchema``): the speed job starts it again from its checkpoint knowing that id.
+
+Delivery: at least once into idempotent candidate rows. Offsets are checkpointed at the end of each
+batch, after the writer has every write of the batch acknowledged.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.avro.functions import from_avro
+from pyspark.sql.pandas.types import from_arrow_type
+from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import DataType
+
+from lambdalake.cassandra.tables import TableDef, speed_table_def
+from lambdalake.errors import ConfigurationError
+from lambdalake.event_schema import event_schema, general_union_fields
+from lambdalake.latest import OFFSET, PARTITION, RANK, RANK_SPARK, spark_rank
+from lambdalake.pipeline import LatestView, Pipeline
+from lambdalake.settings import Settings
+from lambdalake.spark.filters import column as filter_column
+from lambdalake.spark.rules import valid
+from lambdalake.spark.views import INGEST_EPOCH, INGEST_TS
+from lambdalake.views import latest_columns
+
+WRITER_CLASS = "lambdalake.realtime.CandidateWriter"
+#: The message the writer stops a task with on a record of an unknown writer schema id.
+UNKNOWN_PREFIX = "lambdalake: unknown writer schema id "
+#: How long the writer retries a write Cassandra failed (a replica down, a timeout) before the
+#: task fails; the query then restarts from its checkpoint (as the micro-batch writer's 15 minutes).
+GIVE_UP_AFTER_MS = 900_000
+
+#: CQL type -> the Spark type a candidate's column is cast to before the writer binds it.
+SPARK_TYPES = {
+    "text": "string", "blob": "binary", "bigint": "bigint", "int": "int", "double": "double",
+    "float": "float", "boolean": "boolean", "timestamp": "timestamp", "varint": RANK_SPARK,
+}  # fmt: skip
+
+
+def unknown_schema_id(error: BaseException | str | None) -> int | None:
+    """The writer schema id a Real-time query stopped on, from its error (None: another error)."""
+    found = re.search(re.escape(UNKNOWN_PREFIX) + r"(-?\d+)", str(error or ""))
+    return int(found.group(1)) if found else None
+
+
+def _schema_id(value: Column) -> Column:
+    """The writer schema id of a framed value: bytes 2-5, a big-endian signed 32-bit integer."""
+    unsigned = F.conv(F.hex(F.substring(value, 2, 4)), 16, 10).cast("long")
+    return F.when(unsigned >= 1 << 31, unsigned - (1 << 32)).otherwise(unsigned)
+
+
+def _millis(ts: Column) -> Column:
+    """A timestamp cut to milliseconds as the micro-batch path cuts it (toward zero, as Arrow's
+    integer division does) and as Cassandra's ``timestamp`` holds it."""
+    micros = F.unix_micros(ts)
+    return F.timestamp_millis(((micros - micros % 1000) / 1000).cast("long"))
+
+
+def event_columns(decoded: Column, reader: Mapping[str, Any], types: Mapping[str, DataType]) -> list[Column]:
+    """The decoded struct's fields in the form the micro-batch path's decode gives them
+    (:func:`lambdalake.event_schema.event_schema`): ``from_avro`` reads a ``local-timestamp-*`` as
+    a timestamp without zone where that decode keeps the long the record carries."""
+    out = []
+    for field in reader["fields"]:
+        name = field["name"]
+        col = decoded.getField(name)
+        logical = _logical(field["type"])
+        if logical == "local-timestamp-millis":
+            col = F.unix_millis(col.cast("timestamp"))
+        elif logical == "local-timestamp-micros":
+            col = F.unix_micros(col.cast("timestamp"))
+        out.append(col.cast(types[name]).alias(name))
+    return out
+
+
+def _logical(avro_type: Any) -> str | None:
+    if isinstance(avro_type, list):
+        members = [b for b in avro_type if b != "null"]
+        return _logical(members[0]) if len(members) == 1 else None
+    return avro_type.get("logicalType") if isinstance(avro_type, dict) else None
+
+
+@dataclass(frozen=True)
+class LatestTarget:
+    """One latest view's table and its candidate's columns."""
+
+    view: LatestView
+    table: TableDef
+
+    def delete_at(self) -> list[int]:
+        names = self.table.column_names
+        return [*(names.index(k) for k in self.table.partition_key), names.index(RANK)]
+
+    def candidate(self, events: DataFrame, pipeline: Pipeline) -> Column:
+        """The view's candidate of each record as a struct of its table's columns, null where the
+        view's filter does not keep it."""
+        stored = {c: s for s in self.table.stored for c, _ in s.columns}
+        values = []
+        for name, cql in self.table.columns:
+            spark_type = SPARK_TYPES.get(cql)
+            if name in stored:
+                s = stored[name]
+                col = F.col(s.field) if name == s.current else F.lit(None)
+            elif name == RANK:
+                col = spark_rank(events, self.view.version)
+            elif name == INGEST_EPOCH:
+                col = F.col(INGEST_EPOCH)
+            else:
+                col = F.col(name)
+            if cql == "timestamp":
+                col = _millis(col.cast("timestamp"))
+            # A decimal keeps its own type and scale, as the micro-batch writer sends it.
+            if spark_type is not None:
+                col = col.cast(spark_type)
+            values.append(col.alias(name))
+        keep = F.lit(True)
+        where = pipeline.view_filter(self.view)
+        if where is not None:
+            keep = F.coalesce(filter_column(where), F.lit(False))
+        return F.when(keep, F.struct(*values))
+
+
+def latest_targets(pipeline: Pipeline) -> list[LatestTarget]:
+    """The pipeline's latest views and their speed tables, checked for what this path can write."""
+    targets = [
+        LatestTarget(view, speed_table_def(pipeline, view))
+        for view in pipeline.views
+        if isinstance(view, LatestView)
+    ]
+    unions = general_union_fields(pipeline.reader_schema)
+    for t in targets:
+        used = {*latest_columns(pipeline, t.view), t.view.version}
+        where = pipeline.view_filter(t.view)
+        if where is not None:
+            used |= _filter_fields(where)
+        kept = sorted(used & unions)
+        if kept:
+            raise ConfigurationError(
+                f"view {t.view.name!r} of pipeline {pipeline.name!r} reads the general union "
+                f"field(s) {kept}, which the Real-time path does not decode as the micro-batch path does",
+                fix='set speed.latest = "microbatch" (LAMBDALAKE_SPEED__LATEST=microbatch) for it',
+            )
+    return targets
+
+
+def _filter_fields(node: Any) -> set[str]:
+    """The fields a parsed filter reads (its ``field`` leaves)."""
+    if isinstance(node, dict):
+        found = {node["field"]} if isinstance(node.get("field"), str) else set()
+        for value in node.values():
+            found |= _filter_fields(value)
+        return found
+    if isinstance(node, list | tuple):
+        return set().union(*map(_filter_fields, node)) if node else set()
+    return set()
+
+
+def decoded_records(
+    records: DataFrame,
+    pipeline: Pipeline,
+    *,
+    writers: Mapping[int, str],
+    missing: frozenset[int] = frozenset(),
+) -> tuple[DataFrame, Column]:
+    """``records`` (Kafka source rows) decoded: the event columns, the Kafka coordinates, the ingest
+    time and epoch, and ``_unknown`` (a writer schema id neither in ``writers`` nor in ``missing``,
+    the ids the registry does not hold). Also returns the column that says a record is valid."""
+    reader = pipeline.reader_schema
+    reader_text = pipeline.schema_text()
+    types = {f.name: from_arrow_type(f.type) for f in event_schema(reader)}
+    value = F.col("value")
+    sid = _schema_id(value)
+    framed = (F.length(value) >= 5) & (F.substring(value, 1, 1) == F.lit(bytearray(b"\x00")))
+    payload = F.expr("substring(value, 6, length(value) - 5)")
+    options = {"avroSchema": reader_text, "mode": "PERMISSIVE"}
+    branches = [F.when(sid == k, from_avro(payload, text, options)) for k, text in sorted(writers.items())]
+    event = F.coalesce(*branches) if len(branches) > 1 else branches[0] if branches else F.lit(None)
+    known = [*writers, *missing]
+    unknown = F.when(framed & ~sid.isin(known), sid.cast("int")) if known else F.when(framed, sid.cast("int"))
+    epoch_us = pipeline.layers.epoch_seconds * 1_000_000
+    staged = records.select(
+        event.alias("_event"),
+        unknown.alias("_unknown"),
+        framed.alias("_framed"),
+        F.col("partition").alias(PARTITION),
+        F.col("offset").alias(OFFSET),
+        F.col("timestamp").alias(INGEST_TS),
+    )
+    ts = F.col(INGEST_TS)
+    events = staged.select(
+        *event_columns(F.col("_event"), reader, types),
+        "_unknown", "_framed", F.col("_event").isNotNull().alias("_decoded"), PARTITION, OFFSET, INGEST_TS,
+        F.expr(f"unix_micros({INGEST_TS}) div {epoch_us}").alias(INGEST_EPOCH),
+    )  # fmt: skip
+    ok = F.col("_framed") & F.col("_decoded") & ts.isNotNull() & valid(pipeline, events, now=ts)
+    return events, ok
+
+
+def latest_stream(
+    records: DataFrame,
+    pipeline: Pipeline,
+    *,
+    writers: Mapping[int, str],
+    missing: frozenset[int] = frozenset(),
+) -> tuple[DataFrame, list[LatestTarget]]:
+    """The rows the writer takes: ``_unknown``, then per latest view its candidate (or null)."""
+    targets = latest_targets(pipeline)
+    events, ok = decoded_records(records, pipeline, writers=writers, missing=missing)
+    candidates = [F.when(ok, t.candidate(events, pipeline)).alias(f"_view{i}") for i, t in enumerate(targets)]
+    rows = events.select(F.col("_unknown"), *candidates)
+    keep = F.col("_unknown").isNotNull()
+    for i in range(len(targets)):
+        keep = keep | F.col(f"_view{i}").isNotNull()
+    return rows.filter(keep), targets
+
+
+def jvm_writer(spark: SparkSession, settings: Settings, targets: list[LatestTarget]) -> Any:
+    """The JVM writer for ``targets``, configured from the settings (the password travels inside
+    it to the executors, as Spark's own conf does, and is never logged)."""
+    cas = settings.cassandra
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    password = cas.password.get_secret_value() if cas.password else None
+    protocol = None if cas.protocol_version is None else f"V{cas.protocol_version}"
+    cluster = jvm.lambdalake.realtime.Cluster(
+        list(cas.contact_points), cas.port, cas.username, password, protocol, 30_000
+    )
+    keyspace = cas.keyspace
+    return jvm.lambdalake.realtime.CandidateWriter(
+        cluster,
+        [t.table.insert_cql(keyspace) for t in targets],
+        [t.table.delete_lower_cql(keyspace) for t in targets],
+        [t.delete_at() for t in targets],
+        cas.consistency,
+        GIVE_UP_AFTER_MS,
+    )
+
+
+def start_latest_query(
+    spark: SparkSession,
+    settings: Settings,
+    pipeline: Pipeline,
+    records: DataFrame,
+    *,
+    checkpoint: str,
+    writers: Mapping[int, str],
+    missing: frozenset[int] = frozenset(),
+) -> StreamingQuery:
+    """Start the pipeline's latest views' Real-time query over ``records`` (the Kafka source)."""
+    rows, targets = latest_stream(records, pipeline, writers=writers, missing=missing)
+    writer = (
+        rows.writeStream.queryName(f"{pipeline.name}-latest")
+        .outputMode("update")
+        .option("checkpointLocation", checkpoint)
+        .trigger(realTime=f"{settings.speed.realtime_batch_s} seconds")
+    )
+    writer._jwrite = writer._jwrite.foreach(jvm_writer(spark, settings, targets))
+    return writer.start()
