@@ -68,6 +68,8 @@ PEER_VENV = PROJECT_ROOT / ".lambdalake" / "peer-venv"
 PEER_PACKAGES = ["quixstreams==3.28.1", "cassandra-driver>=3.29,<4"]
 SAMPLE = 500
 SIDES = ("lambdalake", "quix-default", "quix-tuned")
+#: Sides run only when asked: the speed job with its latest views in Real-time Mode (speed.latest).
+OTHER_SIDES = ("lambdalake-realtime", "lambdalake-baseline")
 
 
 def peer_python() -> Path:
@@ -381,6 +383,11 @@ def one_run(
     side: Side
     if side_name == "lambdalake":
         side = Lambdalake(settings, pipeline, log)
+    elif side_name == "lambdalake-realtime":
+        realtime = settings.model_copy(
+            update={"speed": settings.speed.model_copy(update={"latest": "realtime"})}
+        )
+        side = Lambdalake(realtime, pipeline, log)
     elif side_name == "lambdalake-baseline":
         side = Lambdalake(settings, pipeline, log, root=Path(args.baseline))
     else:
@@ -467,7 +474,11 @@ def main() -> None:
     )
     parser.add_argument("--probe-rate", type=float, default=5, help="probes/s during the freshness run")
     parser.add_argument("--tuned-commit", type=float, default=0.5, help="quix-streams' tuned commit interval")
-    parser.add_argument("--sides", default=",".join(SIDES), help="a comma-separated subset to run")
+    parser.add_argument(
+        "--sides",
+        default=",".join(SIDES),
+        help=f"a comma-separated subset of {SIDES + OTHER_SIDES[:1]} to run",
+    )
     parser.add_argument(
         "--baseline", help="a checkout of another revision: its speed job runs as side lambdalake-baseline"
     )
