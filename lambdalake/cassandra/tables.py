@@ -135,6 +135,12 @@ class TableDef:
         where = " AND ".join(f'"{k}" = ?' for k in self.partition_key)
         return f'DELETE FROM "{keyspace}"."{self.name}" WHERE {where} AND "{RANK}" < ?'
 
+    @property
+    def delete_lower_at(self) -> list[int]:
+        """Where :meth:`delete_lower_cql`'s values are among a row's columns: its key, its rank."""
+        names = self.column_names
+        return [*(names.index(k) for k in self.partition_key), names.index(RANK)]
+
     def insert_cql(self, keyspace: str) -> str:
         cols = ", ".join(f'"{c}"' for c in self.column_names)
         marks = ", ".join("?" for _ in self.columns)

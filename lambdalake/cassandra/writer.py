@@ -208,10 +208,7 @@ def _write_groups(
             stmt = _prepare(session, table.insert_cql(settings.keyspace))
             lower = None
             if table.ranked:
-                # The delete's values from the row's: its key, its rank.
-                names = table.column_names
-                at = [*(names.index(k) for k in table.partition_key), names.index(RANK)]
-                lower = (_prepare(session, table.delete_lower_cql(settings.keyspace)), at)
+                lower = (_prepare(session, table.delete_lower_cql(settings.keyspace)), table.delete_lower_at)
             results = execute_concurrent(
                 session,
                 [(_request(stmt, g, lower), None) for g in pending],

@@ -40,6 +40,7 @@ from pyspark.sql.types import DataType
 from lambdalake.cassandra.tables import TableDef, speed_table_def
 from lambdalake.errors import ConfigurationError
 from lambdalake.event_schema import event_schema, general_union_fields
+from lambdalake.filters import fields as filter_fields
 from lambdalake.latest import OFFSET, PARTITION, RANK, RANK_SPARK, spark_rank
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
@@ -112,10 +113,6 @@ class LatestTarget:
     view: LatestView
     table: TableDef
 
-    def delete_at(self) -> list[int]:
-        names = self.table.column_names
-        return [*(names.index(k) for k in self.table.partition_key), names.index(RANK)]
-
     def candidate(self, events: DataFrame, pipeline: Pipeline) -> Column:
         """The view's candidate of each record as a struct of its table's columns, null where the
         view's filter does not keep it."""
@@ -128,8 +125,6 @@ class LatestTarget:
                 col = F.col(s.field) if name == s.current else F.lit(None)
             elif name == RANK:
                 col = spark_rank(events, self.view.version)
-            elif name == INGEST_EPOCH:
-                col = F.col(INGEST_EPOCH)
             else:
                 col = F.col(name)
             if cql == "timestamp":
@@ -157,7 +152,7 @@ def latest_targets(pipeline: Pipeline) -> list[LatestTarget]:
         used = {*latest_columns(pipeline, t.view), t.view.version}
         where = pipeline.view_filter(t.view)
         if where is not None:
-            used |= _filter_fields(where)
+            used |= set(filter_fields(where))
         kept = sorted(used & unions)
         if kept:
             raise ConfigurationError(
@@ -166,18 +161,6 @@ def latest_targets(pipeline: Pipeline) -> list[LatestTarget]:
                 fix='set speed.latest = "microbatch" (LAMBDALAKE_SPEED__LATEST=microbatch) for it',
             )
     return targets
-
-
-def _filter_fields(node: Any) -> set[str]:
-    """The fields a parsed filter reads (its ``field`` leaves)."""
-    if isinstance(node, dict):
-        found = {node["field"]} if isinstance(node.get("field"), str) else set()
-        for value in node.values():
-            found |= _filter_fields(value)
-        return found
-    if isinstance(node, list | tuple):
-        return set().union(*map(_filter_fields, node)) if node else set()
-    return set()
 
 
 def decoded_records(
@@ -254,7 +237,7 @@ def jvm_writer(spark: SparkSession, settings: Settings, targets: list[LatestTarg
         cluster,
         [t.table.insert_cql(keyspace) for t in targets],
         [t.table.delete_lower_cql(keyspace) for t in targets],
-        [t.delete_at() for t in targets],
+        [t.table.delete_lower_at for t in targets],
         cas.consistency,
         GIVE_UP_AFTER_MS,
     )
