@@ -462,6 +462,15 @@ def one_run(
     }
 
 
+def floor(rate: float) -> dict[str, float]:
+    """The Kafka-to-Kafka Real-time query's latency on the running bench services (a process of its own)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.realtime_floor", "--services-running", "--rate", str(rate)],
+        capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=600, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -482,6 +491,10 @@ def main() -> None:
     parser.add_argument(
         "--baseline", help="a checkout of another revision: its speed job runs as side lambdalake-baseline"
     )
+    parser.add_argument(
+        "--floor", action="store_true",
+        help="each round, a Kafka-to-Kafka Real-time query's latency at --rate first (bench.realtime_floor)",
+    )  # fmt: skip
     args = parser.parse_args()
     peer_python()
     base = bench_settings()
@@ -490,8 +503,14 @@ def main() -> None:
     # --sides lambdalake-baseline,lambdalake puts the baseline first (the order rotates each round).
     sides = list(dict.fromkeys(args.sides.split(",") + (["lambdalake-baseline"] if args.baseline else [])))
     runs: dict[str, list[dict]] = {s: [] for s in sides}
+    floors: list[dict] = []
     with running(base):
         for round_no in range(args.rounds):
+            if args.floor:
+                floors.append(floor(args.rate))
+                low = floors[-1]
+                print(f"round {round_no + 1} Kafka-to-Kafka Real-time floor: p50 {low['p50_s'] * 1000:.1f} "
+                      f"ms p99 {low['p99_s'] * 1000:.1f} ms", flush=True)  # fmt: skip
             order = sides[round_no % len(sides) :] + sides[: round_no % len(sides)]
             for name in order:
                 result = one_run(name, base, records, want, args, round_no)
@@ -520,6 +539,7 @@ def main() -> None:
             "peer": PEER_PACKAGES[0],
             "spark_conf": base.spark.conf,
             "runs": runs,
+            "kafka_to_kafka_realtime_floor": floors,
         },
     )
     print(f"-> {path}")
