@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -207,36 +208,55 @@ def _start(settings: Settings, log: Path) -> subprocess.Popen:
     )  # fmt: skip
 
 
+@dataclass
+class Deployed:
+    """The kinds pipeline deployed (topic, first schema, tables) with the Real-time path on."""
+
+    settings: Settings
+    pipeline: Pipeline
+    schemas: dict[int, str]
+    v1_id: int
+    producer: Producer
+
+    def reference(self) -> dict[str, dict]:
+        self.schemas = subject_schemas(self.settings, self.pipeline.schema_.subject)
+        return _reference(self.settings, self.pipeline, self.schemas)
+
+
+def _deployed(base: Settings, root: Path, topic: str) -> Deployed:
+    realtime = base.model_copy(update={"speed": base.speed.model_copy(update={"latest": "realtime"})})
+    settings = write_kinds(realtime, root, topic, versions=1)
+    deployed = run_cli(settings, "deploy", "kinds", "--no-jobs")
+    assert deployed.returncode == 0, deployed.stderr.decode()[-2000:]
+    pipeline = configured_pipeline("kinds", settings)
+    schemas = subject_schemas(settings, pipeline.schema_.subject)
+    (v1_id,) = schemas
+    return Deployed(settings, pipeline, schemas, v1_id, _producer(settings))
+
+
 def test_both_paths_leave_the_reference_winners_through_a_new_writer_schema_and_a_kill(
     services: Settings, spark, tmp_path: Path, unique: str
 ) -> None:
     topic = f"kinds-{unique}"
     base = isolated(services, tmp_path, unique)
-    realtime = base.model_copy(update={"speed": base.speed.model_copy(update={"latest": "realtime"})})
-    v1_settings = write_kinds(realtime, tmp_path / "v1", topic, versions=1)
-    deployed = run_cli(v1_settings, "deploy", "kinds", "--no-jobs")
-    assert deployed.returncode == 0, deployed.stderr.decode()[-2000:]
-    pipeline = configured_pipeline("kinds", v1_settings)
-    schemas = subject_schemas(v1_settings, pipeline.schema_.subject)
-    (v1_id,) = schemas
-    producer = _producer(v1_settings)
+    kinds = _deployed(base, tmp_path / "v1", topic)
+    v1_settings, pipeline, v1_id, producer = kinds.settings, kinds.pipeline, kinds.v1_id, kinds.producer
     now_ms = int(time.time() * 1000)
     _send(producer, topic, _wave(v1_id, SCHEMA_V1, 600, seed=1, now_ms=now_ms))
 
     log = tmp_path / "job.log"
     job = _start(v1_settings, log)
     try:
-        took = _wait_for(v1_settings, pipeline, _reference(v1_settings, pipeline, schemas), job)
+        took = _wait_for(v1_settings, pipeline, kinds.reference(), job)
         print(f"first wave served after {took:.1f}s")
 
         # A second writer schema while the job runs: its records reach the views once the query
         # restarts knowing it (the log says so).
-        v2_settings = write_kinds(realtime, tmp_path / "v2", topic, versions=2)
+        v2_settings = write_kinds(v1_settings, tmp_path / "v2", topic, versions=2)
         assert run_cli(v2_settings, "deploy", "kinds", "--no-jobs").returncode == 0
-        schemas = subject_schemas(v1_settings, pipeline.schema_.subject)
-        (v2_id,) = set(schemas) - {v1_id}
+        (v2_id,) = set(subject_schemas(v1_settings, pipeline.schema_.subject)) - {v1_id}
         _send(producer, topic, _wave(v2_id, SCHEMA_V2, 300, seed=2, now_ms=now_ms))
-        took = _wait_for(v1_settings, pipeline, _reference(v1_settings, pipeline, schemas), job)
+        took = _wait_for(v1_settings, pipeline, kinds.reference(), job)
         print(f"records of a new writer schema served after {took:.1f}s")
         assert f"met writer schema id {v2_id}" in log.read_text()
 
@@ -249,7 +269,7 @@ def test_both_paths_leave_the_reference_winners_through_a_new_writer_schema_and_
         job.wait(30)
         sender.join()
         job = _start(v1_settings, log)
-        _wait_for(v1_settings, pipeline, _reference(v1_settings, pipeline, schemas), job)
+        _wait_for(v1_settings, pipeline, kinds.reference(), job)
     finally:
         stop_job(job)
 
@@ -259,7 +279,7 @@ def test_both_paths_leave_the_reference_winners_through_a_new_writer_schema_and_
         "cassandra": base.cassandra.model_copy(update={"keyspace": f"m_{unique}"}),
     })  # fmt: skip
     run_speed_once(microbatch, pipeline, spark)
-    assert _winners(microbatch, pipeline) == _reference(v1_settings, pipeline, schemas)
+    assert _winners(microbatch, pipeline) == kinds.reference()
     mine, theirs = _rows(microbatch, pipeline), _rows(v1_settings, pipeline)
     for view in mine:
         different = [(a, b) for a, b in zip(mine[view], theirs[view], strict=True) if a != b]
@@ -274,29 +294,22 @@ def test_the_real_time_writer_waits_out_cassandra_and_loses_no_candidate(
     lasts longer than the outage here: a lease not renewed in time stops a job by design.)"""
     topic = f"kinds-{unique}"
     base = isolated(services, tmp_path, unique)
-    realtime = base.model_copy(update={
-        "speed": base.speed.model_copy(update={"latest": "realtime"}),
-        "cassandra": base.cassandra.model_copy(update={"lease_ttl_s": 600}),
-    })  # fmt: skip
-    settings = write_kinds(realtime, tmp_path, topic, versions=1)
-    assert run_cli(settings, "deploy", "kinds", "--no-jobs").returncode == 0
-    pipeline = configured_pipeline("kinds", settings)
-    schemas = subject_schemas(settings, pipeline.schema_.subject)
-    (v1_id,) = schemas
-    producer = _producer(settings)
+    base = base.model_copy(update={"cassandra": base.cassandra.model_copy(update={"lease_ttl_s": 600})})
+    kinds = _deployed(base, tmp_path, topic)
+    settings, pipeline = kinds.settings, kinds.pipeline
     now_ms = int(time.time() * 1000)
-    _send(producer, topic, _wave(v1_id, SCHEMA_V1, 300, seed=4, now_ms=now_ms))
+    _send(kinds.producer, topic, _wave(kinds.v1_id, SCHEMA_V1, 300, seed=4, now_ms=now_ms))
     log = tmp_path / "job.log"
     job = _start(settings, log)
     cassandra = CassandraService(services)
     try:
-        _wait_for(settings, pipeline, _reference(settings, pipeline, schemas), job)
+        _wait_for(settings, pipeline, kinds.reference(), job)
         assert cassandra.stop()
-        _send(producer, topic, _wave(v1_id, SCHEMA_V1, 600, seed=5, now_ms=now_ms))
+        _send(kinds.producer, topic, _wave(kinds.v1_id, SCHEMA_V1, 600, seed=5, now_ms=now_ms))
         time.sleep(15)
         assert job.poll() is None, f"the job must wait for Cassandra, not exit:\n{log.read_text()[-3000:]}"
         cassandra.start()
-        took = _wait_for(settings, pipeline, _reference(settings, pipeline, schemas), job)
+        took = _wait_for(settings, pipeline, kinds.reference(), job)
         print(f"served {took:.1f}s after Cassandra answered again")
     finally:
         cassandra.start()
