@@ -63,6 +63,7 @@ _SLOW_FILES = (
     "test_spark_cluster.py",  # 222
     "test_serving.py",  # 206
     "test_replay.py",  # 175
+    "test_realtime.py",  # 136
 )
 
 
