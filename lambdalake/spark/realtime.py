@@ -41,7 +41,7 @@ from lambdalake.cassandra.tables import TableDef, speed_table_def
 from lambdalake.errors import ConfigurationError
 from lambdalake.event_schema import event_schema, general_union_fields
 from lambdalake.filters import fields as filter_fields
-from lambdalake.latest import OFFSET, PARTITION, RANK, RANK_SPARK, spark_rank
+from lambdalake.latest import CANDIDATE, OFFSET, PARTITION, RANK, RANK_SPARK, spark_rank
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.filters import column as filter_column
@@ -238,6 +238,7 @@ def jvm_writer(spark: SparkSession, settings: Settings, targets: list[LatestTarg
         [t.table.insert_cql(keyspace) for t in targets],
         [t.table.delete_lower_cql(keyspace) for t in targets],
         [t.table.delete_lower_at for t in targets],
+        [[t.table.column_names.index(c) for c in CANDIDATE] for t in targets],
         cas.consistency,
         GIVE_UP_AFTER_MS,
     )

@@ -14,10 +14,13 @@ import com.datastax.oss.driver.api.core.servererrors.UnauthorizedException;
 import com.datastax.oss.driver.api.core.type.DataType;
 import com.datastax.oss.driver.api.core.type.DataTypes;
 import java.math.BigDecimal;
+import java.math.BigInteger;
 import java.nio.ByteBuffer;
 import java.time.Instant;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
@@ -49,6 +52,7 @@ public final class CandidateWriter extends ForeachWriter<Row> {
   private final String[] insertCqls;
   private final String[] deleteCqls;
   private final int[][] deleteAts;
+  private final int[][] orderAts;
   private final String consistency;
   private final long giveUpAfterMs;
 
@@ -58,12 +62,17 @@ public final class CandidateWriter extends ForeachWriter<Row> {
   private transient Semaphore slots;
   private transient ConcurrentLinkedQueue<Failed> failed;
   private transient ConsistencyLevel level;
+  /** Per view, candidates waiting for a write slot: the best of each key (the latest rule). */
+  private transient List<Map<List<Object>, Object[]>> waiting;
+  private transient int queued;
+  private transient Object lock;
 
   /**
    * @param cluster where to connect (contact points, port, credentials, protocol version).
    * @param insertCqls per view, its table's INSERT, one marker a column, in the candidates' order.
    * @param deleteCqls per view, the DELETE of a key's lower candidates (the partition key, the rank).
    * @param deleteAts per view, where the DELETE's values are among a candidate's columns.
+   * @param orderAts per view, where a candidate's rank, Kafka partition and offset are.
    * @param consistency a CQL consistency level's name (the settings' {@code consistency}).
    * @param giveUpAfterMs how long a retryable failure is retried before the task fails.
    */
@@ -72,6 +81,7 @@ public final class CandidateWriter extends ForeachWriter<Row> {
       List<String> insertCqls,
       List<String> deleteCqls,
       List<List<Integer>> deleteAts,
+      List<List<Integer>> orderAts,
       String consistency,
       long giveUpAfterMs) {
     this.cluster = cluster;
@@ -80,6 +90,10 @@ public final class CandidateWriter extends ForeachWriter<Row> {
     this.deleteAts = new int[deleteAts.size()][];
     for (int v = 0; v < this.deleteAts.length; v++) {
       this.deleteAts[v] = deleteAts.get(v).stream().mapToInt(Integer::intValue).toArray();
+    }
+    this.orderAts = new int[orderAts.size()][];
+    for (int v = 0; v < this.orderAts.length; v++) {
+      this.orderAts[v] = orderAts.get(v).stream().mapToInt(Integer::intValue).toArray();
     }
     this.consistency = consistency;
     this.giveUpAfterMs = giveUpAfterMs;
@@ -97,6 +111,12 @@ public final class CandidateWriter extends ForeachWriter<Row> {
     level = DefaultConsistencyLevel.valueOf(consistency);
     slots = new Semaphore(IN_FLIGHT);
     failed = new ConcurrentLinkedQueue<>();
+    waiting = new ArrayList<>();
+    for (int v = 0; v < inserts.length; v++) {
+      waiting.add(new HashMap<>());
+    }
+    queued = 0;
+    lock = new Object();
     return true;
   }
 
@@ -106,10 +126,9 @@ public final class CandidateWriter extends ForeachWriter<Row> {
       throw new UnknownWriterSchema(row.getInt(0));
     }
     retryFailed();
-    long deadline = System.currentTimeMillis() + giveUpAfterMs;
     for (int v = 0; v < inserts.length; v++) {
       if (!row.isNullAt(1 + v)) {
-        send(statement(v, row.getStruct(1 + v)), deadline);
+        offer(v, values(v, row.getStruct(1 + v)));
       }
     }
   }
@@ -119,6 +138,26 @@ public final class CandidateWriter extends ForeachWriter<Row> {
     if (session == null || error != null) {
       return;
     }
+    while (true) {
+      int view = -1;
+      Object[] next = null;
+      synchronized (lock) {
+        for (int v = 0; v < waiting.size() && next == null; v++) {
+          var entries = waiting.get(v).values().iterator();
+          if (entries.hasNext()) {
+            view = v;
+            next = entries.next();
+            entries.remove();
+            queued--;
+          }
+        }
+      }
+      if (next == null) {
+        break;
+      }
+      slots.acquireUninterruptibly();
+      write(view, next);
+    }
     slots.acquireUninterruptibly(IN_FLIGHT);
     slots.release(IN_FLIGHT);
     while (!failed.isEmpty()) {
@@ -126,12 +165,93 @@ public final class CandidateWriter extends ForeachWriter<Row> {
     }
   }
 
-  private BatchStatement statement(int view, Row candidate) {
+  private Object[] values(int view, Row candidate) {
     ColumnDefinitions columns = inserts[view].getVariableDefinitions();
     Object[] values = new Object[columns.size()];
     for (int i = 0; i < values.length; i++) {
       values[i] = value(candidate, i, columns.get(i).getType());
     }
+    return values;
+  }
+
+  /**
+   * Writes a candidate now if a slot is free and none waits; otherwise keeps it, or the better of it
+   * and the key's waiting one: under a backlog a key's candidates that can never win are not
+   * written at all, while a record that finds the writer idle is written as it arrives.
+   */
+  private void offer(int view, Object[] values) {
+    synchronized (lock) {
+      if (queued == 0 && slots.tryAcquire()) {
+        write(view, values);
+        return;
+      }
+      int[] at = deleteAts[view];
+      List<Object> key = new ArrayList<>(at.length - 1);
+      for (int i = 0; i < at.length - 1; i++) {
+        key.add(values[at[i]]);
+      }
+      Object[] held = waiting.get(view).get(key);
+      if (held == null) {
+        waiting.get(view).put(key, values);
+        queued++;
+      } else if (better(view, values, held)) {
+        waiting.get(view).put(key, values);
+      }
+    }
+    drain();
+  }
+
+  /** Writes waiting candidates while slots are free. */
+  private void drain() {
+    synchronized (lock) {
+      while (queued > 0 && slots.tryAcquire()) {
+        for (int v = 0; v < waiting.size(); v++) {
+          var entries = waiting.get(v).values().iterator();
+          if (entries.hasNext()) {
+            Object[] next = entries.next();
+            entries.remove();
+            queued--;
+            write(v, next);
+            break;
+          }
+        }
+      }
+    }
+  }
+
+  /** Whether candidate {@code a} outranks {@code b}: higher rank, then lower partition, offset. */
+  private boolean better(int view, Object[] a, Object[] b) {
+    int[] order = orderAts[view];
+    int byRank = ((BigInteger) a[order[0]]).compareTo((BigInteger) b[order[0]]);
+    if (byRank != 0) {
+      return byRank > 0;
+    }
+    int byPartition = Integer.compare((Integer) a[order[1]], (Integer) b[order[1]]);
+    if (byPartition != 0) {
+      return byPartition < 0;
+    }
+    return (Long) a[order[2]] < (Long) b[order[2]];
+  }
+
+  /** Sends a candidate whose slot is taken already. */
+  private void write(int view, Object[] values) {
+    BatchStatement batch = statement(view, values);
+    long deadline = System.currentTimeMillis() + giveUpAfterMs;
+    session
+        .executeAsync(batch)
+        .whenComplete(
+            (result, error) -> {
+              if (error != null) {
+                failed.add(new Failed(batch, error, deadline));
+                slots.release();
+                return; // retried by the task's thread, not on the driver's
+              }
+              slots.release();
+              drain();
+            });
+  }
+
+  private BatchStatement statement(int view, Object[] values) {
     int[] at = deleteAts[view];
     Object[] lower = new Object[at.length];
     for (int i = 0; i < lower.length; i++) {
