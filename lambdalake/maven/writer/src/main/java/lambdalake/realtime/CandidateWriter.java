@@ -235,16 +235,20 @@ public final class CandidateWriter extends ForeachWriter<Row> {
 
   /** Sends a candidate whose slot is taken already. */
   private void write(int view, Object[] values) {
-    BatchStatement batch = statement(view, values);
-    long deadline = System.currentTimeMillis() + giveUpAfterMs;
+    dispatch(statement(view, values), System.currentTimeMillis() + giveUpAfterMs);
+  }
+
+  /** Sends a request whose slot is taken; a failure is kept for the task's thread to retry. */
+  private void dispatch(BatchStatement batch, long deadline) {
     session
         .executeAsync(batch)
         .whenComplete(
             (result, error) -> {
               if (error != null) {
+                // Kept before the slot is freed: close() waits for every slot, then for the kept.
                 failed.add(new Failed(batch, error, deadline));
                 slots.release();
-                return; // retried by the task's thread, not on the driver's
+                return; // no drain: a write that fails at once would recurse here
               }
               slots.release();
               drain();
@@ -264,15 +268,7 @@ public final class CandidateWriter extends ForeachWriter<Row> {
 
   private void send(BatchStatement batch, long deadline) {
     slots.acquireUninterruptibly();
-    session
-        .executeAsync(batch)
-        .whenComplete(
-        (result, error) -> {
-          if (error != null) {
-            failed.add(new Failed(batch, error, deadline));
-          }
-          slots.release();
-        });
+    dispatch(batch, deadline);
   }
 
   /** Sends again each write that failed, after a pause; fails the task on a permanent error. */
