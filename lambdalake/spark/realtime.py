@@ -49,7 +49,6 @@ from lambdalake.spark.rules import valid
 from lambdalake.spark.views import INGEST_EPOCH, INGEST_TS
 from lambdalake.views import latest_columns
 
-WRITER_CLASS = "lambdalake.realtime.CandidateWriter"
 #: The message the writer stops a task with on a record of an unknown writer schema id.
 UNKNOWN_PREFIX = "lambdalake: unknown writer schema id "
 #: How long the writer retries a write Cassandra failed (a replica down, a timeout) before the
