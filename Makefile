@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup up down status deploy undeploy test soak demo lint docs bench clean
+.PHONY: setup up down status deploy undeploy test test-realtime soak demo lint docs bench clean
 
 setup: $(STAMP) .lambdalake/.apt .lambdalake/.jars .lambdalake/.spark-cds
 
@@ -59,12 +59,20 @@ deploy: up
 undeploy: setup
 	$(BIN)/lambdalake undeploy
 
-# The suite in two pytest-xdist workers, each with services of its own on ports 1000 apart and whole
-# test files, the slowest first (module fixtures stay in one worker): one process left 36 % of two
-# cores idle (BENCHMARKS.md). TEST_WORKERS=1 make test runs it in one process.
-TEST_WORKERS ?= 2
+# The suite in three pytest-xdist workers, each with services of its own on ports 1000 apart and whole
+# test files, the slowest first (module fixtures stay in one worker). On two cores, one process left
+# 36 % of them idle and two workers ~20 % (tests wait for epochs to close and jobs to start); three
+# took 0.89x two's time, 4 % idle, at most 19 GB of memory (docs/benchmarks-log.md).
+# TEST_WORKERS=1 make test runs it in one process.
+TEST_WORKERS ?= 3
 test: setup
 	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
+# The whole suite again with the latest views written by their Real-time query (speed.latest =
+# realtime), so every latest-view test runs on that path too; `make test` runs the micro-batch path
+# and, of the Real-time one, tests/test_realtime.py and tests/test_spark_rules.py.
+test-realtime: setup
+	LAMBDALAKE_SPEED__LATEST=realtime $(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # The seeded operations schedule, long (make test runs a short one), and views changed ROUNDS times
 # on a live pipeline, and the engines' property tests with more examples:

@@ -64,6 +64,15 @@ def union_members(branches: list[Any]) -> list[Any]:
     return [b for b in branches if b != "null" and b != {"type": "null"}]
 
 
+def logical_type(avro_type: Any) -> str | None:
+    """The logical type of ``avro_type``, or of the one branch of a nullable union; None for a general
+    union or a type without one."""
+    if isinstance(avro_type, list):
+        branches = union_members(avro_type)
+        return logical_type(branches[0]) if len(branches) == 1 else None
+    return avro_type.get("logicalType") if isinstance(avro_type, dict) else None
+
+
 def is_general_union(avro_type: Any) -> bool:
     """Whether ``avro_type`` is a union of several branches besides null (a struct of members)."""
     return isinstance(avro_type, list) and len(union_members(avro_type)) > 1

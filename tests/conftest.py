@@ -156,11 +156,18 @@ def isolated(settings: Settings, tmp_path: Path, unique: str) -> Settings:
     )
 
 
+#: Task slots the session's Spark gets beyond local[2] when the latest views run as Real-time
+#: queries (``LAMBDALAKE_SPEED__LATEST=realtime``, ``make test-realtime``): one in-process speed
+#: job's Real-time query holds a slot per partition of its topic (2-3 here) while it runs.
+REALTIME_SLOTS = 4
+
+
 @pytest.fixture(scope="session")
 def spark(services: Settings):
     """One local[2,4] Spark session for the test session (7-10 s to start)."""
     from lambdalake.spark.session import spark_session
 
-    session = spark_session(services, "lambdalake-tests")
+    extra = REALTIME_SLOTS if services.speed.latest == "realtime" else 0
+    session = spark_session(services, "lambdalake-tests", extra_slots=extra)
     yield session
     session.stop()

@@ -78,6 +78,11 @@ def bulk_options(settings: CassandraSettings) -> dict[str, int]:
     return {"batch_rows": settings.publish_batch_rows, "concurrency": 8}
 
 
+#: How long a write Cassandra failed (a replica down, a timeout) is retried before the write fails:
+#: long enough to ride out a node's restart, short enough that a lost cluster stops the job.
+GIVE_UP_AFTER_S = 900.0
+
+
 def upsert(
     rows: Iterable[Sequence[Any]],
     *,
@@ -85,7 +90,7 @@ def upsert(
     settings: CassandraSettings,
     batch_rows: int | None = None,
     concurrency: int = 16,
-    give_up_after_s: float = 900.0,
+    give_up_after_s: float = GIVE_UP_AFTER_S,
 ) -> int:
     """Write Python ``rows`` (values in ``table.column_names`` order); see :func:`upsert_arrow`.
 
@@ -114,7 +119,7 @@ def upsert_arrow(
     settings: CassandraSettings,
     batch_rows: int | None = None,
     concurrency: int = 16,
-    give_up_after_s: float = 900.0,
+    give_up_after_s: float = GIVE_UP_AFTER_S,
 ) -> int:
     """Write the rows of ``data`` (at least ``table``'s columns) and return how many were written.
 

@@ -38,8 +38,9 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import DataType
 
 from lambdalake.cassandra.tables import TableDef, speed_table_def
+from lambdalake.cassandra.writer import GIVE_UP_AFTER_S
 from lambdalake.errors import ConfigurationError
-from lambdalake.event_schema import event_schema, general_union_fields
+from lambdalake.event_schema import event_schema, general_union_fields, logical_type
 from lambdalake.filters import fields as filter_fields
 from lambdalake.latest import CANDIDATE, OFFSET, PARTITION, RANK, RANK_SPARK, spark_rank
 from lambdalake.pipeline import LatestView, Pipeline
@@ -51,9 +52,6 @@ from lambdalake.views import latest_columns
 
 #: The message the writer stops a task with on a record of an unknown writer schema id.
 UNKNOWN_PREFIX = "lambdalake: unknown writer schema id "
-#: How long the writer retries a write Cassandra failed (a replica down, a timeout) before the
-#: task fails; the query then restarts from its checkpoint (as the micro-batch writer's 15 minutes).
-GIVE_UP_AFTER_MS = 900_000
 
 #: CQL type -> the Spark type a candidate's column is cast to before the writer binds it.
 SPARK_TYPES = {
@@ -89,20 +87,13 @@ def event_columns(decoded: Column, reader: Mapping[str, Any], types: Mapping[str
     for field in reader["fields"]:
         name = field["name"]
         col = decoded.getField(name)
-        logical = _logical(field["type"])
+        logical = logical_type(field["type"])
         if logical == "local-timestamp-millis":
             col = F.unix_millis(col.cast("timestamp"))
         elif logical == "local-timestamp-micros":
             col = F.unix_micros(col.cast("timestamp"))
         out.append(col.cast(types[name]).alias(name))
     return out
-
-
-def _logical(avro_type: Any) -> str | None:
-    if isinstance(avro_type, list):
-        members = [b for b in avro_type if b != "null"]
-        return _logical(members[0]) if len(members) == 1 else None
-    return avro_type.get("logicalType") if isinstance(avro_type, dict) else None
 
 
 @dataclass(frozen=True)
@@ -239,7 +230,9 @@ def jvm_writer(spark: SparkSession, settings: Settings, targets: list[LatestTarg
         [t.table.delete_lower_at for t in targets],
         [[t.table.column_names.index(c) for c in CANDIDATE] for t in targets],
         cas.consistency,
-        GIVE_UP_AFTER_MS,
+        # As long as the micro-batch writer; the task then fails and the query restarts from its
+        # checkpoint.
+        int(GIVE_UP_AFTER_S * 1000),
     )
 
 
