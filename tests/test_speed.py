@@ -19,7 +19,7 @@ from lambdalake.errors import ConfigurationError
 from lambdalake.kafka import dlq
 from lambdalake.master import MasterDataset
 from lambdalake.master_files import table_path
-from lambdalake.pipeline import Pipeline, WindowedView
+from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
@@ -221,6 +221,13 @@ def test_a_record_with_an_old_create_time_lands_in_the_current_ingest_epoch(spee
     assert row["_epoch"] == ingest_ms // (pipeline.layers.epoch_seconds * 1000)
 
 
+def query_names(settings: Settings, pipeline: Pipeline) -> list[str]:
+    """The streaming queries a speed job of ``pipeline`` runs: the main one, and the latest views'
+    Real-time query when ``speed.latest`` is ``realtime``."""
+    realtime = settings.speed.latest == "realtime" and any(isinstance(v, LatestView) for v in pipeline.views)
+    return [f"{pipeline.name}-main", *([f"{pipeline.name}-latest"] if realtime else [])]
+
+
 def test_speed_status_reports_every_query(speed_run: dict) -> None:
     from tests.conftest import run_cli
 
@@ -230,8 +237,9 @@ def test_speed_status_reports_every_query(speed_run: dict) -> None:
     import json
 
     queries = json.loads(result.stdout)
-    # One query per pipeline: it reads the topic once for every view.
-    assert set(queries) == {"offers-main", "telemetry-main"}
+    # One query per pipeline: it reads the topic once for every view (and with speed.latest =
+    # realtime, the latest views' Real-time query reads it a second time).
+    assert set(queries) == {q for p in speed_run["pipelines"].values() for q in query_names(settings, p)}
     for name, stats in queries.items():
         # Every record read (copies and records that fail decoding too), not what the archive pass
         # passed on to the windowed view: the source of the main query yields the latter.
@@ -264,7 +272,7 @@ def test_every_windowed_view_is_counted_by_the_one_read_of_the_topic(
     job.start()
     try:
         job.catch_up()
-        assert [q.name for q in job.queries] == ["telemetry_two-main"]
+        assert [q.name for q in job.queries] == query_names(settings, pipeline)
         assert len([v for v in pipeline.views if isinstance(v, WindowedView)]) == 3
         events, _ = topic_events(settings, pipeline)
         problems = differences(settings, pipeline, events)
