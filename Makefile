@@ -65,14 +65,15 @@ undeploy: setup
 # took 0.89x two's time, 4 % idle, at most 19 GB of memory (docs/benchmarks-log.md).
 # TEST_WORKERS=1 make test runs it in one process.
 TEST_WORKERS ?= 3
+PYTEST := $(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: setup
-	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+	$(PYTEST)
 
 # The whole suite again with the latest views written by their Real-time query (speed.latest =
 # realtime), so every latest-view test runs on that path too; `make test` runs the micro-batch path
 # and, of the Real-time one, tests/test_realtime.py and tests/test_spark_rules.py.
 test-realtime: setup
-	LAMBDALAKE_SPEED__LATEST=realtime $(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+	LAMBDALAKE_SPEED__LATEST=realtime $(PYTEST)
 
 # The seeded operations schedule, long (make test runs a short one), and views changed ROUNDS times
 # on a live pipeline, and the engines' property tests with more examples:

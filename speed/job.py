@@ -326,6 +326,12 @@ RESTART_WINDOW_S = 600.0
 RESTART_DELAY_S = 5.0
 
 
+def runs_realtime_query(settings: Settings, pipeline: Pipeline) -> bool:
+    """Whether a speed job of ``pipeline`` writes its latest views from a Real-time query of their
+    own (``<pipeline>-latest``) beside the main one: ``speed.latest`` is ``realtime`` and it has one."""
+    return settings.speed.latest == "realtime" and any(isinstance(v, LatestView) for v in pipeline.views)
+
+
 class SpeedJob:
     """The speed layer of one pipeline.
 
@@ -348,9 +354,7 @@ class SpeedJob:
         self.pipeline = pipeline
         self.options = options or SpeedOptions()
         #: Whether the latest views are a Real-time query of their own (``speed.latest``).
-        self.realtime = settings.speed.latest == "realtime" and any(
-            isinstance(v, LatestView) for v in pipeline.views
-        )
+        self.realtime = runs_realtime_query(settings, pipeline)
         self._owns_spark = spark is None
         # A Real-time query holds a task slot per Kafka partition for as long as it runs: a local
         # session gets that many more than the micro-batch query's.

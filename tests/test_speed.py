@@ -19,7 +19,7 @@ from lambdalake.errors import ConfigurationError
 from lambdalake.kafka import dlq
 from lambdalake.master import MasterDataset
 from lambdalake.master_files import table_path
-from lambdalake.pipeline import LatestView, Pipeline, WindowedView
+from lambdalake.pipeline import Pipeline, WindowedView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
@@ -224,7 +224,9 @@ def test_a_record_with_an_old_create_time_lands_in_the_current_ingest_epoch(spee
 def query_names(settings: Settings, pipeline: Pipeline) -> list[str]:
     """The streaming queries a speed job of ``pipeline`` runs: the main one, and the latest views'
     Real-time query when ``speed.latest`` is ``realtime``."""
-    realtime = settings.speed.latest == "realtime" and any(isinstance(v, LatestView) for v in pipeline.views)
+    from lambdalake.speed.job import runs_realtime_query
+
+    realtime = runs_realtime_query(settings, pipeline)
     return [f"{pipeline.name}-main", *([f"{pipeline.name}-latest"] if realtime else [])]
 
 
