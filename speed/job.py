@@ -147,6 +147,17 @@ def _source_offsets(entry: str | None) -> Offsets | None:
     return json.loads(entry.strip("\x00").splitlines()[-1])
 
 
+def _per_partition(offsets: str | Offsets | None) -> dict[tuple[str, str], int]:
+    """A Kafka source's offsets in a query's progress (JSON text or parsed) per (topic, partition)."""
+    parsed = json.loads(offsets) if isinstance(offsets, str) else offsets
+    return {(t, str(p)): int(off) for t, parts in (parsed or {}).items() for p, off in parts.items()}
+
+
+def _progress_end(progress: Any) -> dict[tuple[str, str], int]:
+    """Where a query's reported batch ended, per (topic, partition), over its sources."""
+    return {tp: off for source in progress.sources for tp, off in _per_partition(source.endOffset).items()}
+
+
 def _ranges(start: Offsets, end: Offsets) -> dict[str, list[tuple[int, int]]]:
     """The offsets ``[start, end)`` per ``"topic/partition"`` with records between the two."""
     return {
@@ -277,12 +288,10 @@ class ProgressLog:
     def _record(self, p: Any, *, new_batch: bool, memory: TreeMemory) -> None:
         lag = 0
         for source in p.sources:
-            end = json.loads(source.endOffset) if isinstance(source.endOffset, str) else source.endOffset
-            latest = source.latestOffset
-            latest = json.loads(latest) if isinstance(latest, str) else latest
-            for topic, parts in (latest or {}).items():
-                for part, off in parts.items():
-                    lag += max(0, int(off) - int((end or {}).get(topic, {}).get(part, 0)))
+            end = _per_partition(source.endOffset)
+            lag += sum(
+                max(0, off - end.get(tp, 0)) for tp, off in _per_partition(source.latestOffset).items()
+            )
         dropped = sum(op.numRowsDroppedByWatermark for op in p.stateOperators) if new_batch else 0
         rows = self._read.get((p.name, p.batchId), p.numInputRows)
         stats = self.stats.setdefault(p.name, QueryStats())
@@ -734,7 +743,35 @@ class SpeedJob:
                     if not self._learn_writer_schema(q, exc):
                         raise self._failure(q, exc) from exc
                     q = self.queries[-1]
+        if self.realtime:
+            self._await_latest_progress()
         self.progress.poll(self.queries)  # the status is complete when this returns
+
+    def _await_latest_progress(self) -> None:
+        """Wait until the Real-time query has reported a batch that read as far as the main query
+        (caught up just before): its rows are written as it reads, but its progress, which the
+        status counts, comes only at the end of each batch (``speed.realtime_batch_s``)."""
+        main = self.queries[0].lastProgress
+        want = _progress_end(main) if main is not None else {}
+        deadline = time.monotonic() + 3 * self.settings.speed.realtime_batch_s + 60
+        while True:
+            q = self.latest_query
+            last = q.lastProgress
+            got = _progress_end(last) if last is not None else {}
+            if all(got.get(tp, -1) >= off for tp, off in want.items()):
+                return
+            failed = q.exception()
+            if failed is not None:
+                if not self._learn_writer_schema(q, failed):
+                    raise self._failure(q, failed)
+                continue
+            if time.monotonic() > deadline:
+                raise LambdalakeError(
+                    f"query {q.name} reported no batch that read as far as {want} in "
+                    f"{3 * self.settings.speed.realtime_batch_s + 60}s (its last: {got})",
+                    fix="see the speed job's log for the query's error; it resumes from its checkpoint",
+                )
+            time.sleep(0.2)
 
     def _failure(self, query: StreamingQuery, exc: BaseException | None) -> Exception:
         """The error to show for a failed query, naming the fix where there is a known one."""
