@@ -17,6 +17,8 @@ from typing import Any
 
 import fastavro
 
+from lambdalake.event_schema import logical_type
+
 MAGIC = 0
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 HEADER = struct.Struct(">bI")
@@ -77,10 +79,10 @@ def _millis_fields(schema: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for f in schema.get("fields", []):
         t = f["type"]
-        branches = t if isinstance(t, list) else [t]
-        stamps = [b for b in branches if isinstance(b, dict) and b.get("logicalType") == "timestamp-millis"]
-        if len(stamps) == 1 and len(branches) - branches.count("null") == 1 and not f.get("aliases"):
-            out[f["name"]] = ["long" if b is stamps[0] else b for b in t] if isinstance(t, list) else "long"
+        if logical_type(t) == "timestamp-millis" and not f.get("aliases"):
+            out[f["name"]] = (
+                [("long" if logical_type(b) else b) for b in t] if isinstance(t, list) else "long"
+            )
     return out
 
 

@@ -23,7 +23,7 @@ from lambdalake import writer_schemas
 from lambdalake.avro import parse_schema
 from lambdalake.columnar import ColumnarDecoder
 from lambdalake.columnar.validate import ColumnarValidator
-from lambdalake.event_schema import event_schema
+from lambdalake.event_schema import event_schema, logical_type
 from lambdalake.pipeline import Pipeline, Rule
 from lambdalake.settings import Settings
 from lambdalake.spark.views import INGEST_EPOCH, INGEST_TS
@@ -172,14 +172,9 @@ def decoder(spec: DecodeSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
 
 
 def millis_fields(reader: Mapping[str, Any]) -> list[str]:
-    """Top-level fields of the reader schema with the timestamp-millis logical type."""
-
-    def millis(t: Any) -> bool:
-        if isinstance(t, list):
-            return any(millis(b) for b in t)
-        return isinstance(t, dict) and t.get("logicalType") == "timestamp-millis"
-
-    return [f["name"] for f in reader["fields"] if millis(f["type"])]
+    """Top-level fields of the reader schema with the timestamp-millis logical type (alone or with
+    null: a general union's branch is a struct member, not a column)."""
+    return [f["name"] for f in reader["fields"] if logical_type(f["type"]) == "timestamp-millis"]
 
 
 def _millis_as_ints(batch: pa.RecordBatch, names: list[str]) -> pa.RecordBatch:
