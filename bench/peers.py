@@ -57,7 +57,7 @@ from bench.common import bench_settings, probe_freshness, write_result
 from lambdalake.cassandra.session import connect
 from lambdalake.infra.services import running
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_pipeline
-from lambdalake.procs import tree_memory
+from lambdalake.procs import process_tree, tree_memory
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
@@ -68,8 +68,10 @@ PEER_VENV = PROJECT_ROOT / ".lambdalake" / "peer-venv"
 PEER_PACKAGES = ["quixstreams==3.28.1", "cassandra-driver>=3.29,<4"]
 SAMPLE = 500
 SIDES = ("lambdalake", "quix-default", "quix-tuned")
-#: Sides run only when asked: the speed job with its latest views in Real-time Mode (speed.latest).
-OTHER_SIDES = ("lambdalake-realtime", "lambdalake-baseline")
+#: Sides run only when asked: the speed job with its latest views in Real-time Mode (speed.latest);
+#: the micro-batch speed job with a Kafka-to-Kafka Real-time query beside it through its freshness
+#: run (how much two cores shared with a micro-batch job cost a Real-time query's latency).
+OTHER_SIDES = ("lambdalake-realtime", "floor-beside-lambdalake", "lambdalake-baseline")
 
 
 def peer_python() -> Path:
@@ -81,14 +83,34 @@ def peer_python() -> Path:
     return python
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User and system CPU seconds ``pid`` has used so far (None: it has ended)."""
+    try:
+        fields = Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine so far, every core summed (``/proc/stat``)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle and iowait
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK"), sum(ticks) / os.sysconf("SC_CLK_TCK")
+
+
 class RssSampler:
     """Samples the summed RSS of a process tree every ``every`` seconds in a thread, and its summed
     PSS every ``pss_every`` samples (reading every process's page-table rollup costs the machine
-    more than its RSS does)."""
+    more than its RSS does). It also keeps the CPU seconds of every process of the tree it saw
+    (:meth:`cpu_seconds`): a process that ended between two samples counts up to the last one."""
 
     def __init__(self, root: int, every: float = 0.5, pss_every: int = 10) -> None:
         self.samples: list[tuple[float, int]] = []
         self.pss_samples: list[tuple[float, int]] = []
+        self.root = root
+        self._cpu: dict[int, float] = {}
+        self._cpu_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(root, every, pss_every), daemon=True)
         self._thread.start()
@@ -98,10 +120,20 @@ class RssSampler:
         while not self._stop.wait(every):
             n += 1
             memory = tree_memory(root, pss=n % pss_every == 0)
+            self.cpu_seconds()
             if memory.rss_bytes:
                 self.samples.append((time.monotonic(), memory.rss_bytes))
             if memory.pss_bytes:
                 self.pss_samples.append((time.monotonic(), memory.pss_bytes))
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds the tree has used since the sampler started (its every process, read now)."""
+        with self._cpu_lock:
+            for pid in process_tree(self.root):
+                used = _cpu_seconds(pid)
+                if used is not None:
+                    self._cpu[pid] = used
+            return sum(self._cpu.values())
 
     def stop(self, steady_from: float | None = None) -> dict[str, float]:
         """Median and max of every sample, and ``steady_mb`` / ``steady_pss_mb``: the medians of
@@ -381,7 +413,7 @@ def one_run(
     assert stats.unacknowledged == 0 and stats.rejected == 0, stats
     log = work / "side.log"
     side: Side
-    if side_name == "lambdalake":
+    if side_name in ("lambdalake", "floor-beside-lambdalake"):
         side = Lambdalake(settings, pipeline, log)
     elif side_name == "lambdalake-realtime":
         realtime = settings.model_copy(
@@ -394,6 +426,7 @@ def one_run(
         interval = 5.0 if side_name == "quix-default" else args.tuned_commit
         side = Quix(side_name, settings, pipeline.topic.name, interval, work, log)
     t_start = time.perf_counter()
+    machine_start = machine_cpu()
     job = side.start()
     rss = RssSampler(job.pid)
     first: float | None = None
@@ -412,6 +445,10 @@ def one_run(
                 )
             time.sleep(0.1)
         t_done = time.perf_counter()
+        # What bounds the drain: the side's own CPU and the whole machine's over the same time.
+        drain_cpu_s = rss.cpu_seconds()
+        machine_busy, machine_all = (b - a for a, b in zip(machine_start, machine_cpu(), strict=True))
+        beside = floor_process(args.rate) if side_name == "floor-beside-lambdalake" else None
         sample = random.Random(round_no)
         offers = sample.sample(sorted(want[0]), SAMPLE)
         merchants = sample.sample(sorted({m for m, _ in want[1]}), min(SAMPLE, len({m for m, _ in want[1]})))
@@ -442,6 +479,7 @@ def one_run(
             visible=lambda view, keys: side.visible(tables[view], keys),
             views=list(tables),
         )
+        floor_beside = floor_result(beside) if beside is not None else None
     finally:
         memory = rss.stop(steady_from)
         with contextlib.suppress(ProcessLookupError):
@@ -459,16 +497,36 @@ def one_run(
         "freshness": fresh,
         "rss": memory,
         "reference_checked": {"offers": len(offers), "merchants": len(merchants)},
+        "drain_cpu": {
+            "side_cpu_s": drain_cpu_s,
+            "side_cores": drain_cpu_s / (t_done - t_start),
+            "side_cpu_ms_per_1k_events": 1e6 * drain_cpu_s / len(records),
+            "machine_busy": machine_busy / machine_all,
+            "machine_cores": os.cpu_count(),
+        },
+        "floor_beside": floor_beside,
     }
 
 
-def floor(rate: float) -> dict[str, float]:
-    """The Kafka-to-Kafka Real-time query's latency on the running bench services (a process of its own)."""
-    out = subprocess.run(
+def floor_process(rate: float) -> subprocess.Popen[str]:
+    """The Kafka-to-Kafka Real-time query (:mod:`bench.realtime_floor`) started on the running bench
+    services, in a process of its own."""
+    return subprocess.Popen(
         [sys.executable, "-m", "bench.realtime_floor", "--services-running", "--rate", str(rate)],
-        capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=600, check=True,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=PROJECT_ROOT,
     )  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def floor_result(process: subprocess.Popen[str]) -> dict[str, float]:
+    out, _ = process.communicate(timeout=600)
+    if process.returncode != 0:
+        raise SystemExit(f"bench.realtime_floor exited with {process.returncode}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def floor(rate: float) -> dict[str, float]:
+    """The Kafka-to-Kafka Real-time query's latency on the running bench services, alone."""
+    return floor_result(floor_process(rate))
 
 
 def main() -> None:
@@ -486,7 +544,7 @@ def main() -> None:
     parser.add_argument(
         "--sides",
         default=",".join(SIDES),
-        help=f"a comma-separated subset of {SIDES + OTHER_SIDES[:1]} to run",
+        help=f"a comma-separated subset of {SIDES + OTHER_SIDES[:2]} to run",
     )
     parser.add_argument(
         "--baseline", help="a checkout of another revision: its speed job runs as side lambdalake-baseline"
@@ -518,6 +576,14 @@ def main() -> None:
                 fresh = ", ".join(
                     f"{k} p50 {f['p50_s']:.2f} p99 {f['p99_s']:.2f}" for k, f in result["freshness"].items()
                 )
+                cpu = result["drain_cpu"]
+                fresh += (f"; drain {cpu['side_cores']:.2f} cores, {cpu['side_cpu_ms_per_1k_events']:,.0f} "
+                          f"CPU ms per 1k events, machine {cpu['machine_busy']:.0%} busy")  # fmt: skip
+                if result["floor_beside"]:
+                    low = result["floor_beside"]
+                    fresh += (
+                        f"; floor beside p50 {low['p50_s'] * 1000:.1f} ms p99 {low['p99_s'] * 1000:.1f} ms"
+                    )
                 print(
                     f"round {round_no + 1} {name}: {result['events_per_s_from_start']:,.0f} ev/s from "
                     f"start ({result['seconds_from_start']:.1f} s), rss median "
