@@ -71,9 +71,12 @@ test: setup
 
 # The whole suite again with the latest views written by their Real-time query (speed.latest =
 # realtime), so every latest-view test runs on that path too; `make test` runs the micro-batch path
-# and, of the Real-time one, tests/test_realtime.py and tests/test_spark_rules.py.
+# and, of the Real-time one, tests/test_realtime.py, tests/test_realtime_property.py and
+# tests/test_spark_rules.py (at the default 5 s batches). Here batches last 2 s: a job's catch_up
+# waits for the Real-time batch that wrote what it read, and tests that must catch up inside one
+# 10-second epoch catch several jobs up.
 test-realtime: setup
-	LAMBDALAKE_SPEED__LATEST=realtime $(PYTEST)
+	LAMBDALAKE_SPEED__LATEST=realtime LAMBDALAKE_SPEED__REALTIME_BATCH_S=2 $(PYTEST)
 
 # The seeded operations schedule, long (make test runs a short one), and views changed ROUNDS times
 # on a live pipeline, and the engines' property tests with more examples:

@@ -77,8 +77,12 @@ def two_paths(services: Settings, spark: Any, tmp_path_factory: pytest.TempPathF
     )
     micro.start()
     try:
-        # The second writer schema is registered once the Real-time job runs: the first example
+        # The second writer schema is registered once the Real-time query runs: the first example
         # that sends a record of it makes the query start again knowing it.
+        deadline = time.monotonic() + 180
+        while "query kinds-latest started" not in (log.read_text() if log.exists() else ""):
+            assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
         v2 = write_kinds(kinds.settings, root / "v2", topic, versions=2)
         deployed = run_cli(v2, "deploy", "kinds", "--no-jobs")
         assert deployed.returncode == 0, deployed.stderr.decode()[-2000:]

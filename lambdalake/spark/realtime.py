@@ -53,6 +53,10 @@ from lambdalake.views import latest_columns
 #: The message the writer stops a task with on a record of an unknown writer schema id.
 UNKNOWN_PREFIX = "lambdalake: unknown writer schema id "
 
+#: Spark's shortest Real-time batch unless :data:`MIN_BATCH_CONF` says otherwise.
+MIN_BATCH_CONF = "spark.sql.streaming.realTimeMode.minBatchDuration"
+SPARK_MIN_BATCH_MS = 5000
+
 #: CQL type -> the Spark type a candidate's column is cast to before the writer binds it.
 SPARK_TYPES = {
     "text": "string", "blob": "binary", "bigint": "bigint", "int": "int", "double": "double",
@@ -248,6 +252,10 @@ def start_latest_query(
 ) -> StreamingQuery:
     """Start the pipeline's latest views' Real-time query over ``records`` (the Kafka source)."""
     rows, targets = latest_stream(records, pipeline, writers=writers, missing=missing)
+    # Spark refuses batches shorter than its minimum (5 s unless set): the setting's batch length
+    # is the user's choice, so it lowers that minimum where it is shorter.
+    batch_ms = settings.speed.realtime_batch_s * 1000
+    spark.conf.set(MIN_BATCH_CONF, f"{min(batch_ms, SPARK_MIN_BATCH_MS)}ms")
     writer = (
         rows.writeStream.queryName(f"{pipeline.name}-latest")
         .outputMode("update")
