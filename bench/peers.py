@@ -23,6 +23,14 @@ and tuned (``--tuned-commit`` s). In each round every side, in turn (the order r
    5 s), which shares each page among the processes mapping it: what the side costs the machine,
    where the RSS sum counts a forked worker's pages shared with its daemon once per process.
 
+5. CPU through the drain (1): the side's process tree (every process seen, read from ``/proc``) as
+   cores and as CPU ms per 1,000 events, and the whole machine's busy share over the same time, so a
+   drain bounded by the two cores says so in the same run.
+
+With ``--floor`` each round starts with a Kafka-to-Kafka Real-time query's latency alone
+(``bench.realtime_floor``); the side ``floor-beside-lambdalake`` is the micro-batch speed job with
+that query running beside it through its freshness run (what two shared cores cost its tail).
+
 The peer runs in its own virtualenv (``.lambdalake/peer-venv``: quix-streams 3.28.1 pins
 confluent-kafka below the version the project uses), made on first use.
 
