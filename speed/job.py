@@ -60,7 +60,7 @@ from lambdalake.registry import subject_schemas
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import DecodeSpec
 from lambdalake.spark.kafka import Offsets, source_options
-from lambdalake.spark.realtime import start_latest_query, unknown_schema_id
+from lambdalake.spark.realtime import start_latest_query, stop_quietly, unknown_schema_id
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.sinks import upsert_views
 from lambdalake.spark.views import INGEST_TS, together_column, together_row, windowed, windowed_together
@@ -811,7 +811,11 @@ class SpeedJob:
     def stop(self) -> None:
         for q in self.queries:
             try:
-                q.stop()
+                if self.realtime and q is self.latest_query:
+                    # A job that made its session ends with it: its loggers stay quiet to the end.
+                    stop_quietly(self.spark, q, restore=not self._owns_spark)
+                else:
+                    q.stop()
             except Py4JError as exc:
                 # A signal to the whole process group reaches the JVM too, whose shutdown hook may
                 # stop Spark first: the query is gone either way (its batch replays next start).
