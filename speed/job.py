@@ -709,11 +709,30 @@ class SpeedJob:
         checkpoint, decoding the writer schemas known so far."""
         query = start_latest_query(
             self.spark, self.settings, self.pipeline,
-            self.records(starting=self.starting_offsets(), bounded=False),
-            checkpoint=f"{self.checkpoints}/latest", writers=self._writers, missing=frozenset(self._missing),
+            self.records(starting=self._latest_start(), bounded=False),
+            checkpoint=self._latest_dir(), writers=self._writers, missing=frozenset(self._missing),
         )  # fmt: skip
         self.latest_query = query
         return query
+
+    def _latest_dir(self) -> str:
+        """The Real-time query's checkpoint, one per set of latest view versions it writes."""
+        tables = sorted(speed_table_def(self.pipeline, v).name for v in self.pipeline.views
+                        if isinstance(v, LatestView))  # fmt: skip
+        return f"{self.checkpoints}/latest-{hashlib.sha256(json.dumps(tables).encode()).hexdigest()[:12]}"
+
+    def _latest_start(self) -> str:
+        """Where a new Real-time checkpoint starts: where bronze's coverage ends, when bronze has any.
+        The Real-time query reads ahead of bronze, and a view version built beside the old one is
+        recomputed from bronze (:mod:`lambdalake.control.view_build`): starting at the checkpoint it
+        had would leave the records between the two out of the new version."""
+        archived = self._archived()
+        if not archived:
+            return self.starting_offsets()
+        topic = self.pipeline.topic.name
+        return json.dumps(
+            {topic: {str(p): archived.get(p, -2) for p in range(self.pipeline.topic.partitions)}}
+        )
 
     def _learn_writer_schema(self, query: StreamingQuery, error: BaseException | None) -> bool:
         """If the Real-time query stopped on a writer schema id it did not know: learn it (or that
