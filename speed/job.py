@@ -729,10 +729,11 @@ class SpeedJob:
         archived = self._archived()
         if not archived:
             return self.starting_offsets()
-        topic = self.pipeline.topic.name
-        return json.dumps(
-            {topic: {str(p): archived.get(p, -2) for p in range(self.pipeline.topic.partitions)}}
-        )
+        # Bronze's coverage only grows: read before the query starts, it can only make the query
+        # re-read (idempotently) what bronze took meanwhile, never skip it. A partition bronze holds
+        # nothing of (one the topic gained) starts at its earliest offset (-2).
+        partitions = sorted({*archived, *range(self.pipeline.topic.partitions)})
+        return json.dumps({self.pipeline.topic.name: {str(p): archived.get(p, -2) for p in partitions}})
 
     def _learn_writer_schema(self, query: StreamingQuery, error: BaseException | None) -> bool:
         """If the Real-time query stopped on a writer schema id it did not know: learn it (or that
