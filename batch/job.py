@@ -54,14 +54,14 @@ from lambdalake.batch.merge import TOUCHED, merge_latest, merge_windowed, read_v
 from lambdalake.batch.run import RUN_ID, BatchRun, views_path
 from lambdalake.delta import commit_metadata, open_table
 from lambdalake.errors import NothingToCover
-from lambdalake.latest import OFFSET, PARTITION, RANK
+from lambdalake.latest import OFFSET, PARTITION
 from lambdalake.master import EPOCH_MS, bronze_of
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.bronze import bronze_schema, read_events
 from lambdalake.spark.delta import write_table, write_tables
 from lambdalake.spark.session import spark_session
-from lambdalake.spark.views import INGEST_EPOCH, deduplicate, latest, latest_order, windowed
+from lambdalake.spark.views import INGEST_EPOCH, deduplicate, latest, windowed
 from lambdalake.status import batch_status_file
 from lambdalake.storage import write_text
 from lambdalake.view_versions import public_name
@@ -322,8 +322,7 @@ class BatchJob:
     def compute(self, covered: DataFrame, view) -> DataFrame:
         """One view's batch rows (the speed layer's view functions; ``latest`` rows with their rank)."""
         if isinstance(view, LatestView):
-            out = latest(covered, self.pipeline, view, carry=(PARTITION, OFFSET))
-            return out.withColumn(RANK, latest_order(out, view))
+            return latest(covered, self.pipeline, view, carry=(PARTITION, OFFSET), rank=True)
         return windowed(covered, self.pipeline, view)
 
     def _write_views(self, outputs: dict[str, DataFrame], run: BatchRun) -> dict[str, int]:

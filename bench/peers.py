@@ -29,7 +29,10 @@ and tuned (``--tuned-commit`` s). In each round every side, in turn (the order r
 
 With ``--floor`` each round starts with a Kafka-to-Kafka Real-time query's latency alone
 (``bench.realtime_floor``); the side ``floor-beside-lambdalake`` is the micro-batch speed job with
-that query running beside it through its freshness run (what two shared cores cost its tail).
+that query running beside it through its freshness run (what two shared cores cost its tail). With
+``--floor`` and the side ``lambdalake-realtime``, each round also drains the backlog with the Real-time
+latest query alone, computing its candidates and writing none, then writing them
+(``bench.realtime_drain``): what the second read and decode cost, and what the writes add.
 
 The peer runs in its own virtualenv (``.lambdalake/peer-venv``: quix-streams 3.28.1 pins
 confluent-kafka below the version the project uses), made on first use.
@@ -48,10 +51,8 @@ import os
 import random
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -61,11 +62,12 @@ import duckdb
 import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 
+from bench import realtime_drain
 from bench.common import bench_settings, probe_freshness, write_result
+from bench.sampling import RssSampler, machine_cpu
 from lambdalake.cassandra.session import connect
 from lambdalake.infra.services import running
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_pipeline
-from lambdalake.procs import process_tree, tree_memory
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
@@ -89,79 +91,6 @@ def peer_python() -> Path:
         subprocess.run([sys.executable, "-m", "venv", "--clear", PEER_VENV], check=True)
         subprocess.run([python, "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
     return python
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """User and system CPU seconds ``pid`` has used so far (None: it has ended)."""
-    try:
-        fields = Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_cpu() -> tuple[float, float]:
-    """(busy, all) CPU seconds of the whole machine so far, every core summed (``/proc/stat``)."""
-    ticks = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle and iowait
-    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK"), sum(ticks) / os.sysconf("SC_CLK_TCK")
-
-
-class RssSampler:
-    """Samples the summed RSS of a process tree every ``every`` seconds in a thread, and its summed
-    PSS every ``pss_every`` samples (reading every process's page-table rollup costs the machine
-    more than its RSS does). It also keeps the CPU seconds of every process of the tree it saw
-    (:meth:`cpu_seconds`): a process that ended between two samples counts up to the last one."""
-
-    def __init__(self, root: int, every: float = 0.5, pss_every: int = 10) -> None:
-        self.samples: list[tuple[float, int]] = []
-        self.pss_samples: list[tuple[float, int]] = []
-        self.root = root
-        self._cpu: dict[int, float] = {}
-        self._cpu_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(root, every, pss_every), daemon=True)
-        self._thread.start()
-
-    def _run(self, root: int, every: float, pss_every: int) -> None:
-        n = 0
-        while not self._stop.wait(every):
-            n += 1
-            memory = tree_memory(root, pss=n % pss_every == 0)
-            self.cpu_seconds()
-            if memory.rss_bytes:
-                self.samples.append((time.monotonic(), memory.rss_bytes))
-            if memory.pss_bytes:
-                self.pss_samples.append((time.monotonic(), memory.pss_bytes))
-
-    def cpu_seconds(self) -> float:
-        """CPU seconds the tree has used since the sampler started (its every process, read now)."""
-        with self._cpu_lock:
-            for pid in process_tree(self.root):
-                used = _cpu_seconds(pid)
-                if used is not None:
-                    self._cpu[pid] = used
-            return sum(self._cpu.values())
-
-    def stop(self, steady_from: float | None = None) -> dict[str, float]:
-        """Median and max of every sample, and ``steady_mb`` / ``steady_pss_mb``: the medians of
-        those from the monotonic time ``steady_from`` on (0 where there are none)."""
-        self._stop.set()
-        self._thread.join()
-
-        def steady(samples: list[tuple[float, int]]) -> list[int]:
-            return [v for t, v in samples if steady_from is not None and t >= steady_from]
-
-        every = [rss for _, rss in self.samples]
-        steady_rss, steady_pss = steady(self.samples), steady(self.pss_samples)
-        return {
-            "median_mb": statistics.median(every) / 2**20 if every else 0.0,
-            "max_mb": max(every, default=0) / 2**20,
-            "steady_mb": statistics.median(steady_rss) / 2**20 if steady_rss else 0.0,
-            "steady_pss_mb": statistics.median(steady_pss) / 2**20 if steady_pss else 0.0,
-            "samples": len(every),
-            "steady_samples": len(steady_rss),
-        }
 
 
 # --- the reference -----------------------------------------------------------------------------
@@ -570,6 +499,7 @@ def main() -> None:
     sides = list(dict.fromkeys(args.sides.split(",") + (["lambdalake-baseline"] if args.baseline else [])))
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     floors: list[dict] = []
+    drains: list[dict] = []
     with running(base):
         for round_no in range(args.rounds):
             if args.floor:
@@ -577,6 +507,12 @@ def main() -> None:
                 low = floors[-1]
                 print(f"round {round_no + 1} Kafka-to-Kafka Real-time floor: p50 {low['p50_s'] * 1000:.1f} "
                       f"ms p99 {low['p99_s'] * 1000:.1f} ms", flush=True)  # fmt: skip
+                if "lambdalake-realtime" in sides:
+                    drains.append(realtime_drain.run(events=args.events))
+                    for mode, d in drains[-1].items():
+                        print(f"round {round_no + 1} the Real-time latest query alone, {mode}: "
+                              f"{d['events_per_s']:,.0f} ev/s, {d['cpu_ms_per_1k_events']:,.0f} CPU ms "
+                              f"per 1k events, machine {d['machine_busy']:.0%} busy", flush=True)  # fmt: skip
             order = sides[round_no % len(sides) :] + sides[: round_no % len(sides)]
             for name in order:
                 result = one_run(name, base, records, want, args, round_no)
@@ -614,6 +550,7 @@ def main() -> None:
             "spark_conf": base.spark.conf,
             "runs": runs,
             "kafka_to_kafka_realtime_floor": floors,
+            "realtime_latest_query_alone": drains,
         },
     )
     print(f"-> {path}")

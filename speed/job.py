@@ -396,6 +396,8 @@ class SpeedJob:
         #: Writer schemas the Real-time query decodes, by id, and the ids the registry does not hold.
         self._writers: dict[int, str] = {}
         self._missing: set[int] = set()
+        #: Where the main query starts when it has no checkpoint yet (None: it resumes one).
+        self._main_fresh_start: str | None = None
 
     # --- building blocks ----------------------------------------------------------------------
 
@@ -538,6 +540,10 @@ class SpeedJob:
         self._from_ms = record.get("from_ms")
         if record.get("offsets") and not _has_checkpoint(self.main_dir):
             self._main_offsets = json.dumps(record["offsets"])
+        # Decided before the main query starts (it writes its checkpoint then).
+        self._main_fresh_start = (
+            None if _has_checkpoint(self.main_dir) else self._main_offsets or self.starting_offsets()
+        )
 
     def _move(self, record: dict[str, Any], wanted: dict[str, str], *, why: str = "") -> dict[str, Any]:
         """A new checkpoint for the main query, whose windowed views changed.
@@ -722,18 +728,34 @@ class SpeedJob:
         return f"{self.checkpoints}/latest-{hashlib.sha256(json.dumps(tables).encode()).hexdigest()[:12]}"
 
     def _latest_start(self) -> str:
-        """Where a new Real-time checkpoint starts: where bronze's coverage ends, when bronze has any.
+        """Where a new Real-time checkpoint starts: where bronze's coverage ends, when bronze has any,
+        or where a main query without a checkpoint starts, where that is earlier.
+
         The Real-time query reads ahead of bronze, and a view version built beside the old one is
         recomputed from bronze (:mod:`lambdalake.control.view_build`): starting at the checkpoint it
-        had would leave the records between the two out of the new version."""
+        had would leave the records between the two out of the new version. After ``speed reset``
+        (its latest rows emptied, the epochs before its start recomputed from bronze) the main query
+        starts afresh where the reset chose, and the records from there on are the Real-time
+        query's to write, though bronze may hold them already."""
         archived = self._archived()
         if not archived:
-            return self.starting_offsets()
+            return self._main_fresh_start or self.starting_offsets()
         # Bronze's coverage only grows: read before the query starts, it can only make the query
         # re-read (idempotently) what bronze took meanwhile, never skip it. A partition bronze holds
         # nothing of (one the topic gained) starts at its earliest offset (-2).
+        topic = self.pipeline.topic.name
         partitions = sorted({*archived, *range(self.pipeline.topic.partitions)})
-        return json.dumps({self.pipeline.topic.name: {str(p): archived.get(p, -2) for p in partitions}})
+        start = {p: archived.get(p, -2) for p in partitions}
+        main = self._main_fresh_start
+        if main == "earliest":
+            return main
+        if main and main != "latest":
+            for p, offset in json.loads(main).get(topic, {}).items():
+                here = start.get(int(p), -2)
+                # -2 is the log's start, earlier than any offset; -1 its end, never earlier.
+                if here != -2 and offset != -1 and (offset == -2 or offset < here):
+                    start[int(p)] = offset
+        return json.dumps({topic: {str(p): o for p, o in start.items()}})
 
     def _learn_writer_schema(self, query: StreamingQuery, error: BaseException | None) -> bool:
         """If the Real-time query stopped on a writer schema id it did not know: learn it (or that

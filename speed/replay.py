@@ -58,7 +58,6 @@ from lambdalake.spark.views import (
     INGEST_TS,
     cell_columns,
     latest,
-    latest_order,
     split_deliveries,
     window_cells,
     windowed,
@@ -506,8 +505,7 @@ def _upsert_latest(
 ) -> int:
     """The epochs' winners per key, written as candidates with their rank (a stored candidate the
     latest rule ranks higher keeps winning)."""
-    rows = latest(events, pipeline, view, carry=CANDIDATE[1:])
-    rows = rows.withColumn(RANK, latest_order(rows, view))
+    rows = latest(events, pipeline, view, carry=CANDIDATE[1:], rank=True)
     columns = list(dict.fromkeys([*table.source_columns, RANK]))
 
     bulk = bulk_options(cassandra)

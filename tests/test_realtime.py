@@ -194,7 +194,11 @@ def _wait_for(settings: Settings, pipeline: Pipeline, want: dict[str, dict], job
         assert job.poll() is None, f"the speed job exited with {job.returncode}"
         if time.monotonic() - t0 > timeout:
             diff = {
-                v: [k for k in set(want[v]) | set(got[v]) if want[v].get(k) != got[v].get(k)][:5]
+                v: [
+                    (k, want[v].get(k), got.get(v, {}).get(k))
+                    for k in set(want[v]) | set(got.get(v, {}))
+                    if want[v].get(k) != got.get(v, {}).get(k)
+                ][:5]
                 for v in want
             }
             raise AssertionError(f"winners differ from the reference after {timeout:.0f}s: {diff}")

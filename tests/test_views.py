@@ -172,3 +172,35 @@ def test_an_int_promoted_to_double_keeps_its_distinct_values(spark, tmp_path) ->
     distinct = {5, 7, -3, 0, 2.5, "nan", 1e300}
     merged = sketches.hll_merge(sketch[0], sketch[1], 12)
     assert sketches.hll_answer(merged, 12)["estimate"] == pytest.approx(len(distinct))
+
+
+def test_a_latest_view_ranks_its_winner_by_a_version_it_does_not_keep(spark, tmp_path) -> None:
+    """A ``latest`` view's version need not be one of its columns (the batch layer and a replay
+    rank the winner after grouping): the winner is the highest version's delivery, its rank that
+    version's, and the version does not become a column of the view."""
+    from datetime import UTC, datetime
+
+    from lambdalake.latest import RANK, rank
+    from lambdalake.pipeline import configured_pipeline
+    from lambdalake.settings import Settings
+    from lambdalake.spark.views import INGEST_EPOCH, INGEST_TS, latest
+    from tests.realtime_pipeline import write_kinds
+
+    settings = write_kinds(Settings(registry={"url": "http://registry.invalid:3"}), tmp_path, "kinds")
+    pipeline = configured_pipeline("kinds", settings)
+    (view,) = [v for v in pipeline.views if v.name == "cheap_latest"]
+    assert view.version == "at" and "at" not in view.columns
+    ingest = datetime(2026, 12, 1, tzinfo=UTC)
+    at_us = [1_700_000_000_000_000, 1_700_000_005_000_000, 1_700_000_001_000_000]
+    rows = [("A", "k", datetime.fromtimestamp(us / 1e6, UTC), 5.0, None, True, f"n{i}", ingest, 1, 0, i)
+            for i, us in enumerate(at_us)]  # fmt: skip
+    schema = (f"kind string, id string, at timestamp, price double, amount decimal(12,2), "
+              f"flag boolean, note string, {INGEST_TS} timestamp, {INGEST_EPOCH} long, "
+              "_partition int, _offset long")  # fmt: skip
+    out = latest(
+        spark.createDataFrame(rows, schema), pipeline, view, carry=("_partition", "_offset"), rank=True
+    )
+    assert "at" not in out.columns
+    (winner,) = out.collect()
+    assert winner["note"] == "n1"
+    assert int(winner[RANK]) == rank(at_us[1], int(ingest.timestamp()))

@@ -277,8 +277,11 @@ def start_latest_query(
     checkpoint: str,
     writers: Mapping[int, str],
     missing: frozenset[int] = frozenset(),
+    write: bool = True,
 ) -> StreamingQuery:
-    """Start the pipeline's latest views' Real-time query over ``records`` (the Kafka source)."""
+    """Start the pipeline's latest views' Real-time query over ``records`` (the Kafka source).
+    ``write``: False computes every candidate as the query does and writes none (what the writes
+    cost, measured: ``bench.realtime_drain``)."""
     rows, targets = latest_stream(records, pipeline, writers=writers, missing=missing)
     # Spark refuses batches shorter than its minimum (5 s unless set): the setting's batch length
     # is the user's choice, so it lowers that minimum where it is shorter.
@@ -290,5 +293,5 @@ def start_latest_query(
         .option("checkpointLocation", checkpoint)
         .trigger(realTime=f"{settings.speed.realtime_batch_s} seconds")
     )
-    writer._jwrite = writer._jwrite.foreach(jvm_writer(spark, settings, targets))
+    writer._jwrite = writer._jwrite.foreach(jvm_writer(spark, settings, targets if write else []))
     return writer.start()

@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructType
 
 from lambdalake.identity import spark_value_hash
-from lambdalake.latest import spark_order, spark_rank
+from lambdalake.latest import RANK, spark_order, spark_rank
 from lambdalake.pipeline import LEGACY_SKETCH_INPUT, LatestView, Pipeline, WindowedView
 from lambdalake.spark.filters import column as filter_column
 from lambdalake.view_types import held_types, spark_type
@@ -39,19 +39,26 @@ def latest_order(df: DataFrame, view: LatestView) -> Column:
     return spark_rank(df, view.version)
 
 
-def latest(df: DataFrame, pipeline: Pipeline, view: LatestView, *, carry: tuple[str, ...] = ()) -> DataFrame:
+def latest(
+    df: DataFrame, pipeline: Pipeline, view: LatestView, *, carry: tuple[str, ...] = (), rank: bool = False
+) -> DataFrame:
     """One row per key: the delivery the latest rule picks (:mod:`lambdalake.latest`), so the result
     never depends on arrival order. ``carry``: more columns of the winning delivery to keep (the
-    batch layer keeps its coordinates, to merge two results as one)."""
+    batch layer keeps its coordinates, to merge two results as one). ``rank``: the winner's rank
+    too (column ``RANK``: :func:`lambdalake.latest.spark_rank`), from its version, which need not
+    be one of the view's columns."""
     df = only_kept(df, pipeline, view)
     cols = latest_columns(pipeline, view)
     keep = list(dict.fromkeys([*(c for c in cols if c not in view.key), INGEST_TS, INGEST_EPOCH, *carry]))
-    winner = F.max_by(F.struct(*[F.col(c) for c in keep]), spark_order(df, view.version))
-    return (
+    # The rank needs the winner's version: carried through the grouping when the view lacks it.
+    extra = [view.version] if rank and view.version not in {*keep, *view.key} else []
+    winner = F.max_by(F.struct(*[F.col(c) for c in [*keep, *extra]]), spark_order(df, view.version))
+    out = (
         df.groupBy(*view.key)
         .agg(winner.alias("_w"))
-        .select(*view.key, *[F.col(f"_w.{c}").alias(c) for c in keep])
+        .select(*view.key, *[F.col(f"_w.{c}").alias(c) for c in [*keep, *extra]])
     )
+    return out.withColumn(RANK, latest_order(out, view)).drop(*extra) if rank else out
 
 
 def only_kept(df: DataFrame, pipeline: Pipeline, view: LatestView | WindowedView) -> DataFrame:
