@@ -68,7 +68,7 @@ from lambdalake.speed.dedup import DedupLog
 from lambdalake.speed.last_read import LastReadCheck, LastRecords, lost_tail, offset_changed
 from lambdalake.speed.sinks import ArchiveSink, FileSet, LatestSink, PartitionProgress, RecordCounts, drain
 from lambdalake.status import speed_status_file
-from lambdalake.storage import list_files, read_text, write_text
+from lambdalake.storage import delete_file, list_files, read_text, write_text
 from lambdalake.views import windowed_inputs
 from lambdalake.writer_schemas import SchemaIdNotFound, fetcher
 
@@ -175,6 +175,21 @@ def _read_by_twin(folder: str) -> bool:
     last = max(entries, key=lambda u: int(u.rsplit("/", 1)[1]), default=None)
     offsets = _source_offsets(read_text(last)) if last else None
     return any(key.startswith("$") for key in offsets or {})
+
+
+def drop_unlogged_commits(folder: str) -> list[str]:
+    """Remove the commit files of a checkpoint whose offset log has no entry; returns them.
+
+    A Real-time query killed in its first batch can leave a commit's temporary file and no offset
+    log entry, and Spark then refuses that checkpoint for good ("should be empty on batch 0"). Such a
+    checkpoint has committed nothing; its initial offsets (``sources/0/0``) stay, so the query runs
+    its first batch again from where it was meant to start."""
+    if any(u.rsplit("/", 1)[1].isdigit() for u in list_files(f"{folder}/offsets")):
+        return []
+    stray = list_files(f"{folder}/commits")
+    for uri in stray:
+        delete_file(uri)
+    return stray
 
 
 def _has_checkpoint(folder: str) -> bool:
@@ -713,6 +728,13 @@ class SpeedJob:
     def _start_latest(self) -> StreamingQuery:
         """Start the latest views' Real-time query (:mod:`lambdalake.spark.realtime`) from its
         checkpoint, decoding the writer schemas known so far."""
+        stray = drop_unlogged_commits(self._latest_dir())
+        if stray:
+            names = ", ".join(u.rsplit("/", 1)[1] for u in stray)
+            log.warning(
+                "the Real-time checkpoint had committed nothing: removed %s; its first batch runs again",
+                names,
+            )
         query = start_latest_query(
             self.spark, self.settings, self.pipeline,
             self.records(starting=self._latest_start(), bounded=False),

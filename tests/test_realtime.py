@@ -318,3 +318,29 @@ def test_the_real_time_writer_waits_out_cassandra_and_loses_no_candidate(
     finally:
         cassandra.start()
         stop_job(job)
+
+
+def test_a_checkpoint_killed_in_its_first_batch_loses_only_its_stray_commit(tmp_path: Path) -> None:
+    """A Real-time query killed while it wrote its first commit left a temporary commit file and no
+    offset log entry (seen under make test-realtime; Spark then refuses the checkpoint for good):
+    that file goes, the initial offsets stay. A checkpoint with a logged batch is left alone."""
+    from lambdalake.speed.job import drop_unlogged_commits
+
+    killed = tmp_path / "killed"
+    for sub in ("commits", "offsets", "sources/0"):
+        (killed / sub).mkdir(parents=True)
+    (killed / "commits" / ".0.365e3a65.tmp").write_text("v1\n{}")
+    (killed / "commits" / "..0.365e3a65.tmp.crc").write_text("crc")
+    (killed / "sources" / "0" / "0").write_text('v1\n{"t":{"0":274}}')
+    dropped = drop_unlogged_commits(str(killed))
+    assert sorted(Path(u).name for u in dropped) == ["..0.365e3a65.tmp.crc", ".0.365e3a65.tmp"]
+    assert list((killed / "commits").iterdir()) == []
+    assert (killed / "sources" / "0" / "0").exists()
+
+    running = tmp_path / "running"
+    for sub in ("commits", "offsets"):
+        (running / sub).mkdir(parents=True)
+    (running / "offsets" / "0").write_text("v1")
+    (running / "commits" / ".1.abc.tmp").write_text("v1")
+    assert drop_unlogged_commits(str(running)) == []
+    assert (running / "commits" / ".1.abc.tmp").exists()
