@@ -344,3 +344,41 @@ def test_a_checkpoint_killed_in_its_first_batch_loses_only_its_stray_commit(tmp_
     (running / "commits" / ".1.abc.tmp").write_text("v1")
     assert drop_unlogged_commits(str(running)) == []
     assert (running / "commits" / ".1.abc.tmp").exists()
+
+
+def test_a_real_time_checkpoint_left_by_a_kill_in_its_first_commit_starts_again(
+    services: Settings, tmp_path: Path, unique: str
+) -> None:
+    """The checkpoint a kill -9 leaves when it lands in the Real-time query's first commit: a
+    temporary commit file and no offset log entry (Spark refuses it for good). With the latest rows
+    emptied too, the restarted job must write every winner again from the initial offsets."""
+    topic = f"kinds-{unique}"
+    kinds = _deployed(isolated(services, tmp_path, unique), tmp_path, topic)
+    settings, pipeline = kinds.settings, kinds.pipeline
+    _send(kinds.producer, topic, _wave(kinds.v1_id, SCHEMA_V1, 300, seed=4, now_ms=int(time.time() * 1000)))
+    log = tmp_path / "job.log"
+    job = _start(settings, log)
+    try:
+        _wait_for(settings, pipeline, kinds.reference(), job)
+        stop_job(job)
+        (latest,) = (Path(settings.storage_root) / "checkpoints" / "kinds").glob("latest-*")
+        for sub in ("offsets", "commits"):
+            for f in (latest / sub).iterdir():
+                f.unlink()
+        (latest / "commits" / ".0.365e3a65-6658-4650-83a1-4fabdbb4333c.tmp").write_text(
+            'v1\n{"nextBatchWatermarkMs":0}'
+        )
+        session = connect(settings.cassandra)
+        for view in pipeline.views:
+            if isinstance(view, LatestView):
+                session.execute(
+                    f'TRUNCATE "{settings.cassandra.keyspace}"."{speed_table_def(pipeline, view).name}"'
+                )
+        assert _winners(settings, pipeline) == {
+            v.name: {} for v in pipeline.views if isinstance(v, LatestView)
+        }
+        job = _start(settings, log)
+        _wait_for(settings, pipeline, kinds.reference(), job)
+        assert "the Real-time checkpoint had committed nothing" in log.read_text()
+    finally:
+        stop_job(job)
