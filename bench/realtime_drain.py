@@ -5,8 +5,8 @@ The two split the query's cost between the second read and decode (Kafka source,
 ``from_avro``, rules, ranks) and the writes, which the speed job's drain beside the micro-batch
 query (``bench.peers``, side ``lambdalake-realtime``) cannot. Per mode, a topic of its own holding
 the same generated offers as ``bench.peers`` (2 % copies); the clock runs from the query's start
-until its reported progress has read the whole topic (batches of ``--batch-s`` s: the figure is
-late by up to one batch). Reported: events/s, and the process tree's CPU (this driver, its JVM) as
+until its reported progress has read the whole topic (1 s batches: the figure is late by up to one
+batch). Reported: events/s, and the process tree's CPU (this driver, its JVM) as
 cores and as CPU ms per 1,000 events, with the whole machine's busy share over the same time.
 
     python -m bench.realtime_drain [--events 300000] [--services-running]
@@ -34,11 +34,14 @@ from lambdalake.produce.producer import EventProducer
 from lambdalake.registry import subject_schemas
 from lambdalake.settings import Settings
 from lambdalake.spark.kafka import source_options
+from lambdalake.speed.job import _progress_end
 
 MODES = ("decode", "write")
 
 
-def drain(settings: Settings, pipeline: Pipeline, records: list[dict], *, write: bool) -> dict[str, float]:
+def drain(
+    settings: Settings, pipeline: Pipeline, records: list[dict], *, write: bool
+) -> dict[str, float | None]:
     """Produce ``records`` to a fresh topic and drain it with the latest views' Real-time query."""
     from lambdalake.spark.realtime import start_latest_query, stop_quietly
     from lambdalake.spark.session import spark_session
@@ -70,15 +73,13 @@ def drain(settings: Settings, pipeline: Pipeline, records: list[dict], *, write:
         checkpoint=tempfile.mkdtemp(prefix="realtime-drain-"), writers=writers, write=write,
     )  # fmt: skip
     first: float | None = None
+    read_first = 0
     deadline = time.monotonic() + 900
     while True:
         progress = query.lastProgress
-        read = 0 if progress is None else sum(
-            int(o) for s in progress.sources for parts in json.loads(s.endOffset or "{}").values()
-            for o in parts.values()
-        )  # fmt: skip
+        read = 0 if progress is None else sum(_progress_end(progress).values())
         if read and first is None:
-            first = time.perf_counter()
+            first, read_first = time.perf_counter(), read
         if read >= total:
             break
         if query.exception() is not None or time.monotonic() > deadline:
@@ -93,7 +94,11 @@ def drain(settings: Settings, pipeline: Pipeline, records: list[dict], *, write:
         "events": len(records),
         "seconds": t_done - t0,
         "events_per_s": len(records) / (t_done - t0),
-        "events_per_s_after_first_progress": len(records) / (t_done - first) if first else 0.0,
+        # The offsets read after the first reported batch, over the time after it (None when that
+        # batch read everything).
+        "events_per_s_after_first_progress": (total - read_first) / (t_done - first)
+        if first and read_first < total
+        else None,
         "cores": cpu_s / (t_done - t0),
         "cpu_ms_per_1k_events": 1e6 * cpu_s / len(records),
         "machine_busy": busy / every,
