@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,7 @@ def test_a_reset_on_the_real_time_path_leaves_no_latest_candidate_out(
 ) -> None:
     """``speed reset`` empties the latest views' speed rows; the restarted job's new Real-time
     checkpoint starts where its main query starts, not where bronze's coverage ends (a schedule of
-    kill -9, reset, replay, restores and a batch left 138-316 latest rows missing before)."""
+    kill -9, reset, replay, restores and a batch left 123-316 latest rows missing before)."""
     realtime = services.speed.model_copy(update={"latest": "realtime", "realtime_batch_s": 2})
     rng = random.Random(385398)
     ops = (rng.choice(OPERATIONS) for _ in range(6))
@@ -126,7 +127,7 @@ def run_schedule(
     unique: str,
     *,
     seed: int,
-    ops: list[str],
+    ops: Iterable[str],
     rng: random.Random,
 ) -> None:
     """Run ``ops`` against a producer of offers (``seed``), then check bronze and every merged answer
