@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -43,6 +44,8 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 #: A writer schema id no registry here holds.
 ABSENT_ID = 2**31 - 1
+#: A line of a Java or Python stack trace.
+STACK_LINE = re.compile(r"^\s+at [\w$.]+\(|^Traceback \(most recent call last\)", re.M)
 
 
 def _producer(settings: Settings) -> Producer:
@@ -262,7 +265,11 @@ def test_both_paths_leave_the_reference_winners_through_a_new_writer_schema_and_
         _send(producer, topic, _wave(v2_id, SCHEMA_V2, 300, seed=2, now_ms=now_ms))
         took = _wait_for(v1_settings, pipeline, kinds.reference(), job)
         print(f"records of a new writer schema served after {took:.1f}s")
-        assert f"met writer schema id {v2_id}" in log.read_text()
+        text = log.read_text()
+        assert f"met writer schema id {v2_id}" in text
+        # Each restart for a writer id is the job's one line, not Spark's reports of the tasks it
+        # stopped (each with a stack trace, four attempts each).
+        assert not STACK_LINE.search(text), text[-4000:]
 
         # kill -9 while a wave is sent: the restarted job resumes from its checkpoint, nothing lost.
         sender = threading.Thread(target=_send, args=(producer, topic, _wave(v1_id, SCHEMA_V1, 900, seed=3,
@@ -318,6 +325,10 @@ def test_the_real_time_writer_waits_out_cassandra_and_loses_no_candidate(
     finally:
         cassandra.start()
         stop_job(job)
+    # The outage is told in the writers' own lines, each naming what failed, with no stack trace.
+    text = log.read_text()
+    assert "candidate writes to Cassandra failed" in text, text[-4000:]
+    assert not STACK_LINE.search(text), text[-4000:]
 
 
 def test_a_checkpoint_killed_in_its_first_batch_loses_only_its_stray_commit(tmp_path: Path) -> None:

@@ -294,4 +294,6 @@ def start_latest_query(
         .trigger(realTime=f"{settings.speed.realtime_batch_s} seconds")
     )
     writer._jwrite = writer._jwrite.foreach(jvm_writer(spark, settings, targets if write else []))
+    # The driver logs a failed task's report too (the executors install it as their writer opens).
+    spark.sparkContext._jvm.lambdalake.realtime.ExpectedFailures.install()  # type: ignore[attr-defined]
     return writer.start()

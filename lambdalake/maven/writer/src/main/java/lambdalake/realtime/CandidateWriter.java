@@ -24,6 +24,8 @@ import java.util.Map;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
+import org.apache.logging.log4j.LogManager;
+import org.apache.logging.log4j.Logger;
 import org.apache.spark.sql.ForeachWriter;
 import org.apache.spark.sql.Row;
 
@@ -47,6 +49,9 @@ public final class CandidateWriter extends ForeachWriter<Row> {
   private static final long serialVersionUID = 1L;
   /** Writes in flight per task: bounds memory, not latency (each row is sent on arrival). */
   private static final int IN_FLIGHT = 128;
+  /** How much of a failure's message a retry's log line quotes. */
+  private static final int QUOTED = 240;
+  private static final Logger LOG = LogManager.getLogger(CandidateWriter.class);
 
   private final Cluster cluster;
   private final String[] insertCqls;
@@ -101,6 +106,7 @@ public final class CandidateWriter extends ForeachWriter<Row> {
 
   @Override
   public boolean open(long partitionId, long epochId) {
+    ExpectedFailures.install();
     session = Sessions.get(cluster);
     inserts = new PreparedStatement[insertCqls.length];
     deletes = new PreparedStatement[deleteCqls.length];
@@ -271,7 +277,10 @@ public final class CandidateWriter extends ForeachWriter<Row> {
     dispatch(batch, deadline);
   }
 
-  /** Sends again each write that failed, after a pause; fails the task on a permanent error. */
+  /**
+   * Sends again each write that failed, after a pause (logged once a pause, as the micro-batch
+   * writer does); fails the task on a permanent error.
+   */
   private void retryFailed() {
     long delay = 500;
     Failed first;
@@ -285,6 +294,17 @@ public final class CandidateWriter extends ForeachWriter<Row> {
             "a candidate write still failed after " + giveUpAfterMs / 1000 + "s: " + first.error,
             first.error);
       }
+      List<Failed> again = new ArrayList<>();
+      again.add(first);
+      Failed next;
+      while ((next = failed.poll()) != null) {
+        again.add(next);
+      }
+      LOG.warn(
+          "{} candidate writes to Cassandra failed ({}); retrying in {}s",
+          again.size(),
+          summary(first.error),
+          delay / 1000.0);
       try {
         TimeUnit.MILLISECONDS.sleep(delay);
       } catch (InterruptedException e) {
@@ -292,18 +312,21 @@ public final class CandidateWriter extends ForeachWriter<Row> {
         throw new IllegalStateException("interrupted while retrying a candidate write", e);
       }
       delay = Math.min(delay * 2, 10_000);
-      List<Failed> again = new ArrayList<>();
-      again.add(first);
-      Failed next;
-      while ((next = failed.poll()) != null) {
-        again.add(next);
-      }
       for (Failed f : again) {
         send(f.batch, f.deadline);
       }
       slots.acquireUninterruptibly(IN_FLIGHT);
       slots.release(IN_FLIGHT);
     }
+  }
+
+  /** A failure in one line: its class and the start of its message (the driver's are long). */
+  static String summary(Throwable error) {
+    String message = String.valueOf(error.getMessage()).replaceAll("\\s+", " ");
+    if (message.length() > QUOTED) {
+      message = message.substring(0, QUOTED) + "...";
+    }
+    return error.getClass().getSimpleName() + ": " + message;
   }
 
   private static boolean permanent(Throwable error) {
