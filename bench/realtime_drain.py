@@ -43,8 +43,9 @@ def drain(
     settings: Settings, pipeline: Pipeline, records: list[dict], *, write: bool
 ) -> dict[str, float | None]:
     """Produce ``records`` to a fresh topic and drain it with the latest views' Real-time query."""
-    from lambdalake.spark.realtime import start_latest_query, stop_quietly
+    from lambdalake.spark.realtime import start_latest_query
     from lambdalake.spark.session import spark_session
+    from lambdalake.spark.stopping import stop_quietly
 
     producer = EventProducer(settings=settings, pipeline=pipeline)
     for i in range(0, len(records), 10_000):

@@ -60,9 +60,10 @@ from lambdalake.registry import subject_schemas
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import DecodeSpec
 from lambdalake.spark.kafka import Offsets, source_options
-from lambdalake.spark.realtime import start_latest_query, stop_quietly, unknown_schema_id
+from lambdalake.spark.realtime import start_latest_query, unknown_schema_id
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.sinks import upsert_views
+from lambdalake.spark.stopping import interruptible, stop_quietly
 from lambdalake.spark.views import INGEST_TS, together_column, together_row, windowed, windowed_together
 from lambdalake.speed.dedup import DedupLog
 from lambdalake.speed.last_read import LastReadCheck, LastRecords, lost_tail, offset_changed
@@ -715,7 +716,7 @@ class SpeedJob:
             main = main.outputMode("update")
         self.queries = [
             main.option("checkpointLocation", self.main_dir)
-            .foreachBatch(self._main_batch).trigger(**trigger).start()
+            .foreachBatch(interruptible(self._main_batch)).trigger(**trigger).start()
         ]  # fmt: skip
         if self.realtime:
             self._writers = {**subject_schemas(self.settings, self.pipeline.schema_.subject), **self._writers}
@@ -875,11 +876,8 @@ class SpeedJob:
     def stop(self) -> None:
         for q in self.queries:
             try:
-                if self.realtime and q is self.latest_query:
-                    # A job that made its session ends with it: its loggers stay quiet to the end.
-                    stop_quietly(self.spark, q, restore=not self._owns_spark)
-                else:
-                    q.stop()
+                # A job that made its session ends with it: its loggers stay quiet to the end.
+                stop_quietly(self.spark, q, restore=not self._owns_spark)
             except Py4JError as exc:
                 # A signal to the whole process group reaches the JVM too, whose shutdown hook may
                 # stop Spark first: the query is gone either way (its batch replays next start).

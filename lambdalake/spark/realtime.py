@@ -240,34 +240,6 @@ def jvm_writer(spark: SparkSession, settings: Settings, targets: list[LatestTarg
     )
 
 
-#: Spark's loggers that report a Real-time query's tasks, interrupted by the query's stop, as errors
-#: with the interrupt's stack trace (a task lasts the whole batch, so every stop interrupts some).
-STOP_NOISE = (
-    "org.apache.spark.util.Utils",
-    "org.apache.spark.sql.execution.datasources.v2.WriteToDataSourceV2Exec",
-    "org.apache.spark.sql.execution.datasources.v2.DataWritingSparkTask",
-    "org.apache.spark.scheduler.TaskSetManager",
-)
-
-
-def stop_quietly(spark: SparkSession, query: StreamingQuery, *, restore: bool = True) -> None:
-    """Stop a Real-time query without the errors its interrupted tasks log (an error of the query's
-    own is its exception, which the job reports). ``restore``: the loggers' levels afterwards (a
-    process about to end need not)."""
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    log4j = jvm.org.apache.logging.log4j
-    configurator = log4j.core.config.Configurator
-    before = {name: log4j.LogManager.getLogger(name).getLevel() for name in STOP_NOISE}
-    for name in STOP_NOISE:
-        configurator.setLevel(name, log4j.Level.OFF)
-    try:
-        query.stop()
-    finally:
-        if restore:
-            for name, level in before.items():
-                configurator.setLevel(name, level)
-
-
 def start_latest_query(
     spark: SparkSession,
     settings: Settings,
