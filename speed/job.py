@@ -178,16 +178,19 @@ def _read_by_twin(folder: str) -> bool:
     return any(key.startswith("$") for key in offsets or {})
 
 
-def drop_unlogged_commits(folder: str) -> list[str]:
-    """Remove the commit files of a checkpoint whose offset log has no entry; returns them.
+def drop_unlogged_batch(folder: str) -> list[str]:
+    """Remove what a checkpoint's first batch left half-written, when its offset log has no entry;
+    returns the files removed.
 
-    A Real-time query killed in its first batch can leave a commit's temporary file and no offset
-    log entry, and Spark then refuses that checkpoint for good ("should be empty on batch 0"). Such a
-    checkpoint has committed nothing; its initial offsets (``sources/0/0``) stay, so the query runs
-    its first batch again from where it was meant to start."""
-    if any(u.rsplit("/", 1)[1].isdigit() for u in list_files(f"{folder}/offsets")):
+    A Real-time query killed in its first batch can leave a temporary file of its first offset log
+    entry, or of its first commit, and no offset log entry; Spark then refuses that checkpoint for
+    good ("should be empty on batch 0"). Such a checkpoint has committed nothing; its initial offsets
+    (``sources/0/0``) stay, so the query runs its first batch again from where it was meant to
+    start."""
+    offsets = list_files(f"{folder}/offsets")
+    if any(u.rsplit("/", 1)[1].isdigit() for u in offsets):
         return []
-    stray = list_files(f"{folder}/commits")
+    stray = [*offsets, *list_files(f"{folder}/commits")]
     for uri in stray:
         delete_file(uri)
     return stray
@@ -729,7 +732,7 @@ class SpeedJob:
     def _start_latest(self) -> StreamingQuery:
         """Start the latest views' Real-time query (:mod:`lambdalake.spark.realtime`) from its
         checkpoint, decoding the writer schemas known so far."""
-        stray = drop_unlogged_commits(self._latest_dir())
+        stray = drop_unlogged_batch(self._latest_dir())
         if stray:
             names = ", ".join(u.rsplit("/", 1)[1] for u in stray)
             log.warning(
