@@ -340,27 +340,18 @@ def test_a_checkpoint_killed_in_its_first_batch_loses_only_its_stray_files(tmp_p
     go, the initial offsets stay. A checkpoint with a logged batch is left alone."""
     from lambdalake.speed.job import drop_unlogged_batch
 
-    killed = tmp_path / "killed"
-    for sub in ("commits", "offsets", "sources/0"):
-        (killed / sub).mkdir(parents=True)
-    (killed / "commits" / ".0.365e3a65.tmp").write_text("v1\n{}")
-    (killed / "commits" / "..0.365e3a65.tmp.crc").write_text("crc")
-    (killed / "sources" / "0" / "0").write_text('v1\n{"t":{"0":274}}')
-    dropped = drop_unlogged_batch(str(killed))
-    assert sorted(Path(u).name for u in dropped) == ["..0.365e3a65.tmp.crc", ".0.365e3a65.tmp"]
-    assert list((killed / "commits").iterdir()) == []
-    assert (killed / "sources" / "0" / "0").exists()
-
-    offsets_cut = tmp_path / "offsets-cut"
-    for sub in ("commits", "offsets", "sources/0"):
-        (offsets_cut / sub).mkdir(parents=True)
-    (offsets_cut / "offsets" / ".0.f31406b6.tmp").write_text("v1\n{}")
-    (offsets_cut / "offsets" / "..0.f31406b6.tmp.crc").write_text("crc")
-    (offsets_cut / "sources" / "0" / "0").write_text('v1\n{"t":{"0":274}}')
-    dropped = drop_unlogged_batch(str(offsets_cut))
-    assert sorted(Path(u).name for u in dropped) == ["..0.f31406b6.tmp.crc", ".0.f31406b6.tmp"]
-    assert list((offsets_cut / "offsets").iterdir()) == []
-    assert (offsets_cut / "sources" / "0" / "0").exists()
+    # Kills in the first commit, then in the first offset log entry.
+    for log_dir, uuid in (("commits", "365e3a65"), ("offsets", "f31406b6")):
+        killed = tmp_path / f"killed-in-{log_dir}"
+        for sub in ("commits", "offsets", "sources/0"):
+            (killed / sub).mkdir(parents=True)
+        (killed / log_dir / f".0.{uuid}.tmp").write_text("v1\n{}")
+        (killed / log_dir / f"..0.{uuid}.tmp.crc").write_text("crc")
+        (killed / "sources" / "0" / "0").write_text('v1\n{"t":{"0":274}}')
+        dropped = drop_unlogged_batch(str(killed))
+        assert sorted(Path(u).name for u in dropped) == [f"..0.{uuid}.tmp.crc", f".0.{uuid}.tmp"]
+        assert list((killed / log_dir).iterdir()) == []
+        assert (killed / "sources" / "0" / "0").exists()
 
     running = tmp_path / "running"
     for sub in ("commits", "offsets"):
