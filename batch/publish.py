@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 
 from lambdalake.batch.run import BatchRun, views_path
 from lambdalake.cassandra.active import ActiveBatch, active_batch, lwt, read_meta
-from lambdalake.cassandra.session import connect, refresh_metadata
+from lambdalake.cassandra.session import connect, execute_ddl, hosts_down, refresh_metadata
 from lambdalake.cassandra.tables import (
     BATCH_CLAIMS,
     BATCH_META,
@@ -120,6 +120,13 @@ class Publisher:
         if not cells:
             for table in tables.values():
                 ensure_table(session, self.keyspace, table)
+        # A node down now takes this version's tables from the others when it returns; until it
+        # has them, serving and writers route around it (lambdalake.cassandra.routing).
+        run.cassandra_down = hosts_down(session)
+        if run.cassandra_down:
+            log.warning(
+                "batch v%d published with Cassandra node(s) %s down", version, ", ".join(run.cassandra_down)
+            )
         run.publish = "changed cells" if cells else "new generation"
         t1 = time.monotonic()
         for view in self.pipeline.views:
@@ -269,5 +276,5 @@ class Publisher:
                 continue
             for view in self.pipeline.views:
                 name = batch_table_def(self.pipeline, view, old).name
-                session.execute(f'DROP TABLE IF EXISTS "{self.keyspace}"."{name}"', timeout=60)
+                execute_ddl(session, f'DROP TABLE IF EXISTS "{self.keyspace}"."{name}"')
             log.info("dropped batch generation %d of %s", old, self.pipeline.name)

@@ -48,6 +48,8 @@ class BatchRun:
     #: How the publish wrote: every row in a new generation, or the changed cells into the base's.
     publish: str | None = None
     rows_written: dict[str, int] = field(default_factory=dict)
+    #: The Cassandra nodes that were down while the publish created and wrote its tables.
+    cassandra_down: list[str] = field(default_factory=list)
     outcome: str = "running"
     quality_report: str | None = None
     stages: dict[str, float] = field(default_factory=dict)

@@ -9,6 +9,7 @@ those settings' defaults (:class:`lambdalake.settings.Settings`).
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -443,8 +444,28 @@ class SparkMasterService(SparkService):
     def port_setting_hint(self) -> str:
         return "LAMBDALAKE_SPARK__MASTER=spark://127.0.0.1:<port> (its web UI takes the next port)"
 
+    @property
+    def recovery_dir(self) -> Path:
+        return self.settings.state_dir / self.name / "recovery"
+
+    def prepare(self) -> None:
+        # What the master recovers from is only worth its wait while a worker of it runs: recovery
+        # waits for every recorded worker and application to answer, and a stopped worker comes
+        # back under a new id, so a whole cluster's start would wait the recovery timeout for nothing.
+        workers = [SparkWorkerService(self.settings, i) for i in range(1, self.settings.spark.workers + 1)]
+        if not any(w.proc.pid() is not None for w in workers) and self.recovery_dir.exists():
+            shutil.rmtree(self.recovery_dir)
+        self.recovery_dir.mkdir(parents=True, exist_ok=True)
+
     def env(self) -> dict[str, str]:
-        opts = "-Dspark.deploy.defaultCores=2 -Dspark.deploy.spreadOut=false"
+        # FILESYSTEM recovery: a master restarted alone (`up --only spark-master`) takes back its
+        # workers and running applications. Without it the workers re-register, the new master
+        # kills the executors it does not know, and a running speed job is left without any.
+        opts = (
+            "-Dspark.deploy.defaultCores=2 -Dspark.deploy.spreadOut=false "
+            f"-Dspark.deploy.recoveryMode=FILESYSTEM -Dspark.deploy.recoveryDirectory={self.recovery_dir} "
+            "-Dspark.deploy.recoveryTimeout=20s"
+        )
         return {**super().env(), "SPARK_MASTER_OPTS": opts}
 
     def argv(self) -> list[str]:
@@ -546,7 +567,9 @@ def start_all(
     t0 = time.monotonic()
     pending = list(services)
     starting: dict[str, tuple[EmbeddedService, bool, float]] = {}
-    healthy: set[str] = set()
+    # A need outside the selection (``up --only registry`` while the brokers run) is met by the
+    # node that already runs: it is probed, never started from here.
+    healthy: set[str] = _unselected_needs_healthy(services)
     spawned: list[EmbeddedService] = []
     try:
         while pending or starting:
@@ -593,6 +616,45 @@ def start_all(
             service.stop()
         raise
     return spawned
+
+
+def _unselected_needs_healthy(services: list[EmbeddedService], *, patience: float = 20.0) -> set[str]:
+    """The names of the needs outside ``services``, each checked healthy.
+
+    A node that runs but does not answer yet (just started by another ``up``) gets ``patience``
+    seconds; one that answers by then counts as healthy.
+
+    Raises:
+        LambdalakeError: A need is not running or does not answer, naming it and the command that
+            starts it.
+    """
+    selected = {s.name for s in services}
+    outside = {n.name: n for s in services for n in s.needs if n.name not in selected}
+    deadline = time.monotonic() + patience
+    down: dict[str, str] = {}
+    for name, need in outside.items():
+        if not need.embedded:
+            continue  # a configured cluster's node: not this machine's to check or start
+        while (reason := need.probe()) is not None:
+            if need.proc.pid() is None:
+                reason = "not running"
+                break
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        if reason is not None:
+            down[name] = reason
+    if down:
+        needers = sorted({s.name for s in services if any(n.name in down for n in s.needs)})
+        what = "; ".join(
+            f"{name} is {reason}" if reason == "not running" else f"{name} does not answer ({reason})"
+            for name, reason in down.items()
+        )
+        raise LambdalakeError(
+            f"{', '.join(needers)} cannot start: {what}",
+            fix=" or ".join(f"`lambdalake up --only {name}`" for name in down) + ", or `lambdalake up`",
+        )
+    return set(outside)
 
 
 def stop_all(services: list[EmbeddedService]) -> list[EmbeddedService]:

@@ -25,9 +25,11 @@ lease      taken by     why
 A batch run or a replay beside the speed job is allowed (docs/concepts.md): they take other
 leases.
 
-Delivery guarantee: mutual exclusion while the holder renews in time. A holder that cannot renew
-(Cassandra unreachable for longer than the TTL, or the lease taken over after it expired) learns it
-at the next renewal: :attr:`Lease.lost` is set and the holder stops.
+Delivery guarantee: mutual exclusion while the holder renews in time. A holder whose lease was
+taken over after it expired learns it at the next renewal: :attr:`Lease.lost` is set and the holder
+stops. One whose lease expired while none of its renewals reached Cassandra (a node restarted, no
+quorum) takes it back if nobody holds it, in one ``INSERT ... IF NOT EXISTS``
+(:meth:`Lease._take_back` says what that cannot see).
 """
 
 from __future__ import annotations
@@ -133,6 +135,10 @@ class Lease:
         #: Set when a renewal found the lease gone or taken: the holder must stop writing.
         self.lost = threading.Event()
         self._since_ms = 0
+        #: When a renewal last reached Cassandra (monotonic), and whether every renewal since failed
+        #: to reach it (an outage, not a takeover, would then explain a lease found gone).
+        self._reached_at = time.monotonic()
+        self._unreached = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -245,11 +251,43 @@ class Lease:
             ).was_applied  # fmt: skip
         except Exception as exc:  # Cassandra down for a moment: try again before the TTL runs out
             log.warning("renewing the %s lease of %s failed: %s", self.lease, self.pipeline, exc)
+            self._unreached = True
+            return True
+        outage = self._unreached and time.monotonic() - self._reached_at >= self.ttl_s
+        self._reached_at, self._unreached = time.monotonic(), False
+        if not applied and outage and self._take_back():
             return True
         if not applied:
             log.error("the %s lease of %s was lost (expired and taken?): stopping", self.lease, self.pipeline)
             self.lost.set()
         return applied
+
+    def _take_back(self) -> bool:
+        """After an outage longer than the TTL in which no renewal reached Cassandra: take the lease
+        again if nobody holds it (``INSERT ... IF NOT EXISTS``, the same step that takes it first).
+
+        A single node restarted, or a cluster without a quorum, let no other writer take it
+        meanwhile. What this cannot see is a writer that reached a quorum this holder could not (a
+        network partition), took the lease, and released it before the outage ended.
+        """
+        insert = SimpleStatement(
+            f"INSERT INTO {self._table()} (pipeline, lease, holder, role, host, pid, since, renewed) "
+            f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s) IF NOT EXISTS USING TTL {self.ttl_s}",
+        )
+        now = int(time.time() * 1000)
+        try:
+            taken = self.session.execute(
+                insert, [self.pipeline, self.lease, self.holder, self.role, socket.gethostname(),
+                         os.getpid(), self._since_ms, now],
+            ).was_applied  # fmt: skip
+        except Exception as exc:  # unreachable again: the next renewal tries
+            log.warning("taking back the %s lease of %s failed: %s", self.lease, self.pipeline, exc)
+            self._unreached = True
+            return True
+        if taken:
+            log.warning("the %s lease of %s expired while Cassandra was unreachable, and nobody took it "
+                        "meanwhile: taken back", self.lease, self.pipeline)  # fmt: skip
+        return bool(taken)
 
     def release(self) -> None:
         """Stop renewing and give the lease back (only if still ours)."""

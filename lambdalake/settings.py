@@ -247,6 +247,11 @@ class CassandraSettings(BaseModel):
     #: Seconds a writer's lease (lambdalake.lease) lasts without a renewal: how long a writer killed
     #: with -9 blocks the next one at most. Renewed every third of it.
     lease_ttl_s: int = Field(default=30, ge=3, le=3600, description="seconds, 3-3600", examples=["30"])
+    #: Seconds a schema change (CREATE/ALTER/DROP TABLE) waits for the nodes that are up to agree on
+    #: the schema before the next step goes on; a node that is down takes it when it returns.
+    schema_agreement_wait_s: int = Field(
+        default=30, ge=1, le=600, description="seconds, 1-600", examples=["30"]
+    )
     #: Embedded server only. Memtables (off the heap) get a quarter of it: at 512M a bulk publish
     #: flushed twice a second and Cassandra's CPU per row was twice what it is at 3G (measured on 2
     #: cores, Cassandra 2.1). 1G per node of three.

@@ -50,7 +50,12 @@ def _endpoint(registry: Mapping[str, Any]) -> tuple[str, str | None]:
 
 
 def fetcher(
-    registry: Mapping[str, Any], *, attempts: int = 3, backoff_s: float = 0.5, timeout_s: float = 30.0
+    registry: Mapping[str, Any],
+    *,
+    attempts: int = 3,
+    backoff_s: float = 0.5,
+    timeout_s: float = 30.0,
+    patience_s: float | None = None,
 ) -> Callable[[int], str]:
     """A ``schema id -> schema text`` lookup, cached (a registry never changes the schema of an id).
 
@@ -59,6 +64,9 @@ def fetcher(
         attempts: Calls per id before a connection failure or a 5xx answer is raised. Default 3.
         backoff_s: Wait before the second call, doubled before each next one. Default 0.5 s.
         timeout_s: Per call. Default 30 s.
+        patience_s: Keep calling (waits of at most 5 s) for this long before a connection failure
+            or a 5xx answer is raised, whatever ``attempts`` says: a stream's decoder rides out a
+            registry's restart instead of failing its tasks until the query dies. Default None.
 
     The lookup raises :class:`SchemaIdNotFound` for an id the registry does not hold, and
     :class:`RegistryUnavailable` (naming the URL without credentials) when it cannot tell.
@@ -74,7 +82,10 @@ def fetcher(
         if auth is not None:
             request.add_header("Authorization", auth)
         wait = backoff_s
-        for attempt in range(1, attempts + 1):
+        deadline = time.monotonic() + patience_s if patience_s is not None else None
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 with urllib.request.urlopen(request, timeout=timeout_s, context=context) as answer:
                     body = json.loads(answer.read())
@@ -88,9 +99,10 @@ def fetcher(
                     break
             except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
                 problem = exc
-            if attempt < attempts:
-                time.sleep(wait)
-                wait *= 2
+            if attempt >= attempts and (deadline is None or time.monotonic() + wait > deadline):
+                break
+            time.sleep(wait)
+            wait = min(wait * 2, 5.0) if deadline is not None else wait * 2
         raise RegistryUnavailable(
             f"cannot read schema id {schema_id} from the registry at {mask_url(base)}: {problem}"
         ) from problem

@@ -15,12 +15,14 @@ from typing import Any
 import pyarrow as pa
 from cassandra import InvalidRequest
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, ExecutionProfile, ResponseFuture, Session
+from cassandra.protocol import ServerError
 from cassandra.query import PreparedStatement, tuple_factory
 
 from lambdalake.cassandra.active import ActiveBatch, PipelineMeta, read_meta
+from lambdalake.cassandra.routing import lags_schema, missing_table, suspect_coordinator, table_known
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import TableDef, read_stored, speed_table_def
-from lambdalake.errors import ConfigurationError, LambdalakeError
+from lambdalake.errors import ConfigurationError, LambdalakeError, ServiceUnavailable
 from lambdalake.event_schema import event_schema
 from lambdalake.latest import CANDIDATE, LEGACY_RANK, RANK, from_legacy_rank, rank, timestamp_version
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_pipeline, list_pipelines
@@ -61,6 +63,16 @@ class NotFound(LambdalakeError):
 
 class BadQuery(LambdalakeError, ValueError):
     """A key or time the view cannot take (HTTP 422)."""
+
+
+#: Reads of a key tried before a table no coordinator asked has seen yet answers 503, and the pause
+#: before each retry after the second (seconds, times the attempt).
+LAG_ATTEMPTS = 4
+LAG_PAUSE_S = 0.25
+
+
+class SchemaCatchingUp(ServiceUnavailable):
+    """The coordinators asked have not seen a view's table yet though the cluster has it (HTTP 503)."""
 
 
 class NotDeployed(ConfigurationError):
@@ -208,15 +220,16 @@ class ServingClient:
             BadQuery: A key value or time the view cannot take.
         """
         p, v, active = self.served(pipeline, view)
-        values = key_values(p, v, key, types=self._types[p.name])
-        try:
-            sent = self._send(p, v, values, active, start, end)
-            return self._answer(p, view, v, values, active, *sent, quantiles=quantiles)
-        except InvalidRequest as exc:
-            p, v, active = self._recover(exc, p, view, v, active)
+        for attempt in range(LAG_ATTEMPTS):
             values = key_values(p, v, key, types=self._types[p.name])
-            sent = self._send(p, v, values, active, start, end)
-            return self._answer(p, view, v, values, active, *sent, quantiles=quantiles)
+            sent: tuple[ResponseFuture | None, ...] = ()
+            try:
+                sent = self._send(p, v, values, active, start, end)
+                return self._answer(p, view, v, values, active, *sent, quantiles=quantiles)
+            except (InvalidRequest, ServerError) as exc:
+                p, v, active = self._recover(exc, p, view, v, active, sent, attempt)
+                time.sleep(LAG_PAUSE_S * attempt)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def aquery(
         self,
@@ -231,40 +244,72 @@ class ServingClient:
         """:meth:`query` for asyncio: waits for Cassandra without blocking the event loop (the
         active-batch row, cached, is read synchronously at most once per ``meta_ttl_s``)."""
         p, v, active = self.served(pipeline, view)
-        values = key_values(p, v, key, types=self._types[p.name])
-        try:
-            sent = self._send(p, v, values, active, start, end)
-            await _completed(*sent)
-            return self._answer(p, view, v, values, active, *sent, quantiles=quantiles)
-        except InvalidRequest as exc:
-            p, v, active = self._recover(exc, p, view, v, active)
+        for attempt in range(LAG_ATTEMPTS):
             values = key_values(p, v, key, types=self._types[p.name])
-            sent = self._send(p, v, values, active, start, end)
-            await _completed(*sent)
-            return self._answer(p, view, v, values, active, *sent, quantiles=quantiles)
+            sent: tuple[ResponseFuture | None, ...] = ()
+            try:
+                sent = self._send(p, v, values, active, start, end)
+                await _completed(*sent)
+                return self._answer(p, view, v, values, active, *sent, quantiles=quantiles)
+            except (InvalidRequest, ServerError) as exc:
+                p, v, active = self._recover(exc, p, view, v, active, sent, attempt)
+                if attempt:
+                    await asyncio.sleep(LAG_PAUSE_S * attempt)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _recover(
         self,
-        exc: InvalidRequest,
+        exc: InvalidRequest | ServerError,
         p: Pipeline,
         view: str,
         v: LatestView | WindowedView,
         active: ActiveBatch | None,
+        sent: tuple[ResponseFuture | None, ...],
+        attempt: int,
     ) -> tuple[Pipeline, LatestView | WindowedView, ActiveBatch | None]:
-        """After a read failed: the version to retry with, or the error to show."""
-        text = str(exc)
-        if (active is not None and batch_table(p, v, active.generation) in text) or speed_table(p, v) in text:
-            # The cached batch or view version was retired meanwhile: read the metadata row again.
+        """After a read failed: the version to try again with, or the error to show.
+
+        A table the metadata row names that a coordinator says does not exist is either retired
+        meanwhile (the row, read again, names another) or not seen by that coordinator yet (a node
+        back from an outage before it pulled the schema): then the read goes to another one.
+        """
+        tables = {speed_table(p, v)} | (
+            {batch_table(p, v, active.generation)} if active is not None else set()
+        )
+        missing = missing_table(exc)
+        if missing in tables:
+            # The cached batch or view version may have been retired meanwhile: read the row again.
             fresh = self.served(p.name, view, refresh=True)
             if fresh[1].name != v.name or fresh[2] != active:  # anything else would fail the same way
                 return fresh
-        missing_keyspace = f"Keyspace {self.keyspace} does not exist" in text
-        if speed_table(p, v) in text or missing_keyspace:
+        lagging = lags_schema(exc, tables if self._registered(p, missing) else None)
+        if lagging:
+            for future in sent:
+                if future is not None and getattr(future, "_final_exception", None) is not None:
+                    suspect_coordinator(self.session, future)
+            if attempt + 1 < LAG_ATTEMPTS:
+                return p, v, active
+            raise SchemaCatchingUp(
+                f"the Cassandra nodes asked for {p.name}/{view} have not all seen its table "
+                f"{missing or '(unknown CF)'} yet: a node back from an outage is catching up on the schema",
+                fix=f"retry in a few seconds (after {LAG_ATTEMPTS} tries on other coordinators)",
+            ) from None
+        missing_keyspace = f"Keyspace {self.keyspace} does not exist" in str(exc)
+        if missing == speed_table(p, v) or missing_keyspace:
             raise NotDeployed(
                 f"the view tables of {p.name!r} do not exist in keyspace {self.keyspace!r}",
                 fix=f"run `lambdalake deploy --pipeline {p.name}`",
             ) from None
         raise exc
+
+    def _registered(self, p: Pipeline, table: str | None) -> bool:
+        """Whether ``table`` exists by what serving knows apart from the coordinator that said it
+        does not: the active-version row names its view version, or the driver's schema has it."""
+        if table is None:
+            return False
+        if not self.meta(p.name).registry.empty:
+            return True  # the row names the active version: its tables were created before it was
+        return table_known(self.session, self.keyspace, table)
 
     def _send(
         self,

@@ -58,7 +58,7 @@ from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.procs import TreeMemory, tree_memory
 from lambdalake.registry import subject_schemas
 from lambdalake.settings import Settings
-from lambdalake.spark.decode import DecodeSpec
+from lambdalake.spark.decode import REGISTRY_PATIENCE_S, DecodeSpec
 from lambdalake.spark.kafka import Offsets, source_options
 from lambdalake.spark.realtime import start_latest_query, unknown_schema_id
 from lambdalake.spark.session import spark_session
@@ -791,7 +791,8 @@ class SpeedJob:
         if found is None:
             return False
         try:
-            self._writers[found] = fetcher(self.settings.registry.client_config())(found)
+            registry = self.settings.registry.client_config()
+            self._writers[found] = fetcher(registry, patience_s=REGISTRY_PATIENCE_S)(found)
         except SchemaIdNotFound:
             self._missing.add(found)
         log.info("the latest views' query met writer schema id %d; starting it again with it", found)

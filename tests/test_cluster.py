@@ -14,12 +14,15 @@ costs a driver, an executor JVM and its Python workers: one per fault was most o
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import random
 import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -327,11 +330,14 @@ def test_kill_minus_nine_of_a_cassandra_node_while_the_speed_job_writes_and_serv
         victim.start()
 
 
-def test_a_batch_run_publishes_with_one_cassandra_node_down_and_the_merged_answers_are_exact(
+def test_a_batch_run_publishes_with_one_cassandra_node_down_and_serving_answers_through_its_return(
     offers: SharedJob,
 ) -> None:
     """A batch run beside the running speed job publishes with one Cassandra node of three down, and
-    the merged answers (batch rows up to its horizon, speed rows after) equal the reference."""
+    says so in `status`; the merged answers (batch rows up to its horizon, speed rows after) equal
+    the reference. Then the node returns, opening its CQL port before it has pulled the new version
+    tables' schema: 20 HTTP clients query every key of every view all through, and none is answered
+    5xx (a coordinator without the table is passed over), and the answers stay exact."""
     from lambdalake.cassandra.active import active_batch
 
     offers.ensure()
@@ -351,8 +357,85 @@ def test_a_batch_run_publishes_with_one_cassandra_node_down_and_the_merged_answe
         assert active is not None and active.horizon > 0
         client = ServingClient(settings=settings)
         assert merged_differences(settings, client, {pipeline.name: pipeline}) == []
+        status = run_cli(settings, "status", "--json")
+        last = json.loads(status.stdout)["pipelines"][0]["last_batch"]
+        assert last["cassandra_down"] == [victim.host], last
+        shown = run_cli(settings, "status").stdout.decode()
+        assert "published with Cassandra node(s) 127.0.0.2 down" in shown, shown
+        paths = [
+            f"/v1/pipelines/{pipeline.name}/views/{view.name}/keys/{','.join(map(str, key))}"
+            for view in pipeline.views
+            for key in sorted(stored_keys(settings, pipeline, view))[:15]
+        ]
+        with serving_app(settings, token="t") as url, hammer(url, paths, clients=20) as answers:
+            time.sleep(3)
+            victim.start()  # the JVM starts, opens its CQL port, then pulls the schema it missed
+            returned = time.monotonic()
+            while time.monotonic() - returned < 30:  # past the probation of a host that came up
+                time.sleep(1)
+        assert answers.count > 500, answers.count
+        assert answers.server_errors == [], answers.server_errors[:5]
+        assert merged_differences(settings, client, {pipeline.name: pipeline}) == []
     finally:
         victim.start()
+
+
+@dataclass
+class Answers:
+    """What ``hammer``'s clients were answered."""
+
+    count: int = 0
+    server_errors: list[tuple[int, str]] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    #: (when, status) of every answer that was not a 200.
+    others: list[tuple[float, int]] = field(default_factory=list)
+
+    def longest_stretch(self, code: int) -> float:
+        """The longest stretch of ``code`` answers: from the first to the last of a run of them
+        with less than a second between one and the next."""
+        times = sorted(t for t, c in self.others if c == code)
+        longest, start = 0.0, None
+        for i, t in enumerate(times):
+            if start is None or t - times[i - 1] > 1.0:
+                start = t
+            longest = max(longest, t - start)
+        return round(longest, 1)
+
+
+@contextlib.contextmanager
+def hammer(url: str, paths: list[str], *, clients: int) -> Iterator[Answers]:
+    """``clients`` threads querying ``paths`` in turn over HTTP until the block ends; every 5xx (with
+    its body) and every latency kept."""
+    answers = Answers()
+    stop = threading.Event()
+
+    def client(offset: int) -> None:
+        with httpx.Client(headers={"Authorization": "Bearer t"}, timeout=30) as http:
+            i = offset
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                try:
+                    response = http.get(url + paths[i % len(paths)])
+                    code, body = response.status_code, response.text[:300]
+                except httpx.HTTPError as exc:  # a reset connection is a server error too
+                    code, body = 599, repr(exc)
+                answers.latencies.append(time.perf_counter() - t0)
+                answers.count += 1
+                if code != 200:
+                    answers.others.append((time.monotonic(), code))
+                if code >= 500:
+                    answers.server_errors.append((code, body))
+                i += 1
+
+    threads = [threading.Thread(target=client, args=(i * 7,), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield answers
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
 
 
 def test_kill_minus_nine_of_the_spark_worker_running_the_speed_job(offers: SharedJob) -> None:
@@ -479,3 +562,150 @@ def test_fewer_than_a_quorum_of_cassandra_nodes_answers_503_naming_the_consisten
         while (status := httpx.get(path, headers=headers, timeout=30).status_code) != 200:
             assert time.monotonic() < deadline, status
             time.sleep(1)
+
+
+#: The churn soak's length in seconds (`make soak` runs it longer), and its seed (random when unset;
+#: the report names it, so a run can be repeated).
+CHURN_S = float(os.environ.get("LAMBDALAKE_CHURN_S", "600"))
+CHURN_SEED = int(os.environ.get("LAMBDALAKE_CHURN_SEED") or random.randrange(1 << 30))
+
+
+def test_a_churn_soak_answers_every_query_without_a_server_error_and_exactly(offers: SharedJob) -> None:
+    """CHURN_S seconds of churn on the three-node cluster: a producer at a steady rate (acks=all),
+    the speed job, a batch run every few minutes and 20 HTTP clients querying every key, while at
+    random a broker, a Cassandra node (one of them returning after a batch published without it)
+    and a Spark worker are killed with -9 and restarted, and the brokers are restarted in turn. No
+    query is answered 5xx (a quorum of each service is up all through); afterwards every acknowledged
+    record is in the topic once, and every key's merged answer equals the reference of the topic.
+    The report (queries, 503s, p99 latency with and without churn, kills, records) is printed and
+    written to LAMBDALAKE_CHURN_REPORT when set (``bench.churn``)."""
+    offers.ensure()
+    settings, pipeline = offers.settings, offers.pipeline
+    rng = random.Random(CHURN_SEED)
+    topics = [pipeline.topic.name, pipeline.topic.dlq, "_schemas"]
+    before = kcat_count(settings, pipeline.topic.name)
+    rate = 40.0
+    sender = produce(settings, pipeline, int(rate * (CHURN_S + 90)), rate=rate, seed=CHURN_SEED % 1000)
+    paths = [
+        f"/v1/pipelines/{pipeline.name}/views/{view.name}/keys/{','.join(map(str, key))}"
+        for view in pipeline.views
+        for key in sorted(stored_keys(settings, pipeline, view))[:20]
+    ]
+    kills: list[str] = []
+    batches: list[float] = []
+
+    def batch_run() -> None:
+        t0 = time.monotonic()
+        result = run_cli(settings, "batch", "run", pipeline.name)
+        assert result.returncode == 0, (result.stdout + result.stderr).decode()[-3000:]
+        batches.append(time.monotonic() - t0)
+
+    def kill_and_restart(kind: str, pause: float, *, during: Callable[[], None] | None = None) -> None:
+        names = [s.name for s in all_services(settings) if s.kind == kind]
+        victim = node(settings, rng.choice(names))
+        kill_minus_nine(victim)
+        kills.append(victim.name + (" (returning after a publish)" if during else ""))
+        time.sleep(pause)
+        if during is not None:
+            during()
+        victim.start()
+        if kind == "broker":
+            _in_sync(settings, topics)
+
+    def rolling_brokers() -> None:
+        for i in (1, 2, 3):
+            broker = node(settings, f"broker-{i}")
+            assert broker.stop()
+            broker.start()
+            _in_sync(settings, topics)
+        kills.append("brokers rolled")
+
+    def kill_spark_worker() -> None:
+        victim = node(settings, rng.choice(["spark-worker-1", "spark-worker-2"]))
+        kill_minus_nine(victim)
+        kills.append(victim.name)
+        time.sleep(5)
+        victim.start()
+
+    actions: list[Callable[[], None]] = [
+        lambda: kill_and_restart("broker", 8),
+        lambda: kill_and_restart("cassandra", 12),
+        lambda: kill_and_restart("cassandra", 3, during=batch_run),
+        kill_spark_worker,
+        rolling_brokers,
+    ]
+    with serving_app(settings, token="t") as url, hammer(url, paths, clients=20) as answers:
+        time.sleep(30)  # queries without churn first: the latency to compare with
+        quiet = len(answers.latencies)
+        t0 = last_batch = time.monotonic()
+        order = list(range(len(actions)))
+        while time.monotonic() - t0 < CHURN_S:
+            if not order:
+                order = list(range(len(actions)))
+            actions[order.pop(rng.randrange(len(order)))]()
+            if time.monotonic() - last_batch > 180:
+                batch_run()
+                last_batch = time.monotonic()
+            time.sleep(rng.uniform(5, 20))
+        churned = time.monotonic() - t0
+    sender.join(900)
+    stats = sender.result["stats"]  # type: ignore[attr-defined]
+    assert stats.unacknowledged == 0 and stats.acked > 0, stats
+    in_topic = kcat_count(settings, pipeline.topic.name) - before
+    assert offers.running(), offers.log.read_text()[-3000:]
+    assert wait_equal(settings, pipeline, timeout=600) == [], offers.log.read_text()[-3000:]
+    problems = merged_differences(settings, ServingClient(settings=settings), {pipeline.name: pipeline})
+    report = {
+        "seed": CHURN_SEED,
+        "churn_s": round(churned),
+        "queries": answers.count,
+        "server_errors": len(answers.server_errors),
+        "503": sum(1 for code, _ in answers.server_errors if code == 503),
+        "longest_503_stretch_s": answers.longest_stretch(503),
+        "p99_quiet_ms": round(percentile(answers.latencies[:quiet], 99) * 1000, 1),
+        "p99_churn_ms": round(percentile(answers.latencies[quiet:], 99) * 1000, 1),
+        "kills": kills,
+        "batch_runs": [round(b) for b in batches],
+        "records_acknowledged": stats.acked,
+        "records_in_topic": in_topic,
+        "merged_differences": len(problems),
+    }
+    print(json.dumps(report, indent=2))
+    if os.environ.get("LAMBDALAKE_CHURN_REPORT"):
+        Path(os.environ["LAMBDALAKE_CHURN_REPORT"]).write_text(json.dumps(report, indent=2))
+    assert in_topic == stats.acked, report
+    assert answers.server_errors == [], answers.server_errors[:5]
+    assert problems == [], problems[:10]
+    assert len(kills) >= 3, kills
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))] if ordered else float("nan")
+
+
+def test_one_node_of_each_kind_restarted_alone_while_the_rest_and_the_speed_job_run(
+    offers: SharedJob,
+) -> None:
+    """`down --only` / `up --only` of one broker, one Cassandra node, the registry, a Spark worker and
+    the Spark master in turn, under steady load: each comes back healthy (its needs, outside the
+    selection, are probed, not waited for), the master takes back its workers and the running speed
+    job (recovery), and nothing acknowledged is lost or counted twice. Last in the module: it
+    restarts the daemons the other tests' job runs on."""
+    from tests.test_restart_one import restart_alone
+
+    offers.ensure()
+    settings, pipeline = offers.settings, offers.pipeline
+    before = kcat_count(settings, pipeline.topic.name)
+    sender = produce(settings, pipeline, 8_000, rate=60, seed=38)
+    for name in ("broker-2", "cassandra-2", "registry", "spark-worker-2", "spark-master"):
+        restart_alone(settings, name)
+    sender.join(600)
+    stats = sender.result["stats"]  # type: ignore[attr-defined]
+    assert stats.unacknowledged == 0 and stats.acked > 0, stats
+    assert kcat_count(settings, pipeline.topic.name) == before + stats.acked
+    assert offers.running(), offers.log.read_text()[-3000:]
+    assert wait_equal(settings, pipeline, timeout=400) == [], offers.log.read_text()[-3000:]
+    # The recovered master still schedules the job: it has its executor (or a new one).
+    state = node(settings, "spark-master").cluster_state()
+    assert isinstance(state, dict) and len(state["activeapps"]) == 1, state

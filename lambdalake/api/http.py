@@ -14,15 +14,31 @@ import logging
 import time
 from typing import Annotated, Any
 
-from cassandra import ConsistencyLevel, OperationTimedOut, ReadFailure, ReadTimeout, Unavailable
+from cassandra import (
+    ConsistencyLevel,
+    DriverException,
+    OperationTimedOut,
+    ReadFailure,
+    ReadTimeout,
+    Unavailable,
+)
 from cassandra.cluster import NoHostAvailable
+from cassandra.connection import ConnectionException
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lambdalake.errors import LambdalakeError, ServiceUnavailable
-from lambdalake.serving.client import BadQuery, NotDeployed, NotFound, ServingClient, moment_ms, quantile_list
+from lambdalake.serving.client import (
+    BadQuery,
+    NotDeployed,
+    NotFound,
+    SchemaCatchingUp,
+    ServingClient,
+    moment_ms,
+    quantile_list,
+)
 from lambdalake.serving.contract import TIME_PARAMETER, AnswerBody, HealthBody, answers
 from lambdalake.serving.metrics import make_registry
 from lambdalake.settings import Settings
@@ -162,13 +178,22 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
             return _error(404, exc)
         except BadQuery as exc:
             return _error(422, exc)
-        except NotDeployed as exc:
+        except (NotDeployed, SchemaCatchingUp) as exc:
             return _error(503, exc, headers={"Retry-After": str(RETRY_AFTER_S)})
         except UNAVAILABLE as exc:
             log.warning("query of %s/%s: Cassandra unavailable: %s", pipeline, view, exc)
             return JSONResponse(
                 {"detail": unavailable_detail(exc), "fix": "retry later; bring the Cassandra nodes that are "
                  "down back up"},
+                status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
+            )  # fmt: skip
+        except (DriverException, ConnectionException) as exc:
+            # Any other error of the store's client (a connection reset by a node going down, a
+            # request the coordinator failed): the store's trouble, not the server's, and logged whole.
+            log.warning("query of %s/%s: Cassandra failed the read: %r", pipeline, view, exc)
+            return JSONResponse(
+                {"detail": f"the view store (Cassandra) failed the read ({type(exc).__name__}); no partial "
+                 "answer is given", "fix": "retry later"},
                 status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
             )  # fmt: skip
         if not answer.found:

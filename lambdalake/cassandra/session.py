@@ -9,13 +9,15 @@ import time
 from cassandra import ConsistencyLevel, DriverException
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
-from cassandra.policies import ConstantReconnectionPolicy, RoundRobinPolicy
+from cassandra.policies import ConstantReconnectionPolicy
 
+from lambdalake.cassandra.routing import SchemaLagPolicy
 from lambdalake.errors import ServiceUnavailable
 from lambdalake.settings import CassandraSettings
 
 # The driver warns about system tables it cannot describe: noise, not a problem.
 logging.getLogger("cassandra.metadata").setLevel(logging.ERROR)
+log = logging.getLogger("lambdalake.cassandra")
 
 _sessions: dict[tuple, Session] = {}
 _lock = threading.Lock()
@@ -38,12 +40,16 @@ def connect(settings: CassandraSettings, *, keyspace: str | None = None) -> Sess
             auth_provider=auth,
             connect_timeout=10,
             control_connection_timeout=10,
+            # DDL (a batch's version tables, a view's new version) returns once the nodes that are up
+            # agree on the schema, or after this wait (checked again by `execute_ddl`).
+            max_schema_agreement_wait=settings.schema_agreement_wait_s,
             # Come back quickly after a Cassandra restart; the default backs off up to 10 minutes.
             reconnection_policy=ConstantReconnectionPolicy(2.0, max_attempts=None),
             # Every read and write of the layers states its consistency here, once (settings).
             execution_profiles={
                 EXEC_PROFILE_DEFAULT: ExecutionProfile(
-                    load_balancing_policy=RoundRobinPolicy(),
+                    # Replicas first, and a node that just returned last until it has the schema.
+                    load_balancing_policy=SchemaLagPolicy(),
                     request_timeout=30,
                     consistency_level=consistency(settings),
                     serial_consistency_level=serial_consistency(settings),
@@ -106,3 +112,25 @@ def refresh_metadata(
             if time.monotonic() > deadline:
                 raise
         time.sleep(0.5)
+
+
+def execute_ddl(session: Session, cql: str, *, timeout: float = 60) -> bool:
+    """Run a schema change and wait until the nodes that are up agree on the schema (the driver
+    waits ``max_schema_agreement_wait`` itself; this asks once more). Returns whether they agreed;
+    a node that is down takes the change from the others when it returns."""
+    result = session.execute(cql, timeout=timeout)
+    if result.response_future.is_schema_agreed:
+        return True
+    agreed = session.cluster.control_connection.wait_for_schema_agreement(
+        wait_time=session.cluster.max_schema_agreement_wait
+    )
+    if not agreed:
+        log.warning(
+            "the Cassandra nodes that are up do not agree on the schema yet after: %s", cql.split("(")[0]
+        )
+    return bool(agreed)
+
+
+def hosts_down(session: Session) -> list[str]:
+    """The addresses of the cluster's nodes the driver sees down."""
+    return sorted(str(h.address) for h in session.cluster.metadata.all_hosts() if h.is_up is False)

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 from cassandra.cluster import Session
 
-from lambdalake.cassandra.session import refresh_metadata
+from lambdalake.cassandra.session import execute_ddl, refresh_metadata
 from lambdalake.errors import ConfigurationError
 from lambdalake.event_schema import event_schema
 from lambdalake.latest import CANDIDATE, CANDIDATE_ORDER, RANK, RANK_CQL
@@ -314,26 +314,28 @@ def create_keyspace(session: Session, settings: CassandraSettings) -> None:
     if settings.keyspace in session.cluster.metadata.keyspaces:
         return
     replication = json.dumps(keyspace_replication(session, settings)).replace('"', "'")
-    session.execute(f'CREATE KEYSPACE IF NOT EXISTS "{settings.keyspace}" WITH replication = {replication}')
+    execute_ddl(
+        session, f'CREATE KEYSPACE IF NOT EXISTS "{settings.keyspace}" WITH replication = {replication}'
+    )
 
 
 def ensure_table(session: Session, keyspace: str, table: TableDef) -> list[str]:
     """Create ``table`` if missing, and add the columns it lacks (a compatible schema version with a
     new field: ``ALTER TABLE ... ADD``). Returns the columns added. A column whose type differs is
     refused with the fix, since Cassandra cannot change it in place."""
-    session.execute(table.create_cql(keyspace), timeout=60)
+    execute_ddl(session, table.create_cql(keyspace))
     refresh_metadata(session, keyspace, table.name)
     meta = session.cluster.metadata.keyspaces[keyspace].tables[table.name]
     if table.ttl_seconds and int(meta.options.get("default_time_to_live") or 0) != table.ttl_seconds:
-        session.execute(
+        execute_ddl(
+            session,
             f'ALTER TABLE "{keyspace}"."{table.name}" WITH default_time_to_live = {table.ttl_seconds}',
-            timeout=60,
         )
     require_columns_fit(session, keyspace, table)
     added = []
     for name, cql in table.columns:
         if name not in meta.columns:
-            session.execute(f'ALTER TABLE "{keyspace}"."{table.name}" ADD "{name}" {cql}', timeout=60)
+            execute_ddl(session, f'ALTER TABLE "{keyspace}"."{table.name}" ADD "{name}" {cql}')
             added.append(name)
     return added
 

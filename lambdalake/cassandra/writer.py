@@ -16,14 +16,15 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from cassandra import AuthenticationFailed, InvalidRequest, Unauthorized
+from cassandra import AuthenticationFailed, DriverException, InvalidRequest, Unauthorized
 from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent
 from cassandra.protocol import RequestValidationException
 from cassandra.query import BatchStatement, BatchType, BoundStatement, PreparedStatement
 
 from lambdalake.cassandra.encode import arrow_type, encode_rows, to_arrow
-from lambdalake.cassandra.session import connect
+from lambdalake.cassandra.routing import lags_schema, table_known
+from lambdalake.cassandra.session import connect, refresh_metadata
 from lambdalake.cassandra.tables import TableDef
 from lambdalake.errors import LambdalakeError
 from lambdalake.latest import RANK
@@ -226,7 +227,8 @@ def _write_groups(
             failed, errors = pending, [exc]
         if not failed:
             return
-        refused = next((e for e in errors if isinstance(e, PERMANENT)), None)
+        lagging = [e for e in errors if _coordinator_lags(e, settings, table.name)]
+        refused = next((e for e in errors if isinstance(e, PERMANENT) and e not in lagging), None)
         if refused is not None and "too large" in str(refused).lower() and any(len(g) > 1 for g in failed):
             # Over the cluster's batch_size_fail_threshold: the same rows in smaller batches.
             log.warning("batches to %s too large for the cluster; halving them", table.name)
@@ -241,6 +243,13 @@ def _write_groups(
                 f"{sum(map(len, failed))} writes to {table.name} still failing after "
                 f"{give_up_after_s:.0f}s: {errors[0]!r}"
             )
+        if lagging and len(lagging) == len(errors):
+            # Not a failed write: a node back from an outage before it pulled this table's schema.
+            log.info("%d write batches to %s met a coordinator that has not seen the table yet; sending "
+                     "them again (that node is tried last)", len(failed), table.name)  # fmt: skip
+            time.sleep(0.2)
+            pending = failed
+            continue
         log.warning(
             "%d of %d write batches to %s failed (%r); retrying in %.1fs",
             len(failed),
@@ -252,6 +261,21 @@ def _write_groups(
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
         pending = failed
+
+
+def _coordinator_lags(error: BaseException, settings: CassandraSettings, table: str) -> bool:
+    """Whether a write's error is a coordinator's that has not seen ``table`` yet, though the
+    cluster has it (the driver's schema, read again when it lacks the table)."""
+    if not lags_schema(error, {table}):
+        return False
+    session = connect(settings)
+    if table_known(session, settings.keyspace, table):
+        return True
+    try:
+        refresh_metadata(session, settings.keyspace, table, wait_s=5)
+    except DriverException:
+        return False  # the cluster has no such table: the request's error
+    return True
 
 
 def cassandra_values(table: pa.Table | pa.RecordBatch, columns: list[str]) -> list[list[Any]]:

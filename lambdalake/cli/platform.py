@@ -129,9 +129,14 @@ def status(
     from lambdalake.infra.services import all_services
 
     settings = get_settings()
-    statuses = [s.status() for s in all_services(settings)]
+    nodes = all_services(settings)
+    statuses = [s.status() for s in nodes]
     healthy = all(s.healthy for s in statuses)
-    pipelines = pipeline_statuses(settings) if healthy and not services_only else []
+    # A node down leaves the others serving (a cluster of three): pipelines are shown while each
+    # kind of service has a node that answers, each reading that fails reported in its place.
+    answering = {n.kind for n, s in zip(nodes, statuses, strict=True) if s.healthy}
+    reachable = answering >= {n.kind for n in nodes}
+    pipelines = pipeline_statuses(settings) if reachable and not services_only else []
     if as_json:
         services = [s.to_dict() for s in statuses]
         out.print_json(
@@ -345,3 +350,9 @@ def print_pipeline_statuses(statuses: list[dict[str, Any]]) -> None:
             if written:
                 rows = ", ".join(f"{view} {n:,}" for view, n in written.items())
                 out.print(f"    rows written to Cassandra ({last.get('publish')}): {rows}")
+            if last.get("cassandra_down"):
+                down = ", ".join(last["cassandra_down"])
+                out.print(
+                    f"    [yellow]published with Cassandra node(s) {down} down[/]: each takes the new "
+                    "tables from the others when it returns"
+                )

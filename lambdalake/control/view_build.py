@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pyspark.sql import SparkSession
 
 from lambdalake.cassandra.active import PipelineMeta, read_meta, swap_until_applied, with_deployed_views
-from lambdalake.cassandra.session import connect
+from lambdalake.cassandra.session import connect, execute_ddl
 from lambdalake.control.deploy import Change, Deployer
 from lambdalake.errors import LambdalakeError, NothingToCover
 from lambdalake.lease import writer_lease
@@ -214,7 +214,7 @@ def drop_retired(settings: Settings, pipeline: Pipeline, progress: Progress) -> 
             rf"^{re.escape(pipeline.name)}__{re.escape(name)}__(speed|speed_ranked|speed_latest|b\d+)$"
         )
         for table in sorted(t for t in tables if pattern.match(t)):
-            session.execute(f'DROP TABLE IF EXISTS "{keyspace}"."{table}"', timeout=120)
+            execute_ddl(session, f'DROP TABLE IF EXISTS "{keyspace}"."{table}"', timeout=120)
         delete_folder(f"{checkpoints}/{name}")
         delete_folder(views_path(settings.storage_root, pipeline.name, name))
         changes.append(

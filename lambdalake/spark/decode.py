@@ -84,11 +84,15 @@ class DecodeSpec:
 _FETCHERS: dict[str, Callable[[int], str]] = {}
 
 
+#: How long a task waits out a registry that does not answer (restarting, say) before it fails.
+REGISTRY_PATIENCE_S = 600.0
+
+
 def _fetcher(registry: dict[str, Any]) -> Callable[[int], str]:
     """A per-process cached ``schema id -> schema`` lookup (writer schemas never change for an id)."""
     url = registry["url"]
     if url not in _FETCHERS:
-        _FETCHERS[url] = writer_schemas.fetcher(registry)
+        _FETCHERS[url] = writer_schemas.fetcher(registry, patience_s=REGISTRY_PATIENCE_S)
     return _FETCHERS[url]
 
 

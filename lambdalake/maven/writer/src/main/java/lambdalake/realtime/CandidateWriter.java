@@ -1,6 +1,7 @@
 package lambdalake.realtime;
 
 import com.datastax.oss.driver.api.core.ConsistencyLevel;
+import com.datastax.oss.driver.api.core.CqlIdentifier;
 import com.datastax.oss.driver.api.core.CqlSession;
 import com.datastax.oss.driver.api.core.DefaultConsistencyLevel;
 import com.datastax.oss.driver.api.core.cql.BatchStatement;
@@ -9,6 +10,7 @@ import com.datastax.oss.driver.api.core.cql.BoundStatement;
 import com.datastax.oss.driver.api.core.cql.ColumnDefinitions;
 import com.datastax.oss.driver.api.core.cql.PreparedStatement;
 import com.datastax.oss.driver.api.core.servererrors.InvalidQueryException;
+import com.datastax.oss.driver.api.core.servererrors.ServerError;
 import com.datastax.oss.driver.api.core.servererrors.SyntaxError;
 import com.datastax.oss.driver.api.core.servererrors.UnauthorizedException;
 import com.datastax.oss.driver.api.core.type.DataType;
@@ -24,6 +26,8 @@ import java.util.Map;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
 import org.apache.logging.log4j.LogManager;
 import org.apache.logging.log4j.Logger;
 import org.apache.spark.sql.ForeachWriter;
@@ -51,6 +55,9 @@ public final class CandidateWriter extends ForeachWriter<Row> {
   private static final int IN_FLIGHT = 128;
   /** How much of a failure's message a retry's log line quotes. */
   private static final int QUOTED = 240;
+  /** Cassandra 5.0's words for a table its schema lacks. */
+  private static final Pattern MISSING_TABLE = Pattern.compile("table \"?([\\w]+)\"? does not exist");
+
   private static final Logger LOG = LogManager.getLogger(CandidateWriter.class);
 
   private final Cluster cluster;
@@ -300,11 +307,17 @@ public final class CandidateWriter extends ForeachWriter<Row> {
       while ((next = failed.poll()) != null) {
         again.add(next);
       }
-      LOG.warn(
-          "{} candidate writes to Cassandra failed ({}); retrying in {}s",
-          again.size(),
-          summary(first.error),
-          delay / 1000.0);
+      if (lagsSchema(first.error)) {
+        LOG.info(
+            "{} candidate writes met a coordinator that has not seen the table yet; sending them again",
+            again.size());
+      } else {
+        LOG.warn(
+            "{} candidate writes to Cassandra failed ({}); retrying in {}s",
+            again.size(),
+            summary(first.error),
+            delay / 1000.0);
+      }
       try {
         TimeUnit.MILLISECONDS.sleep(delay);
       } catch (InterruptedException e) {
@@ -329,12 +342,38 @@ public final class CandidateWriter extends ForeachWriter<Row> {
     return error.getClass().getSimpleName() + ": " + message;
   }
 
-  private static boolean permanent(Throwable error) {
+  private boolean permanent(Throwable error) {
+    if (lagsSchema(error)) {
+      return false;
+    }
     return error instanceof InvalidQueryException
         || error instanceof SyntaxError
         || error instanceof UnauthorizedException
         || error instanceof IllegalArgumentException
         || error instanceof ClassCastException;
+  }
+
+  /**
+   * Whether a coordinator answered as if a table the cluster has did not exist: a node back from an
+   * outage that has not pulled the schema of tables created meanwhile ("table X does not exist"), or
+   * "Unknown CF". The driver's schema, from the other nodes, has the table: the write goes again,
+   * and another node coordinates it (as lambdalake/cassandra/routing.py decides for Python).
+   */
+  boolean lagsSchema(Throwable error) {
+    String message = String.valueOf(error.getMessage());
+    if (error instanceof ServerError) {
+      return message.contains("Unknown CF");
+    }
+    if (!(error instanceof InvalidQueryException)) {
+      return false;
+    }
+    Matcher missing = MISSING_TABLE.matcher(message);
+    if (!missing.find() || session == null) {
+      return false;
+    }
+    String table = missing.group(1);
+    return session.getMetadata().getKeyspaces().values().stream()
+        .anyMatch(k -> k.getTable(CqlIdentifier.fromInternal(table)).isPresent());
   }
 
   /**
