@@ -79,14 +79,15 @@ test-realtime: setup
 	LAMBDALAKE_SPEED__LATEST=realtime LAMBDALAKE_SPEED__REALTIME_BATCH_S=2 $(PYTEST)
 
 # The seeded operations schedule, long (make test runs a short one), and views changed ROUNDS times
-# on a live pipeline, and the engines' property tests with more examples:
-# STEPS=40 SEED=123 ROUNDS=6 PROPERTY_EXAMPLES=500 make soak.
+# on a live pipeline, the engines' property tests with more examples, and the churn soak on three
+# nodes for CHURN seconds (make test: 600): STEPS=40 SEED=123 ROUNDS=6 PROPERTY_EXAMPLES=500 CHURN=1800 make soak.
 soak: setup
 	LAMBDALAKE_SCHEDULE_STEPS=$${STEPS:-40} LAMBDALAKE_SCHEDULE_SEED=$${SEED:-} \
 		LAMBDALAKE_VIEW_SOAK_ROUNDS=$${ROUNDS:-6} LAMBDALAKE_INCREMENTAL_EXAMPLES=$${EXAMPLES:-5} \
 		LAMBDALAKE_PROPERTY_EXAMPLES=$${PROPERTY_EXAMPLES:-500} \
 		$(BIN)/python -m pytest -s tests/test_operations_schedule.py tests/test_view_versions.py \
 		tests/test_incremental_batch.py tests/test_filters.py tests/test_latest_rule.py
+	$(BIN)/python -m bench.churn --seconds $${CHURN:-1800}
 
 lint: setup
 	$(BIN)/ruff check .
@@ -120,6 +121,9 @@ bench: setup
 	$(BIN)/python -m bench.sketches
 # One node of each service against three (lambdalake up --nodes 3), the same benchmarks on both.
 	$(BIN)/python -m bench.cluster
+# Three nodes under churn (kills and restarts of every kind) with 20 HTTP clients: server errors,
+# 503s, p99 with and without churn, records acknowledged and counted.
+	$(BIN)/python -m bench.churn --seconds 600
 
 clean: down
 	rm -rf .lambdalake
