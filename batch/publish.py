@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 
 from lambdalake.batch.run import BatchRun, views_path
 from lambdalake.cassandra.active import ActiveBatch, active_batch, lwt, read_meta
-from lambdalake.cassandra.session import connect, execute_ddl, hosts_down, refresh_metadata
+from lambdalake.cassandra.session import connect, execute_ddl, execute_lwt, hosts_down, refresh_metadata
 from lambdalake.cassandra.tables import (
     BATCH_CLAIMS,
     BATCH_META,
@@ -199,9 +199,10 @@ class Publisher:
             )
         ]
         version = max([active.version if active else 0, *self._versions_in_use(session), *claimed]) + 1
-        while not session.execute(
-            claim, [self.pipeline.name, version, run.run_id, int(time.time() * 1000)]
-        ).was_applied:
+        while not execute_lwt(
+            session, claim, [self.pipeline.name, version, run.run_id, int(time.time() * 1000)],
+            mine=lambda row: row.run_id == run.run_id,
+        ):  # fmt: skip
             version += 1
         return version
 
@@ -255,12 +256,15 @@ class Publisher:
                     f"it did not build {', '.join(missing)}; nothing was activated",
                     fix=f"run `lambdalake batch run {self.pipeline.name}` again",
                 )
+
+            def mine(row: Any) -> bool:  # an attempt whose answer was lost applied this very version
+                return row.version == version
+
             if meta.row_version is None:
-                applied = session.execute(insert, [self.pipeline.name, *values.values()]).was_applied
+                applied = execute_lwt(session, insert, [self.pipeline.name, *values.values()], mine=mine)
             else:
-                applied = session.execute(
-                    update, [*values.values(), self.pipeline.name, meta.row_version, meta.views_text]
-                ).was_applied
+                where_values = [self.pipeline.name, meta.row_version, meta.views_text]
+                applied = execute_lwt(session, update, [*values.values(), *where_values], mine=mine)
             if applied:
                 return active
             log.info("the metadata row of %s moved meanwhile; deciding again", self.pipeline.name)

@@ -45,11 +45,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
 
+from lambdalake.cassandra.session import execute_lwt
 from lambdalake.cassandra.tables import TableDef, create_keyspace, ensure_table
 from lambdalake.errors import LambdalakeError
 from lambdalake.procs import pid_alive
@@ -172,9 +173,13 @@ class Lease:
         self._since_ms = now
         host, pid = socket.gethostname(), os.getpid()
         values = [self.pipeline, self.lease, self.holder, self.role, host, pid, now, now]
-        taken = self.session.execute(insert, values).was_applied
+
+        def mine(row: Any) -> bool:
+            return row.holder == self.holder
+
+        taken = execute_lwt(self.session, insert, values, mine=mine)
         if not taken and self._break_dead_holder():
-            taken = self.session.execute(insert, values).was_applied
+            taken = execute_lwt(self.session, insert, values, mine=mine)
         if not taken:
             holder = self.current()
             message, fix = self._refusal(holder)

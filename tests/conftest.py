@@ -51,7 +51,7 @@ TEST_PORTS = {
 #: The slowest files first (seconds each, measured alone in one process), so that workers taking
 #: whole files in turn end together instead of one waiting on a long last file.
 _SLOW_FILES = (
-    "test_cluster.py",  # 660 s: three nodes of each and one speed job, started once for its tests
+    "test_cluster.py",  # ~1,300 s: three nodes of each and one speed job, and the 10-minute churn soak
     "test_view_versions.py",  # 509 s
     "test_exactness.py",  # 320
     "test_incremental_batch.py",  # 294
@@ -64,6 +64,7 @@ _SLOW_FILES = (
     "test_serving.py",  # 206
     "test_replay.py",  # 175
     "test_realtime.py",  # 136
+    "test_restart_one.py",  # 140
 )
 
 

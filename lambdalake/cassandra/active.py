@@ -9,11 +9,12 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
 
+from lambdalake.cassandra.session import execute_lwt
 from lambdalake.cassandra.tables import BATCH_META, create_keyspace, ensure_table
 from lambdalake.errors import LambdalakeError
 from lambdalake.pipeline import Pipeline
@@ -103,18 +104,27 @@ def swap_registry(
     create_keyspace(session, settings)
     ensure_table(session, settings.keyspace, BATCH_META)
     table = f'"{settings.keyspace}"."{BATCH_META.name}"'
+    text = new.to_text()
+
+    def mine(row: Any) -> bool:
+        return row.view_versions == text
+
     if seen.row_version is None:
-        return session.execute(
+        return execute_lwt(
+            session,
             lwt(f"INSERT INTO {table} (pipeline, version, view_versions) VALUES (%s, 0, %s) IF NOT EXISTS"),
-            [pipeline, new.to_text()],
-        ).was_applied
-    return session.execute(
+            [pipeline, text],
+            mine=mine,
+        )
+    return execute_lwt(
+        session,
         lwt(
             f"UPDATE {table} SET view_versions = %s WHERE pipeline = %s "
             "IF version = %s AND view_versions = %s"
         ),
-        [new.to_text(), pipeline, seen.row_version, seen.views_text],
-    ).was_applied
+        [text, pipeline, seen.row_version, seen.views_text],
+        mine=mine,
+    )
 
 
 #: How often a registry change is decided again after another writer changed the row first.

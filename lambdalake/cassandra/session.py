@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from cassandra import ConsistencyLevel, DriverException
+from cassandra import ConsistencyLevel, DriverException, OperationTimedOut, Unavailable, WriteTimeout
 from cassandra.auth import PlainTextAuthProvider
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
 from cassandra.policies import ConstantReconnectionPolicy
 
 from lambdalake.cassandra.routing import SchemaLagPolicy
@@ -134,3 +136,43 @@ def execute_ddl(session: Session, cql: str, *, timeout: float = 60) -> bool:
 def hosts_down(session: Session) -> list[str]:
     """The addresses of the cluster's nodes the driver sees down."""
     return sorted(str(h.address) for h in session.cluster.metadata.all_hosts() if h.is_up is False)
+
+
+#: Errors after which a lightweight transaction may or may not have applied: a replica died under
+#: it (Paxos timed out), the coordinator did not answer in time, no coordinator was reachable.
+AMBIGUOUS = (WriteTimeout, Unavailable, OperationTimedOut, NoHostAvailable)
+
+
+def execute_lwt(
+    session: Session,
+    statement: Any,
+    values: Sequence[Any],
+    *,
+    mine: Callable[[Any], bool],
+    patience_s: float = 120.0,
+) -> bool:
+    """Run a lightweight transaction; whether it applied.
+
+    One whose outcome is unknown (:data:`AMBIGUOUS`: a Cassandra node killed under it, say) is sent
+    again, with backoff, for up to ``patience_s``. A repeat that does not apply because the row is
+    already the caller's own (``mine(current row)``, the columns the transaction returns when it
+    does not apply) counts as applied: the lost answer was of an attempt that did.
+    """
+    deadline = time.monotonic() + patience_s
+    delay = 0.5
+    again = False
+    while True:
+        try:
+            result = session.execute(statement, values)
+        except AMBIGUOUS as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("a lightweight transaction did not complete (%s); sending it again in %.1fs",
+                        type(exc).__name__, delay)  # fmt: skip
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            again = True
+            continue
+        if result.was_applied:
+            return True
+        return again and bool(mine(result.one()))
