@@ -23,9 +23,10 @@ from urllib.parse import urlparse
 import httpx
 
 from lambdalake.errors import LambdalakeError
-from lambdalake.infra import cassandra_dist, kafka_dist
+from lambdalake.infra import cassandra_dist, kafka_dist, s3proxy_dist
 from lambdalake.infra.addresses import host_port, joined
 from lambdalake.infra.process import ManagedProcess, port_open
+from lambdalake.object_store import bucket, on_object_store
 from lambdalake.settings import Settings
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
@@ -360,6 +361,50 @@ class CassandraService(EmbeddedService):
         return None
 
 
+class ObjectStoreService(EmbeddedService):
+    """The S3-compatible store of an ``s3://`` storage root (s3proxy, ``infra.s3proxy_dist``) when
+    ``object_store.endpoint`` is on this machine; its buckets are folders under the state folder."""
+
+    name = "object-store"
+    kind = "object-store"
+    marker = "org.gaul.s3proxy.Main"
+    start_timeout = 60.0
+
+    @cached_property
+    def _url(self):
+        return urlparse(self.settings.object_store.endpoint)
+
+    @property
+    def host(self) -> str:
+        return self._url.hostname or "127.0.0.1"
+
+    @property
+    def port(self) -> int:
+        return self._url.port or (443 if self._url.scheme == "https" else 80)
+
+    @property
+    def home(self) -> Path:
+        return self.settings.state_dir / self.name
+
+    def port_setting_hint(self) -> str:
+        return "LAMBDALAKE_OBJECT_STORE__ENDPOINT=http://127.0.0.1:<port>"
+
+    def prepare(self) -> None:
+        s3proxy_dist.write_config(self.home, self.settings.object_store, host=self.host, port=self.port,
+                                  bucket=bucket(self.settings.storage_root))  # fmt: skip
+
+    def argv(self) -> list[str]:
+        return s3proxy_dist.java_argv(self.home, self.settings.cache_dir)
+
+    def probe(self) -> str | None:
+        # Any S3 answer means it serves (anonymous requests are refused with 403).
+        try:
+            resp = httpx.get(self.settings.object_store.endpoint, timeout=2)
+        except httpx.HTTPError as exc:
+            return f"not answering: {exc.__class__.__name__}"
+        return None if resp.status_code < 500 else f"HTTP {resp.status_code}"
+
+
 def _spark_master(settings: Settings) -> tuple[str, int] | None:
     """The standalone master's (host, port) when ``spark.master`` is a ``spark://`` address."""
     master = settings.spark.master
@@ -516,8 +561,9 @@ class SparkWorkerService(SparkService):
 
 def all_services(settings: Settings) -> list[EmbeddedService]:
     """Every node, in start order: the brokers (together: a KRaft quorum needs two of three), the
-    registry (its state is on the brokers), the Cassandra seed then the other nodes, and the Spark
-    master then its workers when ``spark.master`` is a standalone master of this machine."""
+    registry (its state is on the brokers), the Cassandra seed then the other nodes, the object store
+    when the storage root is an ``s3://`` one, and the Spark master then its workers when
+    ``spark.master`` is a standalone master of this machine."""
     brokers: list[EmbeddedService] = [
         BrokerService(settings, i) for i in range(1, len(settings.kafka.bootstrap_servers.split(",")) + 1)
     ]
@@ -529,6 +575,8 @@ def all_services(settings: Settings) -> list[EmbeddedService]:
     for node in cassandra[1:]:
         node.needs = cassandra[:1]
     services = [*brokers, registry, *cassandra]
+    if on_object_store(settings.storage_root):
+        services.append(ObjectStoreService(settings))
     master = SparkMasterService(settings)
     if master.embedded:
         workers: list[EmbeddedService] = [

@@ -346,6 +346,19 @@ class ServingSettings(BaseModel):
     workers: int = Field(1, ge=1, le=64, description="a number of processes 1-64", examples=["2"])
 
 
+class ObjectStoreSettings(BaseModel):
+    """The S3-compatible store an ``s3://`` storage root lives on. ``lambdalake up`` runs one on this
+    machine (s3proxy, its files under the state folder) when the endpoint is a local address."""
+
+    endpoint: str = Field(
+        "http://127.0.0.1:9000", description="an http(s) URL", examples=["https://s3.eu-west-1.amazonaws.com"]
+    )
+    region: str = "us-east-1"
+    access_key: str = "lambdalake"
+    #: The embedded store's own key by default; a real store's is a secret of the deployment.
+    secret_key: SecretStr = SecretStr("lambdalake-embedded")
+
+
 class Settings(BaseSettings):
     """All of lambdalake's configuration. Build it with :func:`get_settings` or directly in tests."""
 
@@ -360,6 +373,7 @@ class Settings(BaseSettings):
     bronze: BronzeSettings = Field(default_factory=BronzeSettings)
     speed: SpeedSettings = Field(default_factory=SpeedSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
+    object_store: ObjectStoreSettings = Field(default_factory=ObjectStoreSettings)
     #: Where embedded services keep data, PID files and logs.
     state_dir: Path = PROJECT_ROOT / ".lambdalake"
     #: Installed service files (Cassandra's distribution), shared by every state folder.

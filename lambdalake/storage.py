@@ -12,9 +12,16 @@ from pyarrow import fs as pafs
 
 
 def write_bytes(uri: str, data: bytes) -> None:
-    """Write ``data`` to ``uri`` whole: written aside, then moved over the old file, so a reader
-    sees the old or the new content, never a part."""
+    """Write ``data`` to ``uri`` whole, so a reader sees the old or the new content, never a part.
+
+    On an object store one PUT does that (an object appears whole when its upload completes), and a
+    move would be a copy plus a delete that can leave a temporary object behind. On a filesystem
+    the data is written aside, then moved over the old file."""
     filesystem, path = pafs.FileSystem.from_uri(uri)
+    if filesystem.type_name != "local":
+        with filesystem.open_output_stream(path) as out:
+            out.write(data)
+        return
     filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
     aside = f"{path}.{uuid.uuid4().hex[:8]}.tmp"  # two writers of one file never share a temp file
     with filesystem.open_output_stream(aside) as out:

@@ -32,6 +32,7 @@ app.add_typer(bronze.app, name="bronze")
 
 def main() -> None:
     try:
+        _point_clients_at_the_store()
         app()
     except LambdalakeError as exc:
         # User text (file contents, record values) may hold rich markup: print it escaped.
@@ -46,3 +47,15 @@ def main() -> None:
         console.print(f"[red]error:[/] unexpected {type(exc).__name__}: {escape(str(exc))}")
         console.print("[yellow]fix:[/] rerun with LAMBDALAKE_DEBUG=1 for the full trace, and report it")
         sys.exit(1)
+
+
+def _point_clients_at_the_store() -> None:
+    """An ``s3://`` storage root: this process's S3 clients (pyarrow, delta-rs) and the processes it
+    starts are told the store's endpoint and keys."""
+    from lambdalake.object_store import use
+    from lambdalake.settings import get_settings
+
+    try:
+        use(get_settings())
+    except LambdalakeError:
+        pass  # invalid settings: the command that reads them says which and how to fix it
