@@ -26,7 +26,7 @@ POM = Path(__file__).resolve().parent / "maven" / "pom.xml"
 WRITER = POM.parent / "writer"
 _NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 
-Bundle = Literal["kafka", "cassandra", "spark", "delta", "writer", "s3proxy"]
+Bundle = Literal["kafka", "cassandra", "spark", "delta", "writer", "s3proxy", "s3a"]
 #: Long enough for a first fetch on a slow link (the two bundles are ~110 MB); a registry that hangs
 #: past it is reported, not waited on for ever.
 FETCH_TIMEOUT_S = 1200.0
@@ -41,7 +41,8 @@ def versions() -> dict[str, str]:
 
 
 def version(bundle: Bundle) -> str:
-    return versions()["cassandra-driver.version" if bundle == "writer" else f"{bundle}.version"]
+    name = {"writer": "cassandra-driver", "s3a": "hadoop-aws"}.get(bundle, bundle)
+    return versions()[f"{name}.version"]
 
 
 def lib_dir(cache_dir: Path, bundle: Bundle) -> Path:

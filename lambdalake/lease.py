@@ -164,12 +164,16 @@ class Lease:
                     raise
                 time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
-    def _take(self) -> Lease:
-        now = int(time.time() * 1000)
-        insert = SimpleStatement(
+    def _insert(self) -> SimpleStatement:
+        """The transaction that takes the lease when nobody holds it."""
+        return SimpleStatement(
             f"INSERT INTO {self._table()} (pipeline, lease, holder, role, host, pid, since, renewed) "
             f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s) IF NOT EXISTS USING TTL {self.ttl_s}",
         )
+
+    def _take(self) -> Lease:
+        now = int(time.time() * 1000)
+        insert = self._insert()
         self._since_ms = now
         host, pid = socket.gethostname(), os.getpid()
         values = [self.pipeline, self.lease, self.holder, self.role, host, pid, now, now]
@@ -275,10 +279,7 @@ class Lease:
         meanwhile. What this cannot see is a writer that reached a quorum this holder could not (a
         network partition), took the lease, and released it before the outage ended.
         """
-        insert = SimpleStatement(
-            f"INSERT INTO {self._table()} (pipeline, lease, holder, role, host, pid, since, renewed) "
-            f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s) IF NOT EXISTS USING TTL {self.ttl_s}",
-        )
+        insert = self._insert()
         now = int(time.time() * 1000)
         try:
             taken = self.session.execute(

@@ -373,7 +373,7 @@ def test_a_batch_run_publishes_with_one_cassandra_node_down_and_serving_answers_
             returned = time.monotonic()
             while time.monotonic() - returned < 30:  # past the probation of a host that came up
                 time.sleep(1)
-        assert answers.count > 500, answers.count
+        assert answers.count > 300, answers.count
         assert answers.server_errors == [], answers.server_errors[:5]
         assert merged_differences(settings, client, {pipeline.name: pipeline}) == []
     finally:
@@ -403,9 +403,10 @@ class Answers:
 
 
 @contextlib.contextmanager
-def hammer(url: str, paths: list[str], *, clients: int) -> Iterator[Answers]:
-    """``clients`` threads querying ``paths`` in turn over HTTP until the block ends; every 5xx (with
-    its body) and every latency kept."""
+def hammer(url: str, paths: list[str], *, clients: int, pause_s: float = 0.1) -> Iterator[Answers]:
+    """``clients`` threads querying ``paths`` in turn over HTTP until the block ends, each pausing
+    ``pause_s`` between its queries (a client's think time: without it 20 threads took the cores
+    the services and the other test workers need); every 5xx (with its body) and every latency kept."""
     answers = Answers()
     stop = threading.Event()
 
@@ -426,6 +427,7 @@ def hammer(url: str, paths: list[str], *, clients: int) -> Iterator[Answers]:
                 if code >= 500:
                     answers.server_errors.append((code, body))
                 i += 1
+                stop.wait(pause_s)
 
     threads = [threading.Thread(target=client, args=(i * 7,), daemon=True) for i in range(clients)]
     for thread in threads:
@@ -634,7 +636,9 @@ def test_a_churn_soak_answers_every_query_without_a_server_error_and_exactly(off
         kill_spark_worker,
         rolling_brokers,
     ]
-    with serving_app(settings, token="t") as url, hammer(url, paths, clients=20) as answers:
+    # 20 clients, each waiting half a second between its queries (~40 queries/s): the soak shares
+    # the machine's two cores with the cluster and the suite's other workers.
+    with serving_app(settings, token="t") as url, hammer(url, paths, clients=20, pause_s=0.5) as answers:
         time.sleep(30)  # queries without churn first: the latency to compare with
         quiet = len(answers.latencies)
         t0 = last_batch = time.monotonic()
@@ -643,7 +647,7 @@ def test_a_churn_soak_answers_every_query_without_a_server_error_and_exactly(off
             if not order:
                 order = list(range(len(actions)))
             actions[order.pop(rng.randrange(len(order)))]()
-            if time.monotonic() - last_batch > 180:
+            if time.monotonic() - last_batch > 240:
                 batch_run()
                 last_batch = time.monotonic()
             time.sleep(rng.uniform(5, 20))

@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import json
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from email.utils import formatdate
@@ -120,3 +121,44 @@ def test_the_clients_are_told_the_store_only_for_an_s3_root(store: Settings) -> 
     env = client_env(store)
     assert env["AWS_ENDPOINT_URL"] == store.object_store.endpoint and env["AWS_ALLOW_HTTP"] == "true"
     assert client_env(store.model_copy(update={"storage_root": "/tmp/lake"})) == {}
+
+
+@pytest.mark.slow
+def test_a_pipeline_on_the_store_speed_job_and_batch_answer_exactly(
+    services: Settings, store: Settings, tmp_path: Path, unique: str
+) -> None:
+    """The lake wholly on the store: the speed job (Spark's checkpoints through S3A, bronze through
+    delta-rs in its Python tasks) and a batch run (delta-spark's views and identity index), each a
+    command of its own; the views and merged answers equal the reference of the topic, and nothing
+    of the lake is on the local disk."""
+    from lambdalake.produce.generator import Mix, generate
+    from lambdalake.produce.producer import EventProducer
+    from lambdalake.serving.client import ServingClient
+    from tests.conftest import isolated, pipeline_named
+    from tests.helpers import bronze_coordinates, pipelines_folder
+    from tests.reference import differences, merged_differences, topic_events
+
+    base = isolated(services, tmp_path, unique).model_copy(
+        update={"storage_root": f"{store.storage_root}/{unique}", "object_store": store.object_store}
+    )
+    pipeline = pipeline_named(base, "offers", topic=f"offers-{unique}", epoch="10 seconds", grace="1 second")
+    settings = base.model_copy(update={"pipelines_dir": pipelines_folder(tmp_path, pipeline)})
+    producer = EventProducer(settings=settings, pipeline=pipeline)
+    for record in generate("offers", 2000, seed=51, mix=Mix(duplicates=0.05, late=0.05)):
+        producer.send(record)
+    assert producer.flush().unacknowledged == 0
+    time.sleep(12)  # the events' ingest epochs close
+    once = run_cli(settings, "speed", "run", pipeline.name, "--once")
+    assert once.returncode == 0, (once.stdout + once.stderr).decode()[-3000:]
+    events, _ = topic_events(settings, pipeline)
+    assert sorted(bronze_coordinates(settings, pipeline)) == sorted(
+        zip(events["_partition"], events["_offset"], strict=True)
+    )
+    assert differences(settings, pipeline, events) == []
+    batch = run_cli(settings, "batch", "run", pipeline.name)
+    assert batch.returncode == 0, (batch.stdout + batch.stderr).decode()[-3000:]
+    assert merged_differences(settings, ServingClient(settings=settings), {pipeline.name: pipeline}) == []
+    lake = store.state_dir / "object-store" / "data" / BUCKET / store.storage_root.rsplit("/", 1)[1] / unique
+    held = {p.relative_to(lake).parts[0] for p in lake.rglob("*") if p.is_file()}
+    assert {"master", "checkpoints", "views", "status"} <= held, held
+    assert not (tmp_path / "storage").exists()

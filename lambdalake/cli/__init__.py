@@ -3,6 +3,7 @@ layers are imported inside each command)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -55,7 +56,6 @@ def _point_clients_at_the_store() -> None:
     from lambdalake.object_store import use
     from lambdalake.settings import get_settings
 
-    try:
+    # Invalid settings: the command that reads them says which and how to fix it.
+    with contextlib.suppress(LambdalakeError):
         use(get_settings())
-    except LambdalakeError:
-        pass  # invalid settings: the command that reads them says which and how to fix it

@@ -83,7 +83,7 @@ def install() -> None:
     from lambdalake import jars
 
     settings = get_settings()
-    for bundle in ("kafka", "cassandra", "spark", "delta", "writer", "s3proxy"):
+    for bundle in ("kafka", "cassandra", "spark", "delta", "writer", "s3proxy", "s3a"):
         t0 = time.monotonic()
         verb = "building" if bundle == "writer" else "fetching"
         with console.status(f"{verb} {bundle} {jars.version(bundle)} with Maven..."):

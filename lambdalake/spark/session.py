@@ -13,6 +13,7 @@ from typing import Literal
 from pyspark.sql import SparkSession
 
 from lambdalake import jars
+from lambdalake.object_store import client_env, on_object_store
 from lambdalake.settings import QUICK_JIT, Settings
 from lambdalake.spark.delta import DELTA_CONF
 
@@ -159,7 +160,7 @@ def spark_session(
         derived[IDLE_WORKERS_CONF] = str(settings.spark.idle_python_workers)
     workload_defaults = {"stream": {}, "batch": BATCH_DEFAULTS, "replay": REPLAY_DEFAULTS}[workload]
     defaults = {**SPARK_DEFAULTS, **workload_defaults}
-    conf = {**defaults, **derived, **settings.spark.conf}
+    conf = {**defaults, **derived, **object_store_conf(settings), **settings.spark.conf}
     conf["spark.jars"] = ",".join(filter(None, [*connector_jars(settings), conf.get("spark.jars")]))
     for key, value in conf.items():
         builder = builder.config(key, value)
@@ -192,9 +193,39 @@ def command_session(
         spark.stop()
 
 
+def object_store_conf(settings: Settings) -> dict[str, str]:
+    """For an ``s3://`` storage root: S3A as ``s3://``'s filesystem, pointed at the settings' store.
+
+    The keys reach the driver and the executors as environment variables (S3A's environment
+    credentials provider, and delta-rs in the executors' Python tasks), never as ``spark.hadoop.*``
+    values; Spark redacts ``spark.executorEnv.*`` names holding "secret" or "key" in its UI and event
+    logs. delta-spark writes S3 through a single-driver log store: one writing driver per table,
+    which the one-writer leases keep (docs/production.md)."""
+    env = client_env(settings)
+    if not env:
+        return {}
+    store = settings.object_store
+    hadoop = {
+        "fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+        "fs.AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A",
+        "fs.s3a.endpoint": store.endpoint,
+        "fs.s3a.endpoint.region": store.region,
+        "fs.s3a.path.style.access": "true",
+        "fs.s3a.connection.ssl.enabled": str(store.endpoint.startswith("https://")).lower(),
+        "fs.s3a.aws.credentials.provider":
+            "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider",
+    }  # fmt: skip
+    conf = {f"spark.hadoop.{k}": v for k, v in hadoop.items()}
+    conf.update({f"spark.executorEnv.{k}": v for k, v in env.items()})
+    os.environ.update(env)  # the driver's JVM, started next, inherits them
+    return conf
+
+
 def connector_jars(settings: Settings) -> list[str]:
     """Spark's own Kafka source and Avro functions at pyspark's version, delta-spark (pyspark ships
     none of them) and the latest views' Real-time writer with its Cassandra driver, from the cache
     ``make setup`` fills; Spark sends them to a cluster's executors itself."""
     bundles: tuple[jars.Bundle, ...] = ("spark", "delta", "writer")
+    if on_object_store(settings.storage_root):
+        bundles += ("s3a",)
     return [str(jar) for bundle in bundles for jar in jars.classpath(settings.cache_dir, bundle)]
