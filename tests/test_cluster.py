@@ -675,6 +675,8 @@ def test_a_churn_soak_answers_every_query_without_a_server_error_and_exactly(off
         "merged_differences": len(problems),
     }
     print(json.dumps(report, indent=2))
+    # Beside the cluster's state (pytest keeps its last runs' folders), and where bench.churn asks.
+    (settings.state_dir / "churn-report.json").write_text(json.dumps(report, indent=2))
     if os.environ.get("LAMBDALAKE_CHURN_REPORT"):
         Path(os.environ["LAMBDALAKE_CHURN_REPORT"]).write_text(json.dumps(report, indent=2))
     assert in_topic == stats.acked, report
