@@ -590,6 +590,10 @@ def test_a_churn_soak_answers_every_query_without_a_server_error_and_exactly(off
     before = kcat_count(settings, pipeline.topic.name)
     rate = 40.0
     sender = produce(settings, pipeline, int(rate * (CHURN_S + 90)), rate=rate, seed=CHURN_SEED % 1000)
+    deadline = time.monotonic() + 300
+    while len(stored_keys(settings, pipeline, pipeline.views[-1])) < 10:  # keys to query, every view
+        assert time.monotonic() < deadline, "the speed job wrote no rows"
+        time.sleep(2)
     paths = [
         f"/v1/pipelines/{pipeline.name}/views/{view.name}/keys/{','.join(map(str, key))}"
         for view in pipeline.views
@@ -682,6 +686,7 @@ def test_a_churn_soak_answers_every_query_without_a_server_error_and_exactly(off
     if os.environ.get("LAMBDALAKE_CHURN_REPORT"):
         Path(os.environ["LAMBDALAKE_CHURN_REPORT"]).write_text(json.dumps(report, indent=2))
     assert in_topic == stats.acked, report
+    assert answers.count > 100 and quiet > 0, report  # the clients queried, before and during churn
     assert answers.server_errors == [], answers.server_errors[:5]
     assert problems == [], problems[:10]
     assert len(kills) >= 3, kills
