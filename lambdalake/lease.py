@@ -188,6 +188,7 @@ class Lease:
             holder = self.current()
             message, fix = self._refusal(holder)
             raise LeaseHeld(message, fix=fix)
+        self._reached_at, self._unreached = time.monotonic(), False
         self._thread = threading.Thread(target=self._renew, name=f"lease-{self.lease}", daemon=True)
         self._thread.start()
         log.info("took the %s lease of %s (%s)", self.lease, self.pipeline, self.holder)

@@ -227,7 +227,10 @@ def _write_groups(
             failed, errors = pending, [exc]
         if not failed:
             return
-        lagging = [e for e in errors if _coordinator_lags(e, settings, table.name)]
+        # Whether the cluster has the table is asked once for all the errors (a refresh may wait).
+        lagging = [e for e in errors if lags_schema(e, {table.name})]
+        if lagging and not _cluster_has(settings, table.name):
+            lagging = []
         refused = next((e for e in errors if isinstance(e, PERMANENT) and e not in lagging), None)
         if refused is not None and "too large" in str(refused).lower() and any(len(g) > 1 for g in failed):
             # Over the cluster's batch_size_fail_threshold: the same rows in smaller batches.
@@ -263,11 +266,9 @@ def _write_groups(
         pending = failed
 
 
-def _coordinator_lags(error: BaseException, settings: CassandraSettings, table: str) -> bool:
-    """Whether a write's error is a coordinator's that has not seen ``table`` yet, though the
-    cluster has it (the driver's schema, read again when it lacks the table)."""
-    if not lags_schema(error, {table}):
-        return False
+def _cluster_has(settings: CassandraSettings, table: str) -> bool:
+    """Whether the cluster has ``table`` by the driver's schema (read again when it lacks it): then
+    a coordinator saying it does not exist lags the schema, and the write is not refused."""
     session = connect(settings)
     if table_known(session, settings.keyspace, table):
         return True
