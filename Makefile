@@ -80,7 +80,7 @@ test-realtime: setup
 
 # The seeded operations schedule, long (make test runs a short one), and views changed ROUNDS times
 # on a live pipeline, the engines' property tests with more examples, and the churn soak on three
-# nodes for CHURN seconds (make test: 180): STEPS=40 SEED=123 ROUNDS=6 PROPERTY_EXAMPLES=500 CHURN=1800 make soak.
+# nodes for CHURN seconds (make test: 600): STEPS=40 SEED=123 ROUNDS=6 PROPERTY_EXAMPLES=500 CHURN=1800 make soak.
 soak: setup
 	LAMBDALAKE_SCHEDULE_STEPS=$${STEPS:-40} LAMBDALAKE_SCHEDULE_SEED=$${SEED:-} \
 		LAMBDALAKE_VIEW_SOAK_ROUNDS=$${ROUNDS:-6} LAMBDALAKE_INCREMENTAL_EXAMPLES=$${EXAMPLES:-5} \

@@ -5,7 +5,8 @@ were answered.
 It runs the soak of ``tests/test_cluster.py`` (one implementation: the test asserts what this
 reports) for ``--seconds`` of churn, and writes ``bench/results/churn.json``: queries made, server
 errors (5xx) and 503s with their longest stretch, p99 latency with and without churn, the kills,
-the batch runs, records acknowledged and in the topic, and merged answers unlike the reference.
+the batch runs beside it, records acknowledged and in the topic, merged answers unlike the
+reference, and the nodes whose own copy (read alone at ONE) differs from it.
 
     python -m bench.churn [--seconds 1800] [--seed N]
 """

@@ -13,7 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
-from cassandra import InvalidRequest
+from cassandra import InvalidRequest, OperationTimedOut, ReadFailure, ReadTimeout, Unavailable
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, ExecutionProfile, ResponseFuture, Session
 from cassandra.protocol import ServerError
 from cassandra.query import PreparedStatement, tuple_factory
@@ -65,10 +65,17 @@ class BadQuery(LambdalakeError, ValueError):
     """A key or time the view cannot take (HTTP 422)."""
 
 
-#: Reads of a key tried before a table no coordinator asked has seen yet answers 503, and the pause
-#: before each retry after the second (seconds, times the attempt).
+#: Tries of a read before it answers 503 (a table no coordinator asked has seen yet, or replicas
+#: that did not answer), and the pause before each retry after the second (seconds, times the try).
 LAG_ATTEMPTS = 4
 LAG_PAUSE_S = 0.25
+
+
+#: Errors of a read that the next try may not meet: a replica too slow to answer in time (one just
+#: back, replaying its commit log), or a coordinator whose gossip still counts a returned node down.
+#: With a quorum up, a later try answers; with a quorum down every try fails alike, and the last
+#: error is raised (the API's 503 names the consistency level).
+REPLICA_ERRORS = (ReadTimeout, Unavailable, ReadFailure, OperationTimedOut)
 
 
 class SchemaCatchingUp(ServiceUnavailable):
@@ -229,6 +236,10 @@ class ServingClient:
             except (InvalidRequest, ServerError) as exc:
                 p, v, active = self._recover(exc, p, view, v, active, sent, attempt)
                 time.sleep(LAG_PAUSE_S * attempt)
+            except REPLICA_ERRORS:
+                if attempt + 1 == LAG_ATTEMPTS:
+                    raise
+                time.sleep(LAG_PAUSE_S * attempt)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def aquery(
@@ -255,6 +266,10 @@ class ServingClient:
                 p, v, active = self._recover(exc, p, view, v, active, sent, attempt)
                 if attempt:
                     await asyncio.sleep(LAG_PAUSE_S * attempt)
+            except REPLICA_ERRORS:
+                if attempt + 1 == LAG_ATTEMPTS:
+                    raise
+                await asyncio.sleep(LAG_PAUSE_S * attempt)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _recover(

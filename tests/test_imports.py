@@ -26,6 +26,7 @@ def test_the_speed_tasks_import_neither_the_registry_client_nor_delta_rs() -> No
         "import sys, lambdalake.speed.sinks\n"
         "from lambdalake.spark import decode\n"
         "from lambdalake.writer_schemas import RegistryUnavailable\n"
+        "decode.REGISTRY_PATIENCE_S = 0  # a task waits out a registry's restart; here none comes\n"
         "try:\n"
         "    decode._fetcher({'url': 'http://127.0.0.1:9'})(1)\n"
         "except RegistryUnavailable:\n"
