@@ -39,7 +39,13 @@ _JAVA17_OPTIONS = (
 
 
 def write_config(
-    home: Path, settings: CassandraSettings, *, host: str, seed: str | None = None, bootstrap: bool = True
+    home: Path,
+    settings: CassandraSettings,
+    *,
+    host: str,
+    seed: str | None = None,
+    bootstrap: bool = True,
+    keystore: Path | None = None,
 ) -> Path:
     """Write ``cassandra.yaml`` (JSON is valid YAML) and an INFO logback under ``home``.
 
@@ -47,6 +53,8 @@ def write_config(
         seed: The node the others join through (default: this one, a node alone).
         bootstrap: Stream this node's share of the data when it first joins; False for the nodes of
             a new, empty cluster (there is nothing to stream, and they join at once).
+        keystore: Secured (``up --secure``): the PEM file holding the node's key and certificate.
+            Clients then log in (roles with passwords, permissions enforced) over TLS only.
     """
     conf_dir = home / "conf"
     conf_dir.mkdir(parents=True, exist_ok=True)
@@ -89,6 +97,20 @@ def write_config(
         # A new single-node cluster has no older nodes to stay compatible with: 5.0's own formats.
         "storage_compatibility_mode": "NONE",
     }
+    if keystore is not None:
+        pem = "org.apache.cassandra.security.PEMBasedSslContextFactory"
+        config |= {
+            "authenticator": "PasswordAuthenticator",
+            "authorizer": "CassandraAuthorizer",
+            "role_manager": "CassandraRoleManager",
+            "client_encryption_options": {
+                "enabled": True,
+                "optional": False,  # TLS only on the native port
+                "ssl_context_factory": {"class_name": pem},
+                "keystore": str(keystore),
+                "require_client_auth": False,
+            },
+        }
     (conf_dir / "cassandra.yaml").write_text(json.dumps(config, indent=2))
     (conf_dir / "logback.xml").write_text(LOGBACK)
     return conf_dir

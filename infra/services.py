@@ -9,6 +9,7 @@ those settings' defaults (:class:`lambdalake.settings.Settings`).
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import sys
 import time
@@ -21,13 +22,15 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
+from pydantic import SecretStr
 
+from lambdalake import secure
 from lambdalake.errors import LambdalakeError
-from lambdalake.infra import cassandra_dist, kafka_dist, s3proxy_dist
+from lambdalake.infra import cassandra_dist, kafka_dist, s3proxy_dist, tls
 from lambdalake.infra.addresses import host_port, joined
 from lambdalake.infra.process import ManagedProcess, port_open
 from lambdalake.object_store import bucket, on_object_store
-from lambdalake.settings import Settings
+from lambdalake.settings import CassandraSettings, Settings
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
@@ -328,9 +331,10 @@ class CassandraService(EmbeddedService):
         return self.settings.state_dir / self.name
 
     def prepare(self) -> None:
+        keystore = tls.ensure(self.settings.state_dir).bundle if self.settings.secure else None
         cassandra_dist.write_config(
             self.home, self.settings.cassandra, host=self.host, seed=self.hosts[0],
-            bootstrap=len(self.hosts) == 1 or not self.new_ring,
+            bootstrap=len(self.hosts) == 1 or not self.new_ring, keystore=keystore,
         )  # fmt: skip
 
     def argv(self) -> list[str]:
@@ -345,20 +349,51 @@ class CassandraService(EmbeddedService):
     def probe(self) -> str | None:
         if not port_open(self.host, self.port):
             return "not listening"
+        reason = self._query(self.settings.cassandra, "SELECT release_version FROM system.local")
+        if reason is not None and "login refused" in reason and self.settings.secure and self.node == 1:
+            return self._first_login()
+        return reason
+
+    def _query(self, cassandra: CassandraSettings, *statements: str) -> str | None:
+        """Run ``statements`` on this node as ``cassandra``'s login: None, or why they failed."""
         from cassandra.cluster import Cluster
 
         cluster = Cluster(
-            [self.host], port=self.port, **self.settings.cassandra.driver_options(),
+            [self.host], port=self.port, **cassandra.driver_options(),
             connect_timeout=3, control_connection_timeout=3,
         )  # fmt: skip
         try:
             session = cluster.connect()
-            session.execute("SELECT release_version FROM system.local", timeout=3)
+            for statement in statements:
+                session.execute(statement, timeout=10)
         except Exception as exc:  # the driver raises many types; all mean "not yet"
+            text = " ".join(str(e) for e in getattr(exc, "errors", {}).values()) or str(exc)
+            if "authenticat" in text.lower() or "bad credentials" in text.lower():
+                return f"login refused for {cassandra.username}"
             return f"CQL query failed: {exc.__class__.__name__}"
         finally:
             cluster.shutdown()
         return None
+
+    def _first_login(self) -> str | None:
+        """A secured node's first start: as Cassandra's default superuser, create the platform's
+        role (``principals.json``), replicate the roles to every node, and retire the default
+        login (its password replaced by one nobody keeps)."""
+        login = secure.principals(self.settings.state_dir).get("cassandra")
+        if not login:
+            return "no login recorded: run `lambdalake up --secure`"
+        default = self.settings.cassandra.model_copy(
+            update={"username": "cassandra", "password": SecretStr("cassandra")}
+        )
+        nodes = len(self.hosts)
+        return self._query(
+            default,
+            f"CREATE ROLE IF NOT EXISTS {login['username']} WITH PASSWORD = '{login['password']}' "
+            "AND LOGIN = true AND SUPERUSER = true",
+            "ALTER KEYSPACE system_auth WITH replication = "
+            f"{{'class': 'NetworkTopologyStrategy', 'datacenter1': {nodes}}}",
+            f"ALTER ROLE cassandra WITH PASSWORD = '{secrets.token_urlsafe(24)}'",
+        )
 
 
 class ObjectStoreService(EmbeddedService):

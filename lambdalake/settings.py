@@ -218,6 +218,12 @@ class CassandraSettings(BaseModel):
     )
     username: str | None = None
     password: SecretStr | None = None
+    #: A PEM file of the CA that signed the nodes' certificates: set, every connection (the Python
+    #: driver's and the Real-time JVM writer's) speaks TLS and checks the node's certificate.
+    ssl_ca_location: str | None = None
+    #: With TLS: check that a node's certificate names the address it was reached at. Off only for
+    #: clusters whose certificates do not name their nodes (the chain is still checked).
+    ssl_check_hostname: bool = True
     #: CQL replication map used when the deploy step creates the keyspace. None:
     #: NetworkTopologyStrategy with 3 replicas in each datacenter, or its nodes if fewer. A factor
     #: above a datacenter's nodes is refused.
@@ -262,8 +268,21 @@ class CassandraSettings(BaseModel):
 
     def driver_options(self) -> dict[str, Any]:
         """``Cluster`` arguments every session shares: the protocol version when one is pinned (the
-        driver negotiates the newest otherwise)."""
-        return {} if self.protocol_version is None else {"protocol_version": self.protocol_version}
+        driver negotiates the newest otherwise), the login, and TLS with the CA to trust."""
+        options: dict[str, Any] = {}
+        if self.protocol_version is not None:
+            options["protocol_version"] = self.protocol_version
+        if self.username and self.password:
+            from cassandra.auth import PlainTextAuthProvider
+
+            options["auth_provider"] = PlainTextAuthProvider(self.username, self.password.get_secret_value())
+        if self.ssl_ca_location:
+            import ssl
+
+            context = ssl.create_default_context(cafile=self.ssl_ca_location)
+            context.check_hostname = self.ssl_check_hostname
+            options["ssl_context"] = context
+        return options
 
 
 class SparkSettings(BaseModel):
@@ -390,6 +409,27 @@ class Settings(BaseSettings):
     #: a Spark standalone master and its workers; it only changes the defaults of the settings that
     #: describe a cluster (bootstrap list, contact points, Spark master, heaps), which win when set.
     nodes: int = Field(1, ge=1, le=9, description="a number of nodes 1-9", examples=["3"])
+    #: The embedded services are secured (``lambdalake up --secure``, which records it in the state
+    #: folder): Cassandra asks for a login over TLS. It only changes the defaults of the settings
+    #: that say how to reach them (the CA, the login), which win when set.
+    secure: bool = False
+
+    @model_validator(mode="after")
+    def _secured_defaults(self) -> Settings:
+        from lambdalake import secure
+
+        if "secure" not in self.model_fields_set and secure.recorded(self.state_dir):
+            self.secure = True
+        if not self.secure:
+            return self
+        cassandra = self.cassandra
+        if "ssl_ca_location" not in cassandra.model_fields_set:
+            cassandra.ssl_ca_location = str(secure.ca_file(self.state_dir))
+        login = secure.principals(self.state_dir).get("cassandra")
+        if login and "username" not in cassandra.model_fields_set:
+            cassandra.username = login["username"]
+            cassandra.password = SecretStr(login["password"])
+        return self
 
     @model_validator(mode="after")
     def _cluster_defaults(self) -> Settings:

@@ -9,12 +9,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cassandra import ConsistencyLevel, DriverException, OperationTimedOut, Unavailable, WriteTimeout
-from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
 from cassandra.policies import ConstantReconnectionPolicy
 
 from lambdalake.cassandra.routing import SchemaLagPolicy
-from lambdalake.errors import ServiceUnavailable
+from lambdalake.errors import ConfigurationError, ServiceUnavailable
 from lambdalake.settings import CassandraSettings
 
 # The driver warns about system tables it cannot describe: noise, not a problem.
@@ -27,19 +26,20 @@ _lock = threading.Lock()
 
 def connect(settings: CassandraSettings, *, keyspace: str | None = None) -> Session:
     """A session to the cluster (cached per process and contact points)."""
-    key = (tuple(settings.contact_points), settings.port, settings.protocol_version, keyspace)
+    # The principal and the CA are part of the key: roles of several principals in one process
+    # (a test of each one's rights) get sessions of their own.
+    key = (
+        tuple(settings.contact_points), settings.port, settings.protocol_version, keyspace,
+        settings.username, settings.ssl_ca_location, settings.ssl_check_hostname,
+    )  # fmt: skip
     with _lock:
         session = _sessions.get(key)
         if session is not None and not session.is_shutdown:
             return session
-        auth = None
-        if settings.username and settings.password:
-            auth = PlainTextAuthProvider(settings.username, settings.password.get_secret_value())
         cluster = Cluster(
             settings.contact_points,
             port=settings.port,
             **settings.driver_options(),
-            auth_provider=auth,
             connect_timeout=10,
             control_connection_timeout=10,
             # DDL (a batch's version tables, a view's new version) returns once the nodes that are up
@@ -62,6 +62,9 @@ def connect(settings: CassandraSettings, *, keyspace: str | None = None) -> Sess
             session = cluster.connect(keyspace)
         except Exception as exc:  # NoHostAvailable and friends
             cluster.shutdown()
+            refused = refusal(exc, settings)
+            if refused is not None:
+                raise refused from None
             raise ServiceUnavailable(
                 f"cannot reach Cassandra at {settings.contact_points}:{settings.port}: {exc}",
                 fix="start the embedded services with `lambdalake up`, "
@@ -69,6 +72,41 @@ def connect(settings: CassandraSettings, *, keyspace: str | None = None) -> Sess
             ) from exc
         _sessions[key] = session
         return session
+
+
+def refusal(exc: BaseException, settings: CassandraSettings) -> ConfigurationError | None:
+    """The settings' fault a failed connect shows, as an error naming the setting to fix (None: the
+    nodes could not be reached, or said something else). The driver gathers one error per node."""
+    errors = list(getattr(exc, "errors", {}).values()) or [exc]
+    text = " ".join(f"{type(e).__name__}: {e}" for e in errors)
+    lowered = text.lower()
+    who = f"user {settings.username!r}" if settings.username else "no user"
+    if "authenticat" in lowered or "bad credentials" in lowered:
+        given = "wrong" if settings.username else "missing"
+        return ConfigurationError(
+            f"Cassandra refused the login ({who}): the credentials are {given}",
+            fix="set LAMBDALAKE_CASSANDRA__USERNAME and LAMBDALAKE_CASSANDRA__PASSWORD to a role of "
+            "the cluster",
+        )
+    if "mismatch" in lowered and ("hostname" in lowered or "ip address" in lowered):
+        return ConfigurationError(
+            "a Cassandra node's certificate does not name the address it was reached at "
+            f"({', '.join(settings.contact_points)})",
+            fix="use contact points the certificates name, or reissue them with those names; only for "
+            "certificates without names, set LAMBDALAKE_CASSANDRA__SSL_CHECK_HOSTNAME=false",
+        )
+    if "expired" in lowered and "certificate" in lowered:
+        return ConfigurationError(
+            "a Cassandra node's certificate has expired",
+            fix="reissue the nodes' certificates (the embedded ones: `lambdalake up --secure` renews them)",
+        )
+    if "certificate verify failed" in lowered:
+        return ConfigurationError(
+            f"a Cassandra node's certificate is not signed by the CA in {settings.ssl_ca_location}",
+            fix="set LAMBDALAKE_CASSANDRA__SSL_CA_LOCATION to the PEM file of the CA that signed the "
+            "nodes' certificates",
+        )
+    return None
 
 
 def consistency(settings: CassandraSettings) -> int:

@@ -36,8 +36,19 @@ NodesOpt = Annotated[
 ]  # fmt: skip
 
 
+SecureOpt = Annotated[
+    bool,
+    typer.Option(
+        "--secure",
+        help="Secure the embedded services: Cassandra asks for a login (a role created here, its "
+        "password drawn at random) over TLS, with certificates of a CA made in the state folder. "
+        "Recorded for the commands that follow (their settings find the CA and the login).",
+    ),
+]
+
+
 @app.command()
-def up(only: OnlyOpt = None, nodes: NodesOpt = None) -> None:
+def up(only: OnlyOpt = None, nodes: NodesOpt = None, secure: SecureOpt = False) -> None:
     """Start the embedded broker(s), schema registry, Cassandra node(s) and, with a ``spark://``
     master of this machine, the Spark standalone cluster (idempotent)."""
     from lambdalake.infra.services import select, start_all
@@ -59,6 +70,18 @@ def up(only: OnlyOpt = None, nodes: NodesOpt = None) -> None:
             )
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         (settings.state_dir / NODES_FILE).write_text(f"{nodes}\n")
+        get_settings.cache_clear()
+        settings = get_settings()
+    if secure and not settings.secure:
+        from lambdalake import secure as secured
+
+        running = [s.name for s in select(settings, None) if s.embedded and s.proc.pid() is not None]
+        if running:
+            raise LambdalakeError(
+                f"the embedded services run open ({', '.join(running)}): --secure changes how they start",
+                fix="`lambdalake down` first (data is kept), then `lambdalake up --secure`",
+            )
+        secured.ensure_principals(settings.state_dir)
         get_settings.cache_clear()
         settings = get_settings()
     services = select(settings, only)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -223,9 +224,12 @@ def jvm_writer(spark: SparkSession, settings: Settings, targets: list[LatestTarg
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
     password = cas.password.get_secret_value() if cas.password else None
     protocol = None if cas.protocol_version is None else f"V{cas.protocol_version}"
+    # The CA's text, not its path: the executors may run on hosts without the driver's files.
+    ca = Path(cas.ssl_ca_location).read_text() if cas.ssl_ca_location else None
     cluster = jvm.lambdalake.realtime.Cluster(
-        list(cas.contact_points), cas.port, cas.username, password, protocol, 30_000
-    )
+        list(cas.contact_points), cas.port, cas.username, password, protocol, 30_000, ca,
+        cas.ssl_check_hostname,
+    )  # fmt: skip
     keyspace = cas.keyspace
     return jvm.lambdalake.realtime.CandidateWriter(
         cluster,

@@ -5,8 +5,9 @@ import java.util.List;
 import java.util.Objects;
 
 /**
- * Where a session connects: the settings' contact points, port, credentials and protocol
- * version. The password is never part of {@link #toString}.
+ * Where a session connects: the settings' contact points, port, credentials, protocol version and
+ * TLS (the CA's PEM text itself, not its path: an executor on another host has not the driver's
+ * files). The password is never part of {@link #toString}.
  */
 public final class Cluster implements Serializable {
   private static final long serialVersionUID = 1L;
@@ -16,6 +17,8 @@ public final class Cluster implements Serializable {
   final String password;
   final String protocolVersion;
   final long requestTimeoutMs;
+  final String caPem;
+  final boolean checkHostname;
 
   /**
    * @param hosts contact points (host names or addresses).
@@ -24,6 +27,8 @@ public final class Cluster implements Serializable {
    * @param password null without authentication.
    * @param protocolVersion "V4", "V5"... or null to negotiate.
    * @param requestTimeoutMs a request's timeout.
+   * @param caPem the PEM text of the CA that signed the nodes' certificates; null: no TLS.
+   * @param checkHostname with TLS, whether a node's certificate must name the address reached.
    */
   public Cluster(
       List<String> hosts,
@@ -31,13 +36,17 @@ public final class Cluster implements Serializable {
       String username,
       String password,
       String protocolVersion,
-      long requestTimeoutMs) {
+      long requestTimeoutMs,
+      String caPem,
+      boolean checkHostname) {
     this.hosts = List.copyOf(hosts);
     this.port = port;
     this.username = username;
     this.password = password;
     this.protocolVersion = protocolVersion;
     this.requestTimeoutMs = requestTimeoutMs;
+    this.caPem = caPem;
+    this.checkHostname = checkHostname;
   }
 
   @Override
@@ -48,7 +57,9 @@ public final class Cluster implements Serializable {
         && Objects.equals(username, k.username)
         && Objects.equals(password, k.password)
         && Objects.equals(protocolVersion, k.protocolVersion)
-        && requestTimeoutMs == k.requestTimeoutMs;
+        && requestTimeoutMs == k.requestTimeoutMs
+        && Objects.equals(caPem, k.caPem)
+        && checkHostname == k.checkHostname;
   }
 
   @Override

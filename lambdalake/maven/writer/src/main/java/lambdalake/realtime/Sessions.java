@@ -5,10 +5,19 @@ import com.datastax.oss.driver.api.core.config.DefaultDriverOption;
 import com.datastax.oss.driver.api.core.config.DriverConfigLoader;
 import com.datastax.oss.driver.api.core.config.ProgrammaticDriverConfigLoaderBuilder;
 import com.datastax.oss.driver.api.core.cql.PreparedStatement;
+import com.datastax.oss.driver.api.core.ssl.ProgrammaticSslEngineFactory;
+import java.io.ByteArrayInputStream;
 import java.net.InetSocketAddress;
+import java.nio.charset.StandardCharsets;
+import java.security.GeneralSecurityException;
+import java.security.KeyStore;
+import java.security.cert.Certificate;
+import java.security.cert.CertificateFactory;
 import java.time.Duration;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
+import javax.net.ssl.SSLContext;
+import javax.net.ssl.TrustManagerFactory;
 
 /**
  * One Cassandra session per executor JVM and cluster, shared by every task (a session holds its
@@ -62,6 +71,33 @@ public final class Sessions {
     if (key.username != null && key.password != null) {
       builder = builder.withAuthCredentials(key.username, key.password);
     }
+    if (key.caPem != null) {
+      builder =
+          builder.withSslEngineFactory(
+              new ProgrammaticSslEngineFactory(trusting(key.caPem), null, key.checkHostname));
+    }
     return builder.build();
+  }
+
+  /** A TLS context trusting the certificates in {@code pem} (a CA, or several). */
+  static SSLContext trusting(String pem) {
+    try {
+      KeyStore trusted = KeyStore.getInstance(KeyStore.getDefaultType());
+      trusted.load(null, null);
+      int i = 0;
+      for (Certificate cert :
+          CertificateFactory.getInstance("X.509")
+              .generateCertificates(new ByteArrayInputStream(pem.getBytes(StandardCharsets.US_ASCII)))) {
+        trusted.setCertificateEntry("ca-" + i++, cert);
+      }
+      TrustManagerFactory factory =
+          TrustManagerFactory.getInstance(TrustManagerFactory.getDefaultAlgorithm());
+      factory.init(trusted);
+      SSLContext context = SSLContext.getInstance("TLS");
+      context.init(null, factory.getTrustManagers(), null);
+      return context;
+    } catch (GeneralSecurityException | java.io.IOException e) {
+      throw new IllegalArgumentException("the Cassandra CA (ssl_ca_location) is not a PEM certificate", e);
+    }
   }
 }
