@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import httpx
@@ -285,8 +286,18 @@ class RegistryService(EmbeddedService):
         return self.settings.to_env()
 
     def probe(self) -> str | None:
+        registry = self.settings.registry
+        auth = None
+        if registry.basic_auth_user_info is not None:
+            name, _, password = registry.basic_auth_user_info.get_secret_value().partition(":")
+            auth = (name, password)
+        verify: Any = True
+        if registry.url.startswith("https:"):
+            from lambdalake.writer_schemas import tls_context
+
+            verify = tls_context(registry.client_config())
         try:
-            resp = httpx.get(f"{self.settings.registry.url}/subjects", timeout=2)
+            resp = httpx.get(f"{registry.url}/subjects", timeout=2, auth=auth, verify=verify)
         except httpx.HTTPError as exc:
             return f"not answering: {exc.__class__.__name__}"
         return None if resp.status_code == 200 else f"HTTP {resp.status_code}"

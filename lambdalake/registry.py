@@ -10,7 +10,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from lambdalake.errors import ConfigurationError, ServiceUnavailable
 from lambdalake.pipeline import Pipeline
-from lambdalake.settings import Settings
+from lambdalake.settings import Settings, mask_url
 
 
 @dataclass(frozen=True)
@@ -31,13 +31,53 @@ def _unavailable(settings: Settings, exc: Exception) -> ServiceUnavailable:
     )
 
 
+def refusal(settings: Settings, exc: Exception) -> ConfigurationError | None:
+    """The settings' fault an error of the registry's client shows, naming the setting to fix (None:
+    another error)."""
+    registry = settings.registry
+    if isinstance(exc, SchemaRegistryError) and exc.http_status_code in (401, 403):
+        user = (
+            registry.basic_auth_user_info.get_secret_value().partition(":")[0]
+            if registry.basic_auth_user_info
+            else None
+        )
+        who = f"user {user!r}" if user else "no login"
+        return ConfigurationError(
+            f"the schema registry at {mask_url(registry.url)} refused the login ({who}): "
+            f"HTTP {exc.http_status_code}",
+            fix="set LAMBDALAKE_REGISTRY__BASIC_AUTH_USER_INFO to <user>:<password> of a registry user",
+        )
+    text = str(exc).lower()
+    if "mismatch" in text and ("hostname" in text or "ip address" in text):
+        return ConfigurationError(
+            f"the schema registry's certificate does not name the host of {mask_url(registry.url)}",
+            fix="set LAMBDALAKE_REGISTRY__URL to a name its certificate holds, or reissue the certificate",
+        )
+    if "certificate has expired" in text:
+        return ConfigurationError(
+            "the schema registry's certificate has expired",
+            fix="reissue it (the embedded one: `lambdalake up --secure` renews it)",
+        )
+    if "certificate verify failed" in text:
+        return ConfigurationError(
+            "the schema registry's certificate is not signed by the CA in "
+            f"{registry.ssl_ca_location or 'the system store'}",
+            fix="set LAMBDALAKE_REGISTRY__SSL_CA_LOCATION to the PEM file of the CA that signed it",
+        )
+    return None
+
+
 def call(settings: Settings, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call a registry client method, turning connection failures into an error naming the fix."""
+    """Call a registry client method, turning connection failures and refused logins into an error
+    naming the fix."""
     try:
         return fn(*args, **kwargs)
-    except SchemaRegistryError:
-        raise
-    except Exception as exc:  # requests/httpx connection errors of the client
+    except Exception as exc:  # also requests/httpx connection errors of the client
+        refused = refusal(settings, exc)
+        if refused is not None:
+            raise refused from None
+        if isinstance(exc, SchemaRegistryError):
+            raise
         raise _unavailable(settings, exc) from exc
 
 

@@ -176,6 +176,9 @@ class RegistrySettings(BaseModel):
         "http://127.0.0.1:8081", description="an http(s) URL", examples=["https://registry.example.com:8081"]
     )
     basic_auth_user_info: SecretStr | None = None
+    #: A PEM file of the CA that signed the registry's certificate (an https URL); None: the
+    #: system's trusted CAs.
+    ssl_ca_location: str | None = None
     #: Compacted topic where the embedded registry keeps its state (as Confluent's does).
     schemas_topic: str = "_schemas"
     default_compatibility: Literal[
@@ -198,6 +201,17 @@ class RegistrySettings(BaseModel):
         conf: dict[str, Any] = {"url": self.url}
         if self.basic_auth_user_info is not None:
             conf["basic.auth.user.info"] = self.basic_auth_user_info.get_secret_value()
+        if self.ssl_ca_location is not None:
+            conf["ssl.ca.location"] = self.ssl_ca_location
+        return conf
+
+    def task_config(self) -> dict[str, Any]:
+        """:meth:`client_config` for Spark tasks, which may run on hosts without this one's files:
+        the CA travels as its PEM text (``ssl.ca.pem``) instead of a path."""
+        conf = self.client_config()
+        location = conf.pop("ssl.ca.location", None)
+        if location is not None:
+            conf["ssl.ca.pem"] = Path(location).read_text()
         return conf
 
 
@@ -422,13 +436,22 @@ class Settings(BaseSettings):
             self.secure = True
         if not self.secure:
             return self
-        cassandra = self.cassandra
+        ca = str(secure.ca_file(self.state_dir))
+        logins = secure.principals(self.state_dir)
+        cassandra, registry = self.cassandra, self.registry
         if "ssl_ca_location" not in cassandra.model_fields_set:
-            cassandra.ssl_ca_location = str(secure.ca_file(self.state_dir))
-        login = secure.principals(self.state_dir).get("cassandra")
+            cassandra.ssl_ca_location = ca
+        login = logins.get("cassandra")
         if login and "username" not in cassandra.model_fields_set:
             cassandra.username = login["username"]
             cassandra.password = SecretStr(login["password"])
+        if "url" not in registry.model_fields_set and registry.url.startswith("http:"):
+            registry.url = "https:" + registry.url[len("http:") :]
+        if "ssl_ca_location" not in registry.model_fields_set:
+            registry.ssl_ca_location = ca
+        login = logins.get("registry")
+        if login and "basic_auth_user_info" not in registry.model_fields_set:
+            registry.basic_auth_user_info = SecretStr(f"{login['username']}:{login['password']}")
         return self
 
     @model_validator(mode="after")

@@ -49,6 +49,14 @@ def _endpoint(registry: Mapping[str, Any]) -> tuple[str, str | None]:
     return base, "Basic " + base64.b64encode(str(user_info).encode()).decode()
 
 
+def tls_context(registry: Mapping[str, Any]) -> ssl.SSLContext:
+    """The TLS context trusting the registry's CA: its PEM text (``ssl.ca.pem``, as tasks get it),
+    its file (``ssl.ca.location``), or else the system's CAs."""
+    if registry.get("ssl.ca.pem"):
+        return ssl.create_default_context(cadata=str(registry["ssl.ca.pem"]))
+    return ssl.create_default_context(cafile=registry.get("ssl.ca.location"))
+
+
 def fetcher(
     registry: Mapping[str, Any],
     *,
@@ -72,7 +80,7 @@ def fetcher(
     :class:`RegistryUnavailable` (naming the URL without credentials) when it cannot tell.
     """
     base, auth = _endpoint(registry)
-    context = ssl.create_default_context() if base.startswith("https:") else None
+    context = tls_context(registry) if base.startswith("https:") else None
     cache: dict[int, str] = {}
 
     def get(schema_id: int) -> str:

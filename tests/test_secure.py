@@ -1,17 +1,20 @@
-"""`lambdalake up --secure` against the real server: Cassandra asks for a login over TLS, with the
-certificates of a CA made in the state folder, and the commands that follow find both. A wrong
-password and a certificate of another CA are each one clear error naming the setting to fix (exit 2,
-no stack trace), and no secret is written to a log or printed by `lambdalake config`."""
+"""`lambdalake up --secure` against the real servers: Cassandra asks for a login over TLS, and the
+schema registry serves HTTPS with basic auth, both with certificates of a CA made in the state
+folder; the commands that follow find the CA and the logins. For each service, a wrong password and
+a certificate of another CA are one clear error naming the setting to fix (exit 2, no stack trace),
+and no secret is written to a log or printed by `lambdalake config`."""
 
 from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from lambdalake import secure
@@ -19,6 +22,7 @@ from lambdalake.cassandra.session import connect
 from lambdalake.errors import ConfigurationError
 from lambdalake.infra import tls
 from lambdalake.settings import QUICK_JIT, Settings
+from lambdalake.writer_schemas import fetcher
 from tests.conftest import PROJECT_ROOT, port
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -32,19 +36,33 @@ def given(**cassandra: object) -> dict[str, object]:
     }  # fmt: skip
 
 
-def secured_settings(state: Path, **cassandra: object) -> Settings:
-    """Settings of the test's state folder as a command started there builds them: the login and
-    the CA come from what `up --secure` recorded unless ``cassandra`` names them."""
-    return Settings(cassandra=given(**cassandra), state_dir=state, storage_root=str(state / "storage"))
+KAFKA = {"bootstrap_servers": f"127.0.0.1:{port(26092)}", "jvm_options": QUICK_JIT}
 
 
-def cli(state: Path, *args: str, **cassandra: object) -> subprocess.CompletedProcess:
+def registry(**more: object) -> dict[str, object]:
+    return {"url": f"https://127.0.0.1:{port(26081)}", **more}
+
+
+def secured_settings(state: Path, registry_given: dict | None = None, **cassandra: object) -> Settings:
+    """Settings of the test's state folder as a command started there builds them: the logins and
+    the CA come from what `up --secure` recorded unless ``cassandra`` (or ``registry_given``) names them."""
+    return Settings(
+        kafka=KAFKA, registry=registry_given or registry(), cassandra=given(**cassandra), state_dir=state,
+        storage_root=str(state / "storage"),
+    )  # fmt: skip
+
+
+def cli(
+    state: Path, *args: str, registry_given: dict | None = None, **cassandra: object
+) -> subprocess.CompletedProcess:
     """``lambdalake`` in the state folder, with only the settings a user would set (so the recorded
     ``--secure`` defaults apply)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAMBDALAKE_")}
     env |= {
         "LAMBDALAKE_STATE_DIR": str(state),
         "LAMBDALAKE_STORAGE_ROOT": str(state / "storage"),
+        "LAMBDALAKE_KAFKA": json.dumps(KAFKA),
+        "LAMBDALAKE_REGISTRY": json.dumps(registry_given or registry()),
         "LAMBDALAKE_CASSANDRA": json.dumps(given(**cassandra)),
         "COLUMNS": "200",
     }
@@ -60,13 +78,13 @@ def cli(state: Path, *args: str, **cassandra: object) -> subprocess.CompletedPro
 @pytest.fixture(scope="module")
 def state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     folder = tmp_path_factory.mktemp("secure")
-    started = cli(folder, "up", "--secure", "--only", "cassandra")
+    started = cli(folder, "up", "--secure", "--only", "broker", "--only", "registry", "--only", "cassandra")
     out = (started.stdout + started.stderr).decode()
     try:
         assert started.returncode == 0, out
         yield folder
     finally:
-        cli(folder, "down", "--only", "cassandra")
+        cli(folder, "down")
 
 
 def test_the_commands_that_follow_log_in_over_tls_with_what_up_recorded(state: Path) -> None:
@@ -114,14 +132,51 @@ def test_a_certificate_of_another_ca_is_one_clear_error_naming_the_setting(
     assert "Traceback" not in out, out
 
 
+def test_the_registry_serves_https_to_its_login_only(state: Path) -> None:
+    settings = secured_settings(state)
+    assert settings.registry.url.startswith("https:") and settings.registry.basic_auth_user_info is not None
+    registered = cli(state, "schemas", "register", "offers")  # confluent's registry client
+    out = (registered.stdout + registered.stderr).decode()
+    assert registered.returncode == 0 and "= id " in out, out
+    schema_id = int(out.split("= id ")[1].split()[0])
+    # A Spark task's lookup: the CA as its text, no file of this host's.
+    assert "ssl.ca.location" not in settings.registry.task_config()
+    assert '"type"' in fetcher(settings.registry.task_config())(schema_id)
+    plain = httpx.get(
+        f"https://127.0.0.1:{port(26081)}/subjects",
+        verify=ssl.create_default_context(cafile=secure.ca_file(state)),
+    )
+    assert plain.status_code == 401 and plain.json()["error_code"] == 40101, plain.text
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port(26081)}/subjects", timeout=5)
+
+
+def test_a_wrong_registry_login_or_ca_is_one_clear_error_naming_the_setting(
+    state: Path, tmp_path: Path
+) -> None:
+    wrong = cli(
+        state, "schemas", "register", "offers", registry_given=registry(basic_auth_user_info="lambdalake:no")
+    )
+    out = (wrong.stdout + wrong.stderr).decode()
+    assert wrong.returncode == 2 and "refused the login" in out, out
+    assert "LAMBDALAKE_REGISTRY__BASIC_AUTH_USER_INFO" in out and "Traceback" not in out, out
+    other = tmp_path / "other-ca.pem"
+    other.write_bytes(tls.new_ca("another CA").cert)
+    wrong = cli(state, "schemas", "register", "offers", registry_given=registry(ssl_ca_location=str(other)))
+    out = (wrong.stdout + wrong.stderr).decode()
+    assert wrong.returncode == 2 and "not signed by the CA" in out, out
+    assert "LAMBDALAKE_REGISTRY__SSL_CA_LOCATION" in out and "Traceback" not in out, out
+
+
 def test_no_secret_is_logged_or_printed(state: Path) -> None:
-    password = secure.principals(state)["cassandra"]["password"]
+    passwords = [login["password"] for login in secure.principals(state).values()]
+    assert len(passwords) == 2
     shown = cli(state, "config")
     assert shown.returncode == 0, shown.stderr.decode()
-    assert password not in (shown.stdout + shown.stderr).decode()
     assert "cassandra" in shown.stdout.decode()
-    for log in (state / "logs").rglob("*"):
-        if log.is_file():
-            assert password not in log.read_text(errors="replace"), log
-    for written in (state / "cassandra" / "conf").rglob("*"):
-        assert password not in written.read_text(errors="replace"), written
+    written = [state / "logs", state / "cassandra" / "conf", state / "broker"]
+    for path in [p for folder in written for p in folder.rglob("*") if p.is_file()]:
+        text = path.read_text(errors="replace")
+        assert not any(password in text for password in passwords), path
+    for password in passwords:
+        assert password not in (shown.stdout + shown.stderr).decode()

@@ -8,6 +8,8 @@ request gets a 4xx answer and never reaches Kafka.
 
 from __future__ import annotations
 
+import base64
+import hmac
 import json
 import logging
 import unicodedata
@@ -124,9 +126,20 @@ def level_of(body: Any) -> str:
     return level
 
 
-def make_app(store: KafkaBackedStore) -> FastAPI:
-    """The registry's ASGI app over ``store``."""
+def make_app(store: KafkaBackedStore, users: dict[str, str] | None = None) -> FastAPI:
+    """The registry's ASGI app over ``store``; ``users`` (name: password): HTTP basic auth on every
+    route, as Confluent's registry with basic auth answers (401, error code 40101)."""
     app = FastAPI(title="lambdalake schema registry", docs_url=None, redoc_url=None, openapi_url=None)
+    if users:
+        allowed = {name: password.encode() for name, password in users.items()}
+
+        @app.middleware("http")
+        async def basic_auth(request: Request, call_next: Any) -> Any:
+            if not _authenticated(request.headers.get("authorization", ""), allowed):
+                response = _error(401, 40101, "Unauthorized: a valid login is required (HTTP basic auth)")
+                response.headers["WWW-Authenticate"] = 'Basic realm="lambdalake schema registry"'
+                return response
+            return await call_next(request)
 
     @app.exception_handler(RegistryError)
     async def registry_error(_request: Request, exc: RegistryError) -> RegistryResponse:
@@ -275,14 +288,37 @@ def make_app(store: KafkaBackedStore) -> FastAPI:
     return app
 
 
-def make_server(store: KafkaBackedStore, host: str, port: int) -> Any:
-    """A uvicorn server for the registry app (``.run()`` serves until SIGTERM/SIGINT)."""
+def _authenticated(header: str, allowed: dict[str, bytes]) -> bool:
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic":
+        return False
+    try:
+        name, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return False
+    known = allowed.get(name)
+    # Compared in constant time, and against something when the name is unknown too.
+    return hmac.compare_digest(password.encode(), known or b"\0") and known is not None
+
+
+def make_server(
+    store: KafkaBackedStore,
+    host: str,
+    port: int,
+    *,
+    users: dict[str, str] | None = None,
+    tls: tuple[str, str] | None = None,
+) -> Any:
+    """A uvicorn server for the registry app (``.run()`` serves until SIGTERM/SIGINT); ``tls``: the
+    certificate and key files to serve HTTPS with."""
     import uvicorn
 
     config = uvicorn.Config(
-        make_app(store),
+        make_app(store, users),
         host=host,
         port=port,
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
         log_level="warning",
         access_log=False,
         # Header-size and malformed-request limits are h11's: a garbage or negative Content-Length

@@ -70,7 +70,7 @@ class DecodeSpec:
         return cls(
             pipeline=pipeline.name,
             reader_schema=pipeline.schema_text(),
-            registry=settings.registry.client_config(),
+            registry=settings.registry.task_config(),
             rules=tuple(checked_rules(pipeline)),
             epoch_seconds=pipeline.layers.epoch_seconds,
             writer_schemas=tuple(sorted((writer_schemas or {}).items())),
