@@ -11,6 +11,7 @@ import base64
 import subprocess
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from lambdalake import jars
@@ -79,6 +80,45 @@ def server_properties(
     }
 
 
+@dataclass(frozen=True)
+class Secured:
+    """What a secured broker (``up --secure``) needs: its key store, the CA it trusts, and the login
+    its brokers use between themselves (a superuser, created at format time)."""
+
+    keystore: Path
+    keystore_password: str
+    ca: Path
+    username: str
+    password: str
+
+
+def secured_properties(host: str, port: int, controller: int, secured: Secured) -> dict[str, str]:
+    """The client listener as SASL_SSL with SCRAM-SHA-512 (the brokers among themselves too), and
+    ACLs enforced. The controller listener stays plain on this machine's loopback address: its
+    anonymous principal is a superuser, as KRaft's own requests need."""
+    jaas = (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{secured.username}" password="{secured.password}";'
+    )
+    return {
+        "listeners": f"SASL_SSL://{joined(host, port)},CONTROLLER://{joined(host, controller)}",
+        "advertised.listeners": f"SASL_SSL://{joined(host, port)}",
+        "inter.broker.listener.name": "SASL_SSL",
+        "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+        "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+        "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": jaas,
+        "ssl.keystore.type": "PKCS12",
+        "ssl.keystore.location": str(secured.keystore),
+        "ssl.keystore.password": secured.keystore_password,
+        "ssl.key.password": secured.keystore_password,
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(secured.ca),
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": f"User:{secured.username};User:ANONYMOUS",
+    }
+
+
 def write_config(
     home: Path,
     settings: KafkaSettings,
@@ -87,13 +127,19 @@ def write_config(
     port: int,
     node_id: int = 1,
     nodes: Sequence[tuple[str, int]] = (),
+    secured: Secured | None = None,
 ) -> Path:
-    """Write ``server.properties`` and ``log4j2.properties`` under ``home``; returns the first."""
+    """Write ``server.properties`` (owner-only: a secured broker's holds its login) and
+    ``log4j2.properties`` under ``home``; returns the first."""
     home.mkdir(parents=True, exist_ok=True)
     props = server_properties(
         settings, host=host, port=port, log_dir=log_dir(home), node_id=node_id, nodes=nodes
     )
+    if secured is not None:
+        props |= secured_properties(host, port, settings.embedded_controller_port(port), secured)
     path = home / "server.properties"
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
     path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     (home / "log4j2.properties").write_text(LOG4J2)
     return path
@@ -125,10 +171,16 @@ def new_cluster_id() -> str:
 
 
 def format_once(
-    home: Path, cache_dir: Path, *, options: Sequence[str] = (), cluster_id: str | None = None
+    home: Path,
+    cache_dir: Path,
+    *,
+    options: Sequence[str] = (),
+    cluster_id: str | None = None,
+    scram: Sequence[tuple[str, str]] = (),
 ) -> None:
     """Format the log folder for KRaft, unless it was (``kafka-storage format``; ~5 s). The nodes of
-    one cluster share ``cluster_id`` (default: a new one, for a node alone)."""
+    one cluster share ``cluster_id`` (default: a new one, for a node alone); ``scram``: (user,
+    password) logins created with it (SCRAM-SHA-512), before any broker needs one."""
     if (log_dir(home) / "meta.properties").exists():
         return
     cluster_id = cluster_id or new_cluster_id()
@@ -136,6 +188,8 @@ def format_once(
         *_java(home, cache_dir, "256m", options), "kafka.tools.StorageTool", "format",
         "-t", cluster_id, "-c", str(home / "server.properties"), "--ignore-formatted",
     ]  # fmt: skip
+    for user, password in scram:
+        argv += ["--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     if out.returncode != 0:
         tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-8:])

@@ -212,11 +212,23 @@ class BrokerService(EmbeddedService):
         """Everything the node keeps: its config, and its logs (records and KRaft metadata) in ``data/``."""
         return self.settings.state_dir / self.name
 
+    def _secured(self) -> kafka_dist.Secured | None:
+        if not self.settings.secure:
+            return None
+        files = tls.ensure(self.settings.state_dir)
+        login = secure.principals(self.settings.state_dir)["kafka"]
+        return kafka_dist.Secured(
+            keystore=files.keystore, keystore_password=files.keystore_password.read_text(), ca=files.ca,
+            username=login["username"], password=login["password"],
+        )  # fmt: skip
+
     def prepare(self) -> None:
         kafka = self.settings.kafka
+        secured = self._secured()
         kafka_dist.write_config(
-            self.data_dir, kafka, host=self.host, port=self.port, node_id=self.node, nodes=self.addresses
-        )
+            self.data_dir, kafka, host=self.host, port=self.port, node_id=self.node, nodes=self.addresses,
+            secured=secured,
+        )  # fmt: skip
         cluster_id = None
         if len(self.addresses) > 1:  # the nodes of one cluster are formatted with one id
             id_file = self.settings.state_dir / "kafka-cluster-id"
@@ -224,8 +236,9 @@ class BrokerService(EmbeddedService):
                 id_file.parent.mkdir(parents=True, exist_ok=True)
                 id_file.write_text(kafka_dist.new_cluster_id())
             cluster_id = id_file.read_text().strip()
+        scram = [(secured.username, secured.password)] if secured else []
         kafka_dist.format_once(self.data_dir, self.settings.cache_dir, options=kafka.jvm_options,
-                               cluster_id=cluster_id)  # fmt: skip
+                               cluster_id=cluster_id, scram=scram)  # fmt: skip
 
     def argv(self) -> list[str]:
         return kafka_dist.java_argv(

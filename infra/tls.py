@@ -19,12 +19,14 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from lambdalake import secure
@@ -61,6 +63,15 @@ class TlsFiles:
     @property
     def bundle(self) -> Path:
         return self.folder / "server-bundle.pem"
+
+    @property
+    def keystore(self) -> Path:
+        """The key and certificate as PKCS#12, for Kafka (its PEM key store needs an encrypted key)."""
+        return self.folder / "server.p12"
+
+    @property
+    def keystore_password(self) -> Path:
+        return self.folder / "server.p12.password"
 
 
 @dataclass(frozen=True)
@@ -184,9 +195,21 @@ def ensure(state_dir: Path) -> TlsFiles:
         _write_secret(files.ca_key, ca.key)
         files.ca.write_bytes(ca.cert)
         files.cert.unlink(missing_ok=True)
-    if not (_still_valid(files.cert) and files.key.exists() and files.bundle.exists()):
+    if not (_still_valid(files.cert) and all(p.exists() for p in (files.key, files.bundle, files.keystore))):
         server = issue(Issued(files.ca.read_bytes(), files.ca_key.read_bytes()))
         _write_secret(files.key, server.key)
         _write_secret(files.bundle, server.key + server.cert)
+        password = secrets.token_urlsafe(24)
+        _write_secret(files.keystore_password, password.encode())
+        _write_secret(files.keystore, _pkcs12(server, password))
         files.cert.write_bytes(server.cert)
     return files
+
+
+def _pkcs12(server: Issued, password: str) -> bytes:
+    key = serialization.load_pem_private_key(server.key, password=None)
+    cert = x509.load_pem_x509_certificate(server.cert)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    return pkcs12.serialize_key_and_certificates(
+        b"server", key, cert, None, serialization.BestAvailableEncryption(password.encode())
+    )

@@ -5,8 +5,8 @@ Layout under ``<state_dir>/secure/`` (owner-only):
 
 - ``ca.pem``, ``server.pem``, ``server.key``, ``server-bundle.pem``: the embedded CA and the
   certificate every embedded service presents (:mod:`lambdalake.infra.tls` writes them);
-- ``principals.json``: ``{"cassandra": {"username": ..., "password": ...}, "registry": {...}}``, the
-  logins `up --secure` created (passwords drawn at random once, never printed).
+- ``principals.json``: ``{"kafka": {"username": ..., "password": ...}, "cassandra": ..., "registry":
+  ...}``, the logins `up --secure` created (passwords drawn at random once, never printed).
 
 This module owns that layout; the settings take their secured defaults from it.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 FOLDER = "secure"
 PRINCIPALS = "principals.json"
 #: The services `up --secure` secures with a login.
-SERVICES = ("cassandra", "registry")
+SERVICES = ("kafka", "cassandra", "registry")
 #: The role `up --secure` creates for the platform's own commands (a superuser of the cluster).
 ADMIN = "lambdalake"
 
@@ -51,10 +51,7 @@ def principals(state_dir: Path) -> dict[str, dict[str, str]]:
 def ensure_principals(state_dir: Path) -> dict[str, dict[str, str]]:
     """The recorded logins, drawn (a random password per service) and written on the first call."""
     known = principals(state_dir)
-    wanted = {
-        service: {"username": ADMIN, "password": secrets.token_urlsafe(24)}
-        for service in ("cassandra", "registry")
-    }
+    wanted = {name: {"username": ADMIN, "password": secrets.token_urlsafe(24)} for name in SERVICES}
     if all(name in known for name in wanted):
         return known
     merged = {**wanted, **known}

@@ -424,8 +424,9 @@ class Settings(BaseSettings):
     #: describe a cluster (bootstrap list, contact points, Spark master, heaps), which win when set.
     nodes: int = Field(1, ge=1, le=9, description="a number of nodes 1-9", examples=["3"])
     #: The embedded services are secured (``lambdalake up --secure``, which records it in the state
-    #: folder): Cassandra asks for a login over TLS. It only changes the defaults of the settings
-    #: that say how to reach them (the CA, the login), which win when set.
+    #: folder): Kafka speaks SASL_SSL (SCRAM-SHA-512), Cassandra asks for a login over TLS, the
+    #: registry serves HTTPS with basic auth. It only changes the defaults of the settings that say
+    #: how to reach them (the CA, the logins), which win when set.
     secure: bool = False
 
     @model_validator(mode="after")
@@ -438,7 +439,15 @@ class Settings(BaseSettings):
             return self
         ca = str(secure.ca_file(self.state_dir))
         logins = secure.principals(self.state_dir)
-        cassandra, registry = self.cassandra, self.registry
+        kafka, cassandra, registry = self.kafka, self.cassandra, self.registry
+        login = logins.get("kafka")
+        if login and not {"security_protocol", "sasl_username"} & kafka.model_fields_set:
+            kafka.security_protocol = "SASL_SSL"
+            kafka.sasl_mechanism = "SCRAM-SHA-512"
+            kafka.sasl_username = login["username"]
+            kafka.sasl_password = SecretStr(login["password"])
+            if "ssl_ca_location" not in kafka.model_fields_set:
+                kafka.ssl_ca_location = ca
         if "ssl_ca_location" not in cassandra.model_fields_set:
             cassandra.ssl_ca_location = ca
         login = logins.get("cassandra")

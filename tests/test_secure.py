@@ -1,8 +1,9 @@
-"""`lambdalake up --secure` against the real servers: Cassandra asks for a login over TLS, and the
-schema registry serves HTTPS with basic auth, both with certificates of a CA made in the state
-folder; the commands that follow find the CA and the logins. For each service, a wrong password and
-a certificate of another CA are one clear error naming the setting to fix (exit 2, no stack trace),
-and no secret is written to a log or printed by `lambdalake config`."""
+"""`lambdalake up --secure` against the real servers: Kafka speaks SASL_SSL (SCRAM-SHA-512) with ACLs
+enforced, Cassandra asks for a login over TLS, and the schema registry serves HTTPS with basic auth,
+all with certificates of a CA made in the state folder; the commands that follow find the CA and the
+logins. A wrong password (each service) and a certificate of another CA (Cassandra, the registry) are
+one clear error naming the setting to fix (exit 2, no stack trace), and no secret is written to a
+log or printed by `lambdalake config`."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from lambdalake import secure
 from lambdalake.cassandra.session import connect
 from lambdalake.errors import ConfigurationError
 from lambdalake.infra import tls
+from lambdalake.pipeline import configured_pipeline
 from lambdalake.settings import QUICK_JIT, Settings
 from lambdalake.writer_schemas import fetcher
 from tests.conftest import PROJECT_ROOT, port
@@ -53,7 +55,11 @@ def secured_settings(state: Path, registry_given: dict | None = None, **cassandr
 
 
 def cli(
-    state: Path, *args: str, registry_given: dict | None = None, **cassandra: object
+    state: Path,
+    *args: str,
+    kafka_given: dict | None = None,
+    registry_given: dict | None = None,
+    **cassandra: object,
 ) -> subprocess.CompletedProcess:
     """``lambdalake`` in the state folder, with only the settings a user would set (so the recorded
     ``--secure`` defaults apply)."""
@@ -61,7 +67,7 @@ def cli(
     env |= {
         "LAMBDALAKE_STATE_DIR": str(state),
         "LAMBDALAKE_STORAGE_ROOT": str(state / "storage"),
-        "LAMBDALAKE_KAFKA": json.dumps(KAFKA),
+        "LAMBDALAKE_KAFKA": json.dumps(kafka_given or KAFKA),
         "LAMBDALAKE_REGISTRY": json.dumps(registry_given or registry()),
         "LAMBDALAKE_CASSANDRA": json.dumps(given(**cassandra)),
         "COLUMNS": "200",
@@ -168,13 +174,86 @@ def test_a_wrong_registry_login_or_ca_is_one_clear_error_naming_the_setting(
     assert "LAMBDALAKE_REGISTRY__SSL_CA_LOCATION" in out and "Traceback" not in out, out
 
 
+def test_kafka_speaks_sasl_ssl_to_its_login_only(state: Path, tmp_path: Path) -> None:
+    settings = secured_settings(state)
+    assert settings.kafka.security_protocol == "SASL_SSL" and settings.kafka.sasl_mechanism == "SCRAM-SHA-512"
+    produced = cli(state, "produce", "offers", "-n", "40", "--seed", "3")
+    out = (produced.stdout + produced.stderr).decode()
+    assert produced.returncode == 0, out
+    topic = configured_pipeline("offers", settings).topic.name
+    # Counted by Kafka's own Java client, with the properties Spark's Kafka source is given (kcat's
+    # librdkafka 2.0.2 fails SCRAM-SHA-512 logins that newer clients pass).
+    assert java_count(settings, topic, tmp_path) + java_count(settings, f"{topic}.dlq", tmp_path) == 40
+    login = {
+        **KAFKA, "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_username": secure.ADMIN, "ssl_ca_location": str(secure.ca_file(state)),
+    }  # fmt: skip
+    wrong = cli(state, "produce", "offers", "-n", "1", kafka_given={**login, "sasl_password": "not-it"})
+    out = (wrong.stdout + wrong.stderr).decode()
+    assert wrong.returncode == 2 and "refused the login" in out, out
+    assert "LAMBDALAKE_KAFKA__SASL_PASSWORD" in out and "Traceback" not in out, out
+    plain = cli(state, "produce", "offers", "-n", "1", kafka_given={**KAFKA, "security_protocol": "PLAINTEXT"})
+    out = (plain.stdout + plain.stderr).decode()
+    assert plain.returncode != 0 and "Traceback" not in out, out
+
+
+#: Kafka's Java consumer counting a topic's records (launched from source: Java 17 compiles a single
+#: file at start), with the client properties Spark's Kafka source is given.
+JAVA_COUNT = """
+import java.io.FileReader;
+import java.time.Duration;
+import java.util.*;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.serialization.ByteArrayDeserializer;
+
+public class Count {
+  public static void main(String[] args) throws Exception {
+    Properties props = new Properties();
+    try (FileReader in = new FileReader(args[0])) { props.load(in); }
+    var bytes = new ByteArrayDeserializer();
+    try (var consumer = new KafkaConsumer<>(props, bytes, bytes)) {
+      List<TopicPartition> parts = new ArrayList<>();
+      for (var p : consumer.partitionsFor(args[1], Duration.ofSeconds(60))) {
+        parts.add(new TopicPartition(p.topic(), p.partition()));
+      }
+      consumer.assign(parts);
+      consumer.seekToBeginning(parts);
+      Map<TopicPartition, Long> ends = consumer.endOffsets(parts, Duration.ofSeconds(60));
+      long count = 0;
+      while (parts.stream().anyMatch(p -> consumer.position(p) < ends.get(p))) {
+        count += consumer.poll(Duration.ofSeconds(5)).count();
+      }
+      System.out.println(count);
+    }
+  }
+}
+"""
+
+
+def java_count(settings: Settings, topic: str, folder: Path) -> int:
+    from lambdalake import jars
+
+    (folder / "Count.java").write_text(JAVA_COUNT)
+    conf = folder / "client.properties"
+    conf.touch(mode=0o600)
+    conf.write_text("".join(f"{k}={v}\n" for k, v in settings.kafka.java_client_config().items()))
+    classpath = ":".join(map(str, jars.classpath(settings.cache_dir, "kafka")))
+    out = subprocess.run(
+        [jars.java(), "-cp", classpath, str(folder / "Count.java"), str(conf), topic],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return int(out.stdout.split()[-1])
+
+
 def test_no_secret_is_logged_or_printed(state: Path) -> None:
     passwords = [login["password"] for login in secure.principals(state).values()]
-    assert len(passwords) == 2
+    assert len(passwords) == 3
     shown = cli(state, "config")
     assert shown.returncode == 0, shown.stderr.decode()
     assert "cassandra" in shown.stdout.decode()
-    written = [state / "logs", state / "cassandra" / "conf", state / "broker"]
+    written = [state / "logs", state / "cassandra" / "conf", state / "broker" / "logs"]
     for path in [p for folder in written for p in folder.rglob("*") if p.is_file()]:
         text = path.read_text(errors="replace")
         assert not any(password in text for password in passwords), path

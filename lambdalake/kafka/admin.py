@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from lambdalake.errors import ConfigurationError, ServiceUnavailable
@@ -17,12 +17,42 @@ def admin_client(settings: Settings) -> AdminClient:
     return AdminClient(settings.kafka.client_config())
 
 
+def refusal(settings: Settings, errors: list[KafkaError]) -> ConfigurationError | None:
+    """The settings' fault the client's errors show (a refused login, a certificate it could not
+    check), naming the setting to fix; None for anything else."""
+    kafka = settings.kafka
+    text = " ".join(e.str() for e in errors).lower()
+    if any(e.code() == KafkaError._AUTHENTICATION for e in errors) or "authentication failed" in text:
+        who = f"user {kafka.sasl_username!r}" if kafka.sasl_username else "no login"
+        return ConfigurationError(
+            f"Kafka at {kafka.bootstrap_servers} refused the login "
+            f"({who}, {kafka.sasl_mechanism or 'no SASL mechanism'})",
+            fix="set LAMBDALAKE_KAFKA__SASL_USERNAME and LAMBDALAKE_KAFKA__SASL_PASSWORD to a user of the "
+            "cluster (and LAMBDALAKE_KAFKA__SASL_MECHANISM to its mechanism)",
+        )
+    if "certificate verify failed" in text:
+        return ConfigurationError(
+            "a Kafka broker's certificate is not signed by the CA in "
+            f"{kafka.ssl_ca_location or 'the system store'}",
+            fix="set LAMBDALAKE_KAFKA__SSL_CA_LOCATION to the PEM file of the CA that signed the brokers' "
+            "certificates",
+        )
+    return None
+
+
 def require_broker(settings: Settings, admin: AdminClient | None = None) -> AdminClient:
-    """An admin client to a reachable cluster, or :class:`ServiceUnavailable` naming the fix."""
-    admin = admin or admin_client(settings)
+    """An admin client to a reachable cluster, or :class:`ServiceUnavailable` naming the fix (a
+    :class:`ConfigurationError` when the cluster refused the login or its certificate)."""
+    seen: list[KafkaError] = []
+    # Its errors are gathered (and said once, below), not logged by librdkafka line by line.
+    admin = admin or AdminClient({**settings.kafka.client_config(), "error_cb": seen.append, "log_level": 0})
     try:
         admin.list_topics(timeout=settings.kafka.connect_timeout_s)
     except KafkaException as exc:
+        admin.poll(0)  # serves the error callbacks queued meanwhile (a refused login is one)
+        refused = refusal(settings, [exc.args[0], *seen])
+        if refused is not None:
+            raise refused from None
         raise ServiceUnavailable(
             f"cannot reach Kafka at {settings.kafka.bootstrap_servers} "
             f"(no answer within {settings.kafka.connect_timeout_s:g}s: {exc.args[0].str()})",
