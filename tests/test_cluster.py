@@ -480,13 +480,15 @@ def test_a_churn_soak_answers_every_query_without_a_server_error_and_exactly(off
         t0 = time.monotonic()
         order = list(range(len(actions)))
         batches.start()  # one after another, beside the churn: a batch here takes minutes
-        while order:  # a round of every action at least, then more while time is left
-            actions[order.pop(rng.randrange(len(order)))]()
-            time.sleep(rng.uniform(5, 20))
-            if not order and time.monotonic() - t0 < CHURN_S:
-                order = list(range(len(actions)))
+        try:
+            while order:  # a round of every action at least, then more while time is left
+                actions[order.pop(rng.randrange(len(order)))]()
+                time.sleep(rng.uniform(5, 20))
+                if not order and time.monotonic() - t0 < CHURN_S:
+                    order = list(range(len(actions)))
+        finally:  # the module's next tests want the cluster to themselves
+            batches.stop()
         churned = time.monotonic() - t0
-        batches.stop()
     sender.join(900)
     stats = sender.result["stats"]  # type: ignore[attr-defined]
     assert stats.unacknowledged == 0 and stats.acked > 0, stats
@@ -560,7 +562,8 @@ def test_one_node_of_each_kind_restarted_alone_while_the_rest_and_the_speed_job_
     assert wait_equal(settings, pipeline, timeout=400) == [], offers.log.read_text()[-3000:]
     # The recovered master still schedules the job: it has its executor (or a new one).
     state = node(settings, "spark-master").cluster_state()
-    assert isinstance(state, dict) and len(state["activeapps"]) == 1, state
+    assert isinstance(state, dict), state
+    assert [a["name"] for a in state["activeapps"]] == [f"lambdalake-speed-{pipeline.name}"], state
 
 
 def test_fewer_than_a_quorum_of_cassandra_nodes_answers_503_naming_the_consistency_level(

@@ -33,16 +33,16 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 def given(**cassandra: object) -> dict[str, object]:
     """The Cassandra settings a user of the test's node sets (``cassandra``: more of them)."""
     return {
-        "contact_points": ["127.0.0.1"], "port": port(26042), "storage_port": port(26000),
+        "contact_points": ["127.0.0.1"], "port": port(14042), "storage_port": port(14000),
         "keyspace": "secure_test", "heap": "768M", "jvm_options": QUICK_JIT, **cassandra,
     }  # fmt: skip
 
 
-KAFKA = {"bootstrap_servers": f"127.0.0.1:{port(26092)}", "jvm_options": QUICK_JIT}
+KAFKA = {"bootstrap_servers": f"127.0.0.1:{port(14092)}", "jvm_options": QUICK_JIT}
 
 
 def registry(**more: object) -> dict[str, object]:
-    return {"url": f"https://127.0.0.1:{port(26081)}", **more}
+    return {"url": f"https://127.0.0.1:{port(14081)}", **more}
 
 
 def secured_settings(state: Path, registry_given: dict | None = None, **cassandra: object) -> Settings:
@@ -149,12 +149,12 @@ def test_the_registry_serves_https_to_its_login_only(state: Path) -> None:
     assert "ssl.ca.location" not in settings.registry.task_config()
     assert '"type"' in fetcher(settings.registry.task_config())(schema_id)
     plain = httpx.get(
-        f"https://127.0.0.1:{port(26081)}/subjects",
+        f"https://127.0.0.1:{port(14081)}/subjects",
         verify=ssl.create_default_context(cafile=secure.ca_file(state)),
     )
     assert plain.status_code == 401 and plain.json()["error_code"] == 40101, plain.text
     with pytest.raises(httpx.HTTPError):
-        httpx.get(f"http://127.0.0.1:{port(26081)}/subjects", timeout=5)
+        httpx.get(f"http://127.0.0.1:{port(14081)}/subjects", timeout=5)
 
 
 def test_a_wrong_registry_login_or_ca_is_one_clear_error_naming_the_setting(
@@ -192,7 +192,9 @@ def test_kafka_speaks_sasl_ssl_to_its_login_only(state: Path, tmp_path: Path) ->
     out = (wrong.stdout + wrong.stderr).decode()
     assert wrong.returncode == 2 and "refused the login" in out, out
     assert "LAMBDALAKE_KAFKA__SASL_PASSWORD" in out and "Traceback" not in out, out
-    plain = cli(state, "produce", "offers", "-n", "1", kafka_given={**KAFKA, "security_protocol": "PLAINTEXT"})
+    plain = cli(
+        state, "produce", "offers", "-n", "1", kafka_given={**KAFKA, "security_protocol": "PLAINTEXT"}
+    )
     out = (plain.stdout + plain.stderr).decode()
     assert plain.returncode != 0 and "Traceback" not in out, out
 
