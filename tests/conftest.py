@@ -51,7 +51,7 @@ TEST_PORTS = {
 #: The slowest files first (seconds each, measured alone in one process), so that workers taking
 #: whole files in turn end together instead of one waiting on a long last file.
 _SLOW_FILES = (
-    "test_cluster.py",  # ~1,100 s: three nodes of each and one speed job, and the 3-minute churn soak
+    "test_cluster.py",  # ~1,700 s in the suite: three nodes of each, one speed job, the 10-minute soak
     "test_view_versions.py",  # 509 s
     "test_exactness.py",  # 320
     "test_incremental_batch.py",  # 294
