@@ -136,14 +136,18 @@ def produce(settings: Settings, pipeline, n: int, rate: float, seed: int) -> thr
         t0 = time.monotonic()
         try:
             for i, record in enumerate(generate(pipeline.name, n, seed=seed, mix=Mix(duplicates=0.03))):
+                if stop.is_set():
+                    break
                 producer.send(record)
                 if i % 250 == 0 and (ahead := i / rate - (time.monotonic() - t0)) > 0:
                     time.sleep(ahead)
         finally:
             result["stats"] = producer.flush(timeout=300)
 
+    stop = threading.Event()
     thread = threading.Thread(target=run, daemon=True)
     thread.result = result  # type: ignore[attr-defined]
+    thread.stop = stop  # type: ignore[attr-defined]  # set: no more sends (a failed test's cleanup)
     thread.start()
     return thread
 
@@ -401,10 +405,23 @@ def test_a_churn_soak_answers_every_query_without_a_server_error_and_exactly(off
     settings, pipeline = offers.settings, offers.pipeline
     rng = random.Random(CHURN_SEED)
     topic = pipeline.topic.name
-    topics = [topic, pipeline.topic.dlq, "_schemas"]
     before, dlq_before = kcat_count(settings, topic), kcat_count(settings, pipeline.topic.dlq)
     rate = 40.0
     sender = produce(settings, pipeline, int(rate * (CHURN_S + 90)), rate=rate, seed=CHURN_SEED % 1000)
+    try:
+        churn(offers, sender, rng, before, dlq_before)
+    finally:  # a failure here leaves no producer sending into the module's next tests
+        sender.stop.set()  # type: ignore[attr-defined]
+        sender.join(300)
+
+
+def churn(
+    offers: SharedJob, sender: threading.Thread, rng: random.Random, before: int, dlq_before: int
+) -> None:
+    """The soak's churn and its checks, while ``sender`` produces."""
+    settings, pipeline = offers.settings, offers.pipeline
+    topic = pipeline.topic.name
+    topics = [topic, pipeline.topic.dlq, "_schemas"]
     deadline = time.monotonic() + 300
     while len(stored_keys(settings, pipeline, pipeline.views[-1])) < 10:  # keys to query, every view
         assert time.monotonic() < deadline, "the speed job wrote no rows"
@@ -432,7 +449,8 @@ def test_a_churn_soak_answers_every_query_without_a_server_error_and_exactly(off
 
     def kill_a_leader() -> None:
         meta = AdminClient(settings.kafka.client_config()).list_topics(topic, timeout=10)
-        victim = node(settings, f"broker-{meta.topics[topic].partitions[rng.randrange(3)].leader}")
+        partition = rng.choice(sorted(meta.topics[topic].partitions.values(), key=lambda p: p.id))
+        victim = node(settings, f"broker-{partition.leader}")
         kills.append(f"{victim.name} (a partition leader)")
         kill_and_restart(victim, 8)
 
