@@ -374,13 +374,15 @@ class CassandraService(EmbeddedService):
         if not port_open(self.host, self.port):
             return "not listening"
         reason = self._query(self.settings.cassandra, "SELECT release_version FROM system.local")
-        if reason is not None and "login refused" in reason and self.settings.secure and self.node == 1:
+        if reason is not None and "refused the login" in reason and self.settings.secure and self.node == 1:
             return self._first_login()
         return reason
 
     def _query(self, cassandra: CassandraSettings, *statements: str) -> str | None:
         """Run ``statements`` on this node as ``cassandra``'s login: None, or why they failed."""
         from cassandra.cluster import Cluster
+
+        from lambdalake.cassandra.session import refusal
 
         cluster = Cluster(
             [self.host], port=self.port, **cassandra.driver_options(),
@@ -391,9 +393,9 @@ class CassandraService(EmbeddedService):
             for statement in statements:
                 session.execute(statement, timeout=10)
         except Exception as exc:  # the driver raises many types; all mean "not yet"
-            text = " ".join(str(e) for e in getattr(exc, "errors", {}).values()) or str(exc)
-            if "authenticat" in text.lower() or "bad credentials" in text.lower():
-                return f"login refused for {cassandra.username}"
+            refused = refusal(exc, cassandra)  # the clients' own reading of a refused login or certificate
+            if refused is not None:
+                return refused.message
             return f"CQL query failed: {exc.__class__.__name__}"
         finally:
             cluster.shutdown()
