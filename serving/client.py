@@ -19,8 +19,14 @@ from cassandra.protocol import ServerError
 from cassandra.query import PreparedStatement, tuple_factory
 
 from lambdalake.cassandra.active import ActiveBatch, PipelineMeta, read_meta
-from lambdalake.cassandra.routing import lags_schema, missing_table, suspect_coordinator, table_known
-from lambdalake.cassandra.session import connect
+from lambdalake.cassandra.routing import (
+    lags_schema,
+    missing_table,
+    replica_lacks_schema,
+    suspect_coordinator,
+    table_known,
+)
+from lambdalake.cassandra.session import await_schema_agreement, connect
 from lambdalake.cassandra.tables import TableDef, read_stored, speed_table_def
 from lambdalake.errors import ConfigurationError, LambdalakeError, ServiceUnavailable
 from lambdalake.event_schema import event_schema
@@ -76,6 +82,12 @@ LAG_PAUSE_S = 0.25
 #: With a quorum up, a later try answers; with a quorum down every try fails alike, and the last
 #: error is raised (the API's 503 names the consistency level).
 REPLICA_ERRORS = (ReadTimeout, Unavailable, ReadFailure, OperationTimedOut)
+
+#: How long a read whose replica had not seen the table yet (``INCOMPATIBLE_SCHEMA``: a node back
+#: from an outage, before it pulled the schema of a batch published without it) waits for the nodes
+#: to agree on the schema before its next try. Another coordinator alone does not help: it may ask the
+#: same replica. Measured: one such read failed all four quick tries in a churn soak.
+SCHEMA_WAIT_S = 10.0
 
 
 class SchemaCatchingUp(ServiceUnavailable):
@@ -236,9 +248,11 @@ class ServingClient:
             except (InvalidRequest, ServerError) as exc:
                 p, v, active = self._recover(exc, p, view, v, active, sent, attempt)
                 time.sleep(LAG_PAUSE_S * attempt)
-            except REPLICA_ERRORS:
+            except REPLICA_ERRORS as exc:
                 if attempt + 1 == LAG_ATTEMPTS:
                     raise
+                if replica_lacks_schema(exc):
+                    await_schema_agreement(self.session, SCHEMA_WAIT_S)
                 time.sleep(LAG_PAUSE_S * attempt)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -266,9 +280,11 @@ class ServingClient:
                 p, v, active = self._recover(exc, p, view, v, active, sent, attempt)
                 if attempt:
                     await asyncio.sleep(LAG_PAUSE_S * attempt)
-            except REPLICA_ERRORS:
+            except REPLICA_ERRORS as exc:
                 if attempt + 1 == LAG_ATTEMPTS:
                     raise
+                if replica_lacks_schema(exc):
+                    await asyncio.to_thread(await_schema_agreement, self.session, SCHEMA_WAIT_S)
                 await asyncio.sleep(LAG_PAUSE_S * attempt)
         raise AssertionError("unreachable: the last attempt returns or raises")
 

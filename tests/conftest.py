@@ -92,6 +92,10 @@ def settings_for(state_dir: Path, ports: dict[str, int] = TEST_PORTS) -> Setting
             "jvm_options": QUICK_JIT,
         },
         serving={"port": port(18080)},
+        # Deployed speed jobs 2 s apart: back to back, a job under a test's trickling producer kept a
+        # core busy (a micro-batch costs ~1 s of CPU however few its records), on two cores shared by
+        # three workers. The tests' waits are for answers, never for a micro-batch count.
+        speed={"trigger_s": 2},
         state_dir=state_dir,
         storage_root=str(state_dir / "storage"),
     )

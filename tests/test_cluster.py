@@ -58,6 +58,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
                    "keyspace": "lambdalake_cluster", "heap": "768M", "lease_ttl_s": 15,
                    "jvm_options": QUICK_JIT},
         spark={"master": f"spark://127.0.0.1:{port(27077)}"},
+        speed={"trigger_s": 2},  # as the other tests' (tests/conftest.py): a trickle, not a core's worth
         state_dir=state,
         storage_root=str(state / "storage"),
     )  # fmt: skip

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import time
 
-from cassandra import InvalidRequest
+from cassandra import ConsistencyLevel, InvalidRequest, ReadFailure, WriteFailure
 from cassandra.policies import LoadBalancingPolicy
 from cassandra.protocol import ServerError
 
-from lambdalake.cassandra.routing import SchemaLagPolicy, lags_schema, missing_table
+from lambdalake.cassandra.routing import SchemaLagPolicy, lags_schema, missing_table, replica_lacks_schema
 
 
 class Fixed(LoadBalancingPolicy):
@@ -55,3 +55,16 @@ def test_which_errors_are_a_coordinator_lagging_the_schema() -> None:
     assert lags_schema(ServerError(0, "Unknown CF 5e0b4a10-...", None), None)
     assert not lags_schema(InvalidRequest("Undefined column name x"), {"wallet__w5__b1"})
     assert not lags_schema(ServerError(0, "java.lang.NullPointerException", None), None)
+
+
+def test_a_replica_that_has_not_seen_the_table_is_told_from_other_failures() -> None:
+    # As the driver builds them from a protocol-v5 failure: the replicas' reasons by address.
+    lacking = ReadFailure(
+        "Replica(s) failed to execute read", consistency=ConsistencyLevel.QUORUM, required_responses=2,
+        received_responses=1, failures=1, error_code_map={"127.0.0.3": 3},
+    )  # fmt: skip
+    tombstones = ReadFailure("Replica(s) failed to execute read", failures=1, error_code_map={"127.0.0.3": 1})
+    assert replica_lacks_schema(lacking)
+    assert not replica_lacks_schema(tombstones)
+    assert replica_lacks_schema(WriteFailure("failed: INCOMPATIBLE_SCHEMA from /127.0.0.2"))
+    assert not replica_lacks_schema(InvalidRequest("INCOMPATIBLE_SCHEMA"))  # not a replica's failure

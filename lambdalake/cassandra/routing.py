@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from cassandra import InvalidRequest
+from cassandra import CoordinationFailure, InvalidRequest
 from cassandra.policies import DCAwareRoundRobinPolicy, LoadBalancingPolicy, TokenAwarePolicy
 from cassandra.protocol import ServerError
 
@@ -112,6 +112,22 @@ def lags_schema(error: BaseException, known: set[str] | frozenset[str] | None = 
         return True
     table = missing_table(error)
     return table is not None and known is not None and table in known
+
+
+#: Cassandra's ``RequestFailureReason.INCOMPATIBLE_SCHEMA``: a replica asked for rows of a table it
+#: has not seen yet (5.0's ``RequestFailureReason``, sent in a failure's error-code map).
+INCOMPATIBLE_SCHEMA = 3
+
+
+def replica_lacks_schema(error: BaseException) -> bool:
+    """Whether ``error`` is a read's or write's failure because a replica (not the coordinator) has
+    not seen the table yet: a node back from an outage, asked for its data before it pulled the
+    schema. Another coordinator may send the request to the same replica: what helps is waiting for
+    the nodes to agree on the schema (:func:`lambdalake.cassandra.session.await_schema_agreement`)."""
+    if not isinstance(error, CoordinationFailure):
+        return False
+    codes = getattr(error, "error_code_map", None) or {}
+    return INCOMPATIBLE_SCHEMA in codes.values() or "INCOMPATIBLE_SCHEMA" in str(error)
 
 
 def table_known(session: Any, keyspace: str, table: str) -> bool:

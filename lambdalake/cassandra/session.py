@@ -171,6 +171,15 @@ def execute_ddl(session: Session, cql: str, *, timeout: float = 60) -> bool:
     return bool(agreed)
 
 
+def await_schema_agreement(session: Session, wait_s: float) -> bool:
+    """Wait up to ``wait_s`` until the nodes that are up report one schema version (a node back from
+    an outage has then pulled the tables made without it). Returns whether they agreed."""
+    try:
+        return bool(session.cluster.control_connection.wait_for_schema_agreement(wait_time=wait_s))
+    except DriverException:  # the control connection itself lost its host: the caller retries anyway
+        return False
+
+
 def hosts_down(session: Session) -> list[str]:
     """The addresses of the cluster's nodes the driver sees down."""
     return sorted(str(h.address) for h in session.cluster.metadata.all_hosts() if h.is_up is False)

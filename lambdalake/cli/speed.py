@@ -31,7 +31,10 @@ def speed_run(
     master: Annotated[
         str | None, typer.Option(help="Spark master URL (default: LAMBDALAKE_SPARK__MASTER).")
     ] = None,
-    trigger: Annotated[float, typer.Option(help="Seconds between micro-batches (0: back to back).")] = 0.0,
+    trigger: Annotated[
+        float | None,
+        typer.Option(min=0, help="Seconds between micro-batches (0: back to back; default speed.trigger_s)."),
+    ] = None,
     max_offsets_per_trigger: Annotated[int, typer.Option(help="Records per micro-batch at most.")] = 200_000,
     once: Annotated[
         bool, typer.Option("--once", help="Process what the topic holds now, then stop.")
@@ -72,7 +75,7 @@ def speed_run(
     if master:
         settings = settings.model_copy(update={"spark": settings.spark.model_copy(update={"master": master})})
     options = SpeedOptions(
-        trigger_seconds=trigger,
+        trigger_seconds=settings.speed.trigger_s if trigger is None else trigger,
         max_offsets_per_trigger=max_offsets_per_trigger,
         broker_wait_s=broker_wait,
         fail_on_data_loss=fail_on_data_loss,
