@@ -83,13 +83,15 @@ def server_properties(
 @dataclass(frozen=True)
 class Secured:
     """What a secured broker (``up --secure``) needs: its key store, the CA it trusts, and the login
-    its brokers use between themselves (a superuser, created at format time)."""
+    its brokers use between themselves (a superuser), and every principal's SCRAM login, created at
+    format time."""
 
     keystore: Path
     keystore_password: str
     ca: Path
     username: str
     password: str
+    users: tuple[tuple[str, str], ...] = ()
 
 
 def secured_properties(host: str, port: int, controller: int, secured: Secured) -> dict[str, str]:

@@ -216,10 +216,11 @@ class BrokerService(EmbeddedService):
         if not self.settings.secure:
             return None
         files = tls.ensure(self.settings.state_dir)
-        login = secure.principals(self.settings.state_dir)["kafka"]
+        logins = secure.principals(self.settings.state_dir)
         return kafka_dist.Secured(
             keystore=files.keystore, keystore_password=files.keystore_password.read_text(), ca=files.ca,
-            username=login["username"], password=login["password"],
+            username=logins["admin"]["username"], password=logins["admin"]["password"],
+            users=tuple((login["username"], login["password"]) for login in logins.values()),
         )  # fmt: skip
 
     def prepare(self) -> None:
@@ -236,7 +237,7 @@ class BrokerService(EmbeddedService):
                 id_file.parent.mkdir(parents=True, exist_ok=True)
                 id_file.write_text(kafka_dist.new_cluster_id())
             cluster_id = id_file.read_text().strip()
-        scram = [(secured.username, secured.password)] if secured else []
+        scram = list(secured.users) if secured else []
         kafka_dist.format_once(self.data_dir, self.settings.cache_dir, options=kafka.jvm_options,
                                cluster_id=cluster_id, scram=scram)  # fmt: skip
 
@@ -405,17 +406,22 @@ class CassandraService(EmbeddedService):
         """A secured node's first start: as Cassandra's default superuser, create the platform's
         role (``principals.json``), replicate the roles to every node, and retire the default
         login (its password replaced by one nobody keeps)."""
-        login = secure.principals(self.settings.state_dir).get("cassandra")
-        if not login:
+        logins = secure.principals(self.settings.state_dir)
+        if "admin" not in logins:
             return "no login recorded: run `lambdalake up --secure`"
         default = self.settings.cassandra.model_copy(
             update={"username": "cassandra", "password": SecretStr("cassandra")}
         )
         nodes = len(self.hosts)
+        # The admin a superuser; the other roles log in with no rights until deploy grants them theirs.
+        roles = [
+            f"CREATE ROLE IF NOT EXISTS {login['username']} WITH PASSWORD = '{login['password']}' "
+            f"AND LOGIN = true AND SUPERUSER = {str(role == 'admin').lower()}"
+            for role, login in logins.items()
+        ]
         return self._query(
             default,
-            f"CREATE ROLE IF NOT EXISTS {login['username']} WITH PASSWORD = '{login['password']}' "
-            "AND LOGIN = true AND SUPERUSER = true",
+            *roles,
             "ALTER KEYSPACE system_auth WITH replication = "
             f"{{'class': 'NetworkTopologyStrategy', 'datacenter1': {nodes}}}",
             f"ALTER ROLE cassandra WITH PASSWORD = '{secrets.token_urlsafe(24)}'",

@@ -46,7 +46,7 @@ class TlsFiles:
 
     @property
     def ca(self) -> Path:
-        return self.folder / "ca.pem"
+        return self.folder / secure.ca_file(Path()).name
 
     @property
     def ca_key(self) -> Path:
@@ -54,11 +54,11 @@ class TlsFiles:
 
     @property
     def cert(self) -> Path:
-        return self.folder / "server.pem"
+        return self.folder / secure.server_cert(Path()).name
 
     @property
     def key(self) -> Path:
-        return self.folder / "server.key"
+        return self.folder / secure.server_key(Path()).name
 
     @property
     def bundle(self) -> Path:

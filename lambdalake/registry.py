@@ -35,12 +35,18 @@ def refusal(settings: Settings, exc: Exception) -> ConfigurationError | None:
     """The settings' fault an error of the registry's client shows, naming the setting to fix (None:
     another error)."""
     registry = settings.registry
-    if isinstance(exc, SchemaRegistryError) and exc.http_status_code in (401, 403):
-        user = (
-            registry.basic_auth_user_info.get_secret_value().partition(":")[0]
-            if registry.basic_auth_user_info
-            else None
+    user = (
+        registry.basic_auth_user_info.get_secret_value().partition(":")[0]
+        if registry.basic_auth_user_info
+        else None
+    )
+    if isinstance(exc, SchemaRegistryError) and exc.http_status_code == 403 and exc.error_code == 40301:
+        return ConfigurationError(
+            f"the schema registry refused user {user!r} a change (it may only read): {exc.error_message}",
+            fix="register schemas with `lambdalake deploy` (the admin's login), or grant this user "
+            "write rights on the subject",
         )
+    if isinstance(exc, SchemaRegistryError) and exc.http_status_code in (401, 403):
         who = f"user {user!r}" if user else "no login"
         return ConfigurationError(
             f"the schema registry at {mask_url(registry.url)} refused the login ({who}): "
@@ -123,6 +129,16 @@ def subject_schemas(settings: Settings, subject: str) -> dict[int, str]:
     return out
 
 
+def _lookup(settings: Settings, sr: SchemaRegistryClient, subject: str, schema: Schema) -> Any:
+    """``schema``'s registration under ``subject`` (id and version), or None when it has none."""
+    try:
+        return call(settings, sr.lookup_schema, subject, schema)
+    except SchemaRegistryError as exc:
+        if exc.http_status_code == 404:
+            return None
+        raise
+
+
 def register_pipeline(
     settings: Settings, pipeline: Pipeline, *, up_to: int | None = None
 ) -> list[RegisteredVersion]:
@@ -136,6 +152,11 @@ def register_pipeline(
     out = []
     for i, file in enumerate(pipeline.schema_.versions[:up_to], start=1):
         schema = Schema(pipeline.schema_text(i), "AVRO")
+        if settings.role != "admin":  # a role that only reads schemas finds them registered by deploy
+            found = _lookup(settings, sr, subject, schema)
+            if found is not None:
+                out.append(RegisteredVersion(file, found.schema_id, found.version))
+                continue
         try:
             registered = call(settings, sr.register_schema_full_response, subject, schema)
             # Older servers answer only {"id"}; ask for the version explicitly then.

@@ -5,8 +5,10 @@ Layout under ``<state_dir>/secure/`` (owner-only):
 
 - ``ca.pem``, ``server.pem``, ``server.key``, ``server-bundle.pem``: the embedded CA and the
   certificate every embedded service presents (:mod:`lambdalake.infra.tls` writes them);
-- ``principals.json``: ``{"kafka": {"username": ..., "password": ...}, "cassandra": ..., "registry":
-  ...}``, the logins `up --secure` created (passwords drawn at random once, never printed).
+- ``principals.json``: ``{"admin": {"username": ..., "password": ...}, "producer": ..., "speed": ...,
+  "batch": ..., "serving": ...}``, one principal per role, each with the same login on Kafka
+  (a SCRAM user), Cassandra (a role) and the registry (a basic-auth user); passwords drawn at
+  random once, never printed. What each role may do is :mod:`lambdalake.grants`'.
 
 This module owns that layout; the settings take their secured defaults from it.
 """
@@ -17,14 +19,25 @@ import json
 import os
 import secrets
 from pathlib import Path
+from typing import Literal
 
 #: The folder under the state folder.
 FOLDER = "secure"
 PRINCIPALS = "principals.json"
 #: The services `up --secure` secures with a login.
 SERVICES = ("kafka", "cassandra", "registry")
-#: The role `up --secure` creates for the platform's own commands (a superuser of the cluster).
+#: The principal of the platform's own set-up commands (up, deploy, topics, schemas, restore, speed
+#: reset): a superuser of every service.
 ADMIN = "lambdalake"
+Role = Literal["admin", "producer", "speed", "batch", "serving"]
+#: Every role, each a principal of its own: the admin, then the roles of the running platform with
+#: only their rights (:mod:`lambdalake.grants`).
+ROLES: tuple[Role, ...] = ("admin", "producer", "speed", "batch", "serving")
+
+
+def username(role: Role) -> str:
+    """The login name of ``role``'s principal on every service (an identifier Cassandra takes unquoted)."""
+    return ADMIN if role == "admin" else f"{ADMIN}_{role}"
 
 
 def folder(state_dir: Path) -> Path:
@@ -40,8 +53,17 @@ def ca_file(state_dir: Path) -> Path:
     return folder(state_dir) / "ca.pem"
 
 
+def server_cert(state_dir: Path) -> Path:
+    """The certificate every embedded service presents (the serving API's too)."""
+    return folder(state_dir) / "server.pem"
+
+
+def server_key(state_dir: Path) -> Path:
+    return folder(state_dir) / "server.key"
+
+
 def principals(state_dir: Path) -> dict[str, dict[str, str]]:
-    """Each service's login recorded by `up --secure` ({} when none)."""
+    """Each role's login recorded by `up --secure` ({} when none)."""
     try:
         return json.loads((folder(state_dir) / PRINCIPALS).read_text())
     except (OSError, ValueError):
@@ -49,12 +71,12 @@ def principals(state_dir: Path) -> dict[str, dict[str, str]]:
 
 
 def ensure_principals(state_dir: Path) -> dict[str, dict[str, str]]:
-    """The recorded logins, drawn (a random password per service) and written on the first call."""
+    """The recorded logins, drawn (a random password per role) and written on the first call."""
     known = principals(state_dir)
-    wanted = {name: {"username": ADMIN, "password": secrets.token_urlsafe(24)} for name in SERVICES}
-    if all(name in known for name in wanted):
+    if all(role in known for role in ROLES):
         return known
-    merged = {**wanted, **known}
+    wanted = {role: {"username": username(role), "password": secrets.token_urlsafe(24)} for role in ROLES}
+    merged = {**wanted, **{role: login for role, login in known.items() if role in ROLES}}
     path = folder(state_dir) / PRINCIPALS
     path.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)

@@ -21,11 +21,21 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
+from lambdalake import secure
 from lambdalake.errors import ConfigurationError
+from lambdalake.secure import Role
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 MASK = "**********"
@@ -382,6 +392,20 @@ class ServingSettings(BaseModel):
     meta_ttl_s: float = Field(1.0, ge=0, description="seconds, 0 or more", examples=["1.0"])
     #: Worker processes of ``lambdalake serve`` (each with its own Cassandra session).
     workers: int = Field(1, ge=1, le=64, description="a number of processes 1-64", examples=["2"])
+    #: HTTPS: the PEM certificate (chain) the API presents, and its private key. None (default):
+    #: plain HTTP. ``up --secure`` makes them default to the embedded CA's server certificate.
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> ServingSettings:
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("give both serving.ssl_certfile and serving.ssl_keyfile, or neither")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_certfile is not None else "http"
 
 
 class ObjectStoreSettings(BaseModel):
@@ -433,40 +457,77 @@ class Settings(BaseSettings):
     #: registry serves HTTPS with basic auth. It only changes the defaults of the settings that say
     #: how to reach them (the CA, the logins), which win when set.
     secure: bool = False
+    #: Whose login a command of the secured embedded services uses (``up --secure`` made one
+    #: principal per role, :mod:`lambdalake.grants` says what each may do): each command sets its
+    #: own (``speed run``: speed, ``batch run``: batch, ``serve``: serving, ``produce``: producer);
+    #: the set-up commands are the admin's. Logins given in the settings win over it.
+    role: Role = "admin"
+    #: The (service, field) pairs the secured defaults filled in: a child process derives them again
+    #: for its own role, so :meth:`to_env` leaves them out.
+    _from_state: set[tuple[str, str]] = PrivateAttr(default_factory=set)
 
     @model_validator(mode="after")
     def _secured_defaults(self) -> Settings:
-        from lambdalake import secure
-
         if "secure" not in self.model_fields_set and secure.recorded(self.state_dir):
             self.secure = True
         if not self.secure:
             return self
-        ca = str(secure.ca_file(self.state_dir))
-        logins = secure.principals(self.state_dir)
-        kafka, cassandra, registry = self.kafka, self.cassandra, self.registry
-        login = logins.get("kafka")
-        if login and not {"security_protocol", "sasl_username"} & kafka.model_fields_set:
-            kafka.security_protocol = "SASL_SSL"
-            kafka.sasl_mechanism = "SCRAM-SHA-512"
-            kafka.sasl_username = login["username"]
-            kafka.sasl_password = SecretStr(login["password"])
-            if "ssl_ca_location" not in kafka.model_fields_set:
-                kafka.ssl_ca_location = ca
-        if "ssl_ca_location" not in cassandra.model_fields_set:
-            cassandra.ssl_ca_location = ca
-        login = logins.get("cassandra")
-        if login and "username" not in cassandra.model_fields_set:
-            cassandra.username = login["username"]
-            cassandra.password = SecretStr(login["password"])
-        if "url" not in registry.model_fields_set and registry.url.startswith("http:"):
-            registry.url = "https:" + registry.url[len("http:") :]
-        if "ssl_ca_location" not in registry.model_fields_set:
-            registry.ssl_ca_location = ca
-        login = logins.get("registry")
-        if login and "basic_auth_user_info" not in registry.model_fields_set:
-            registry.basic_auth_user_info = SecretStr(f"{login['username']}:{login['password']}")
+        self._fill_secured(
+            secure.principals(self.state_dir).get(self.role), str(secure.ca_file(self.state_dir))
+        )
         return self
+
+    def _fill_secured(self, login: dict[str, str] | None, ca: str) -> None:
+        """Fill the fields that say how to reach the secured services, unless set: TLS with the
+        embedded CA, and ``login`` (a role's, from ``principals.json``) on each service."""
+        filled = self._from_state
+
+        def fill(service: BaseModel, field: str, value: Any) -> None:
+            setattr(service, field, value)
+            filled.add((type(service).__name__, field))
+
+        kafka, cassandra, registry = self.kafka, self.cassandra, self.registry
+
+        def set_by_user(service: BaseModel, *fields: str) -> bool:
+            given = {f for f in fields if (type(service).__name__, f) not in filled}
+            return bool(given & service.model_fields_set)
+
+        if login and not set_by_user(kafka, "security_protocol", "sasl_username"):
+            fill(kafka, "security_protocol", "SASL_SSL")
+            fill(kafka, "sasl_mechanism", "SCRAM-SHA-512")
+            fill(kafka, "sasl_username", login["username"])
+            fill(kafka, "sasl_password", SecretStr(login["password"]))
+            if not set_by_user(kafka, "ssl_ca_location"):
+                fill(kafka, "ssl_ca_location", ca)
+        if not set_by_user(cassandra, "ssl_ca_location"):
+            fill(cassandra, "ssl_ca_location", ca)
+        if login and not set_by_user(cassandra, "username"):
+            fill(cassandra, "username", login["username"])
+            fill(cassandra, "password", SecretStr(login["password"]))
+        if not set_by_user(registry, "url") and registry.url.startswith("http:"):
+            fill(registry, "url", "https:" + registry.url[len("http:") :])
+        if not set_by_user(registry, "ssl_ca_location"):
+            fill(registry, "ssl_ca_location", ca)
+        serving = self.serving
+        if not set_by_user(serving, "ssl_certfile", "ssl_keyfile"):
+            fill(serving, "ssl_certfile", secure.server_cert(self.state_dir))
+            fill(serving, "ssl_keyfile", secure.server_key(self.state_dir))
+        if login and not set_by_user(registry, "basic_auth_user_info"):
+            fill(registry, "basic_auth_user_info", SecretStr(f"{login['username']}:{login['password']}"))
+
+    def as_role(self, role: Role) -> Settings:
+        """These settings for a command of ``role``: on the secured embedded services, the logins the
+        secured defaults filled in become that role's principal's; logins set by hand stay."""
+        if role == self.role:
+            return self
+        out = self.model_copy(deep=True, update={"role": role})
+        out._from_state = set()
+        if out.secure:
+            models = {type(m).__name__: m for m in (out.kafka, out.cassandra, out.registry, out.serving)}
+            for service, field in self._from_state:  # back to unset, then filled for the role
+                models[service].model_fields_set.discard(field)
+            out._fill_secured(secure.principals(out.state_dir).get(role), str(secure.ca_file(out.state_dir)))
+        return out
 
     @model_validator(mode="after")
     def _cluster_defaults(self) -> Settings:
@@ -529,6 +590,9 @@ class Settings(BaseSettings):
         env = {}
         for name in type(self).model_fields:
             value = reveal(getattr(self, name))
+            if isinstance(value, dict):  # what the child derives again for its own role
+                kind = type(getattr(self, name)).__name__
+                value = {k: v for k, v in value.items() if (kind, k) not in self._from_state}
             env[f"LAMBDALAKE_{name.upper()}"] = json.dumps(value) if isinstance(value, dict) else str(value)
         return env
 

@@ -50,6 +50,7 @@ from lambdalake.cassandra.legacy_latest import adopt_legacy_latest
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import TableDef, deploy_speed_tables, speed_table_def
 from lambdalake.compaction import CompactionPolicy, Compactor
+from lambdalake.grants import refused
 from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.kafka.admin import require_log_append_time
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, record_time, watermarks
@@ -856,6 +857,11 @@ class SpeedJob:
                 ),
             )
         text = str(exc)
+        refused_right = refused(text, self.settings)
+        if refused_right is not None:  # a person grants it: restarting would be refused again
+            return ConfigurationError(
+                f"query {query.name} stopped: {refused_right.message}", fix=refused_right.fix
+            )
         lost = offset_changed(text)
         if lost is not None:
             return LambdalakeError(f"query {query.name} stopped: {lost.message}", fix=lost.fix)

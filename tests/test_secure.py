@@ -12,6 +12,7 @@ import os
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,10 +23,11 @@ from lambdalake import secure
 from lambdalake.cassandra.session import connect
 from lambdalake.errors import ConfigurationError
 from lambdalake.infra import tls
-from lambdalake.pipeline import configured_pipeline
+from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.settings import QUICK_JIT, Settings
 from lambdalake.writer_schemas import fetcher
-from tests.conftest import PROJECT_ROOT, port
+from tests.conftest import PROJECT_ROOT, pipeline_named, port
+from tests.helpers import pipelines_folder
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -54,15 +56,15 @@ def secured_settings(state: Path, registry_given: dict | None = None, **cassandr
     )  # fmt: skip
 
 
-def cli(
+def cli_env(
     state: Path,
-    *args: str,
     kafka_given: dict | None = None,
     registry_given: dict | None = None,
+    pipelines: Path | None = None,
     **cassandra: object,
-) -> subprocess.CompletedProcess:
-    """``lambdalake`` in the state folder, with only the settings a user would set (so the recorded
-    ``--secure`` defaults apply)."""
+) -> dict[str, str]:
+    """The environment of a ``lambdalake`` command in the state folder, with only the settings a
+    user would set (so the recorded ``--secure`` defaults apply)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAMBDALAKE_")}
     env |= {
         "LAMBDALAKE_STATE_DIR": str(state),
@@ -70,11 +72,26 @@ def cli(
         "LAMBDALAKE_KAFKA": json.dumps(kafka_given or KAFKA),
         "LAMBDALAKE_REGISTRY": json.dumps(registry_given or registry()),
         "LAMBDALAKE_CASSANDRA": json.dumps(given(**cassandra)),
+        "LAMBDALAKE_SERVING__PORT": str(port(14080)),
         "COLUMNS": "200",
     }
+    if pipelines is not None:
+        env["LAMBDALAKE_PIPELINES_DIR"] = str(pipelines)
+    return env
+
+
+def cli(
+    state: Path,
+    *args: str,
+    kafka_given: dict | None = None,
+    registry_given: dict | None = None,
+    pipelines: Path | None = None,
+    **cassandra: object,
+) -> subprocess.CompletedProcess:
+    """``lambdalake`` in the state folder (:func:`cli_env`)."""
     return subprocess.run(
         [sys.executable, "-m", "lambdalake", *args],
-        env=env,
+        env=cli_env(state, kafka_given, registry_given, pipelines, **cassandra),
         capture_output=True,
         timeout=600,
         cwd=PROJECT_ROOT,
@@ -177,6 +194,9 @@ def test_a_wrong_registry_login_or_ca_is_one_clear_error_naming_the_setting(
 def test_kafka_speaks_sasl_ssl_to_its_login_only(state: Path, tmp_path: Path) -> None:
     settings = secured_settings(state)
     assert settings.kafka.security_protocol == "SASL_SSL" and settings.kafka.sasl_mechanism == "SCRAM-SHA-512"
+    # The producer's principal may not create topics: deploy (the admin's) makes them.
+    deployed = cli(state, "deploy", "offers", "--no-jobs")
+    assert deployed.returncode == 0, (deployed.stdout + deployed.stderr).decode()[-3000:]
     produced = cli(state, "produce", "offers", "-n", "40", "--seed", "3")
     out = (produced.stdout + produced.stderr).decode()
     assert produced.returncode == 0, out
@@ -251,7 +271,7 @@ def java_count(settings: Settings, topic: str, folder: Path) -> int:
 
 def test_no_secret_is_logged_or_printed(state: Path) -> None:
     passwords = [login["password"] for login in secure.principals(state).values()]
-    assert len(passwords) == 3
+    assert len(passwords) == len(secure.ROLES) == 5
     shown = cli(state, "config")
     assert shown.returncode == 0, shown.stderr.decode()
     assert "cassandra" in shown.stdout.decode()
@@ -261,3 +281,150 @@ def test_no_secret_is_logged_or_printed(state: Path) -> None:
         assert not any(password in text for password in passwords), path
     for password in passwords:
         assert password not in (shown.stdout + shown.stderr).decode()
+
+
+def given_login(state: Path, role: str) -> dict[str, dict[str, object]]:
+    """The settings a user of ``role``'s login gives for each service (as one running that role's
+    process on a host of its own would), keyed by the ``cli`` argument that takes them."""
+    login = secure.principals(state)[role]
+    ca = str(secure.ca_file(state))
+    return {
+        "kafka_given": {**KAFKA, "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
+                        "sasl_username": login["username"], "sasl_password": login["password"],
+                        "ssl_ca_location": ca},
+        "registry_given": registry(basic_auth_user_info=f"{login['username']}:{login['password']}"),
+        "cassandra": {"username": login["username"], "password": login["password"]},
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def roles_pipeline(state: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, Pipeline]:
+    """A pipeline of the test's own (10-second epochs, a topic of its own), deployed by the admin:
+    topics, schemas, tables, and every role's grants."""
+    base = secured_settings(state)
+    pipeline = pipeline_named(base, "offers", topic="offers-roles", epoch="10 seconds", grace="1 second")
+    folder = pipelines_folder(tmp_path_factory.mktemp("roles"), pipeline)
+    deployed = cli(state, "deploy", "offers", "--no-jobs", pipelines=folder)
+    out = (deployed.stdout + deployed.stderr).decode()
+    assert deployed.returncode == 0 and "grants offers" in out, out[-3000:]
+    return base.model_copy(update={"pipelines_dir": folder}), pipeline
+
+
+def test_each_role_runs_its_part_with_its_own_principal_and_the_answers_are_exact(
+    state: Path, roles_pipeline: tuple[Settings, Pipeline]
+) -> None:
+    """Each command logs in as its role's principal (the producer produces, the speed job reads and
+    writes the speed views, the batch creates and publishes its version tables, serving reads), and
+    the merged answers equal the reference of what the topic holds."""
+    from lambdalake.serving.client import ServingClient
+    from tests.reference import differences, merged_differences, topic_events
+
+    settings, pipeline = roles_pipeline
+    folder = settings.pipelines_dir
+    produced = cli(state, "produce", "offers", "-n", "600", "--seed", "8", pipelines=folder)
+    assert produced.returncode == 0, (produced.stdout + produced.stderr).decode()[-3000:]
+    time.sleep(12)  # the events' ingest epochs close
+    once = cli(state, "speed", "run", "offers", "--once", pipelines=folder)
+    assert once.returncode == 0, (once.stdout + once.stderr).decode()[-3000:]
+    events, _ = topic_events(settings, pipeline)
+    assert differences(settings, pipeline, events) == []
+    batch = cli(state, "batch", "run", "offers", pipelines=folder)
+    out = (batch.stdout + batch.stderr).decode()
+    assert batch.returncode == 0 and "published" in out, out[-3000:]
+    serving = settings.as_role("serving")
+    assert serving.cassandra.username == "lambdalake_serving"
+    assert merged_differences(settings, ServingClient(settings=serving), {pipeline.name: pipeline}) == []
+    # The HTTP API over TLS with the embedded CA's certificate, as `serve` runs it, and the token.
+    api = subprocess.Popen(
+        [sys.executable, "-m", "lambdalake", "serve"], cwd=PROJECT_ROOT,
+        env={**cli_env(state, pipelines=folder), "LAMBDALAKE_SERVING__TOKEN": "t0ken"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        url = f"https://127.0.0.1:{port(14080)}"
+        trusted = ssl.create_default_context(cafile=secure.ca_file(state))
+        key = str(events["offer_id"].iloc[0])
+        path = f"/v1/pipelines/offers/views/offer_latest/keys/{key}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                answer = httpx.get(url + path, verify=trusted, headers={"Authorization": "Bearer t0ken"})
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and api.poll() is None, api.stdout.read().decode()[-3000:]  # type: ignore[union-attr]
+                time.sleep(1)
+        want = ServingClient(settings=serving).query("offers", "offer_latest", key)
+        assert answer.status_code == 200 and want.latest is not None, answer.text
+        assert answer.json()["latest"] == want.to_dict()["latest"], answer.text
+        assert httpx.get(url + path, verify=trusted).status_code == 401  # no token
+        with pytest.raises(httpx.TransportError):  # no plain HTTP beside it
+            httpx.get(f"http://127.0.0.1:{port(14080)}{path}", timeout=5)
+    finally:
+        api.terminate()
+        api.wait(30)
+    # Each command's settings name its role's principal on every service, and no login set by
+    # hand is replaced (a user's own login wins).
+    for role in ("producer", "speed", "batch", "serving"):
+        mine = settings.as_role(role)  # type: ignore[arg-type]
+        name = secure.username(role)  # type: ignore[arg-type]
+        assert mine.kafka.sasl_username == mine.cassandra.username == name, role
+        assert mine.registry.basic_auth_user_info.get_secret_value().startswith(f"{name}:"), role
+        assert "LAMBDALAKE_KAFKA" in mine.to_env() and name not in mine.to_env()["LAMBDALAKE_KAFKA"]
+    given = secured_settings(state, username="someone", password="x").as_role("serving")
+    assert given.cassandra.username == "someone" and given.kafka.sasl_username == "lambdalake_serving"
+
+
+def test_each_role_is_refused_beyond_its_rights_naming_the_principal_and_the_grant(
+    state: Path, roles_pipeline: tuple[Settings, Pipeline]
+) -> None:
+    """Run as a user of each role's login would: one clear error (exit 2, no stack trace) naming
+    the principal and the right it lacks, and how to grant it."""
+    folder = roles_pipeline[0].pipelines_dir
+
+    def refused(role: str, *args: str, only: str, says: tuple[str, ...], ours: bool = True) -> None:
+        login = given_login(state, role)
+        given = {"kafka_given": login["kafka_given"]} if only == "kafka" else (
+            {"registry_given": login["registry_given"]} if only == "registry" else login["cassandra"]
+        )  # fmt: skip
+        result = cli(state, *args, pipelines=folder if ours else None, **given)  # type: ignore[arg-type]
+        out = (result.stdout + result.stderr).decode()
+        assert result.returncode == 2, out[-3000:]
+        assert all(s in out for s in says) and "Traceback" not in out, out[-3000:]
+
+    # The producer may not change the registry (only the admin registers schemas).
+    refused(
+        "producer",
+        "schemas",
+        "register",
+        "offers",
+        only="registry",
+        says=("refused user 'lambdalake_producer' a change", "lambdalake deploy"),
+    )
+    # The batch may not write the topic.
+    refused(
+        "batch",
+        "produce",
+        "offers",
+        "-n",
+        "5",
+        only="kafka",
+        says=("Kafka refused user lambdalake_batch", "lambdalake grants"),
+    )
+    # Serving may only read: a batch's lease (an LWT) is refused.
+    refused(
+        "serving",
+        "batch",
+        "run",
+        "offers",
+        only="cassandra",
+        says=("Cassandra refused user lambdalake_serving MODIFY", "GRANT MODIFY ON KEYSPACE"),
+    )
+    # The speed job may write rows, not create tables (another pipeline's deploy).
+    refused(
+        "speed",
+        "deploy",
+        "telemetry",
+        "--no-jobs",
+        only="cassandra",
+        says=("Cassandra refused user lambdalake_speed CREATE", "GRANT CREATE ON KEYSPACE"),
+    )

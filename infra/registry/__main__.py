@@ -23,16 +23,17 @@ def main() -> int:
         topic=settings.registry.schemas_topic,
         default_level=settings.registry.default_compatibility,
     )
-    users, tls = None, None
+    users, writers, tls = None, None, None
     if settings.secure:  # `up --secure`: HTTPS with the embedded CA's certificate, and a login
         from lambdalake import secure
         from lambdalake.infra.tls import ensure
 
         files = ensure(settings.state_dir)
         tls = (str(files.cert), str(files.key))
-        login = secure.principals(settings.state_dir)["registry"]
-        users = {login["username"]: login["password"]}
-    server = make_server(store, args.host, args.port, users=users, tls=tls)
+        logins = secure.principals(settings.state_dir)
+        users = {login["username"]: login["password"] for login in logins.values()}
+        writers = frozenset({logins["admin"]["username"]})  # the other roles only read schemas
+    server = make_server(store, args.host, args.port, users=users, writers=writers, tls=tls)
     logging.info(
         "schema registry on %s://%s:%d (state in topic %s, %d schemas read)",
         "https" if tls else "http",

@@ -126,19 +126,30 @@ def level_of(body: Any) -> str:
     return level
 
 
-def make_app(store: KafkaBackedStore, users: dict[str, str] | None = None) -> FastAPI:
+def make_app(
+    store: KafkaBackedStore, users: dict[str, str] | None = None, writers: frozenset[str] | None = None
+) -> FastAPI:
     """The registry's ASGI app over ``store``; ``users`` (name: password): HTTP basic auth on every
-    route, as Confluent's registry with basic auth answers (401, error code 40101)."""
+    route, as Confluent's registry with basic auth answers (401, error code 40101); ``writers``: the
+    users who may change anything (register, delete, set a level or mode), the others only read
+    (403, 40301, as Confluent's registry with access rules answers). None: every user may."""
     app = FastAPI(title="lambdalake schema registry", docs_url=None, redoc_url=None, openapi_url=None)
     if users:
         allowed = {name: password.encode() for name, password in users.items()}
 
         @app.middleware("http")
         async def basic_auth(request: Request, call_next: Any) -> Any:
-            if not _authenticated(request.headers.get("authorization", ""), allowed):
+            user = _authenticated(request.headers.get("authorization", ""), allowed)
+            if user is None:
                 response = _error(401, 40101, "Unauthorized: a valid login is required (HTTP basic auth)")
                 response.headers["WWW-Authenticate"] = 'Basic realm="lambdalake schema registry"'
                 return response
+            if writers is not None and user not in writers and _writes(request.method, request.url.path):
+                return _error(
+                    403, 40301,
+                    f"User {user} is denied operation Write on {request.url.path}: only "
+                    f"{', '.join(sorted(writers))} may register or change schemas",
+                )  # fmt: skip
             return await call_next(request)
 
     @app.exception_handler(RegistryError)
@@ -288,17 +299,29 @@ def make_app(store: KafkaBackedStore, users: dict[str, str] | None = None) -> Fa
     return app
 
 
-def _authenticated(header: str, allowed: dict[str, bytes]) -> bool:
+def _authenticated(header: str, allowed: dict[str, bytes]) -> str | None:
+    """The user a basic-auth ``header`` logs in, or None."""
     scheme, _, encoded = header.partition(" ")
     if scheme.lower() != "basic":
-        return False
+        return None
     try:
         name, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
     except (ValueError, UnicodeDecodeError):
-        return False
+        return None
     known = allowed.get(name)
     # Compared in constant time, and against something when the name is unknown too.
-    return hmac.compare_digest(password.encode(), known or b"\0") and known is not None
+    return name if hmac.compare_digest(password.encode(), known or b"\0") and known is not None else None
+
+
+def _writes(method: str, path: str) -> bool:
+    """Whether a request changes the registry. Two POSTs only read: a lookup of a schema under a
+    subject (``POST /subjects/{subject}``) and a compatibility check (``POST /compatibility/...``)."""
+    if method in ("GET", "HEAD", "OPTIONS"):
+        return False
+    if method == "POST":
+        parts = path.strip("/").split("/")
+        return not (parts[0] == "compatibility" or (parts[0] == "subjects" and len(parts) == 2))
+    return True
 
 
 def make_server(
@@ -307,6 +330,7 @@ def make_server(
     port: int,
     *,
     users: dict[str, str] | None = None,
+    writers: frozenset[str] | None = None,
     tls: tuple[str, str] | None = None,
 ) -> Any:
     """A uvicorn server for the registry app (``.run()`` serves until SIGTERM/SIGINT); ``tls``: the
@@ -314,7 +338,7 @@ def make_server(
     import uvicorn
 
     config = uvicorn.Config(
-        make_app(store, users),
+        make_app(store, users, writers),
         host=host,
         port=port,
         ssl_certfile=tls[0] if tls else None,

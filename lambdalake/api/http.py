@@ -20,6 +20,7 @@ from cassandra import (
     OperationTimedOut,
     ReadFailure,
     ReadTimeout,
+    Unauthorized,
     Unavailable,
 )
 from cassandra.cluster import NoHostAvailable
@@ -30,6 +31,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lambdalake.errors import LambdalakeError, ServiceUnavailable
+from lambdalake.grants import refused
 from lambdalake.serving.client import (
     BadQuery,
     NotDeployed,
@@ -187,6 +189,13 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
                  "down back up"},
                 status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
             )  # fmt: skip
+        except Unauthorized as exc:
+            right = refused(exc)  # serving's principal lacks SELECT: an operator's grant is the fix
+            log.warning("query of %s/%s: Cassandra refused the read: %s", pipeline, view, exc)
+            return JSONResponse(
+                {"detail": right.message if right else str(exc), "fix": right.fix if right else None},
+                status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
+            )  # fmt: skip
         except (DriverException, ConnectionException) as exc:
             # Any other error of the store's client (a connection reset by a node going down, a
             # request the coordinator failed): the store's trouble, not the server's, and logged whole.
@@ -226,7 +235,7 @@ def create_app() -> FastAPI:
     """The app for the settings of the environment (uvicorn's factory, one per worker process)."""
     from lambdalake.settings import get_settings
 
-    app = make_app(get_settings())
+    app = make_app(get_settings().as_role("serving"))  # serving's principal: it may only read
     # What startup built (pipelines, the app, the driver) lives as long as the worker: out of the
     # cyclic collector's way, so its passes over young objects stay short (tail latency).
     gc.freeze()

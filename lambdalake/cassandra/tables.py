@@ -322,8 +322,11 @@ def create_keyspace(session: Session, settings: CassandraSettings) -> None:
 def ensure_table(session: Session, keyspace: str, table: TableDef) -> list[str]:
     """Create ``table`` if missing, and add the columns it lacks (a compatible schema version with a
     new field: ``ALTER TABLE ... ADD``). Returns the columns added. A column whose type differs is
-    refused with the fix, since Cassandra cannot change it in place."""
-    execute_ddl(session, table.create_cql(keyspace))
+    refused with the fix, since Cassandra cannot change it in place. A table the cluster has already
+    takes no DDL: a job's role (the speed job's) may modify rows without the right to create tables."""
+    ks = session.cluster.metadata.keyspaces.get(keyspace)
+    if ks is None or table.name not in ks.tables:
+        execute_ddl(session, table.create_cql(keyspace))
     refresh_metadata(session, keyspace, table.name)
     meta = session.cluster.metadata.keyspaces[keyspace].tables[table.name]
     if table.ttl_seconds and int(meta.options.get("default_time_to_live") or 0) != table.ttl_seconds:

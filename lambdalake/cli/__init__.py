@@ -42,6 +42,13 @@ def main() -> None:
             console.print(f"[yellow]fix:[/] {escape(exc.fix)}")
         sys.exit(2)
     except Exception as exc:
+        from lambdalake.grants import refused
+
+        right = refused(exc)  # a right the login lacks: the fix is a grant, not a bug report
+        if right is not None:
+            console.print(f"[red]error:[/] {escape(right.message)}")
+            console.print(f"[yellow]fix:[/] {escape(right.fix or '')}")
+            sys.exit(2)
         # A failure nobody foresaw: say what it was and how to see more, not a bare traceback.
         if os.environ.get("LAMBDALAKE_DEBUG"):
             raise

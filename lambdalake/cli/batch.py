@@ -49,7 +49,7 @@ def batch_run(
 
     if horizon is not None and as_of is not None:
         raise LambdalakeError("give --horizon or --as-of, not both", fix="drop one of them")
-    settings = get_settings()
+    settings = get_settings().as_role("batch")
     t0 = time.monotonic()
     with console.status("starting Spark...") as status:
         result = run_batch(
@@ -137,7 +137,7 @@ def batch_schedule(
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("lambdalake").setLevel(logging.INFO)
-    settings = get_settings()
+    settings = get_settings().as_role("batch")
     if once:
         for name, outcome in schedule(settings, pipeline).items():
             console.print(f"{name}: {outcome}")

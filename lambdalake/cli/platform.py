@@ -188,6 +188,26 @@ def config() -> None:
 
 
 @app.command()
+def grants(
+    pipeline: Annotated[
+        list[str] | None, typer.Argument(help="Pipelines (default: every pipelines/*.toml).")
+    ] = None,
+) -> None:
+    """Print what each role's principal needs, as the commands a company's administrators run:
+    Kafka ACLs (kafka-acls.sh) and Cassandra grants (CQL). `deploy` grants them itself on the
+    services of `up --secure`."""
+    from lambdalake import grants as rights
+    from lambdalake.secure import ROLES, username
+
+    settings = get_settings()
+    chosen = [pipeline_of(name, settings) for name in (pipeline or list_pipelines(settings.pipelines_dir))]
+    principals = ", ".join(f"{role}={username(role)}" for role in ROLES)
+    out.print(f"# principals: {principals}", markup=False, soft_wrap=True)
+    for line in rights.describe(settings, chosen):
+        out.print(line, markup=False, soft_wrap=True)
+
+
+@app.command()
 def pipelines() -> None:
     """List the pipeline definitions and their views."""
     settings = get_settings()

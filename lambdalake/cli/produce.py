@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from lambdalake.errors import LambdalakeError
+from lambdalake.grants import refused
 from lambdalake.settings import get_settings
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ def produce(
         raise LambdalakeError(
             "give exactly one of --file or --generate", fix="e.g. `lambdalake produce offers --generate 1000`"
         )
-    settings = get_settings()
+    settings = get_settings().as_role("producer")
     p = pipeline_of(pipeline, settings)
     with console.status("connecting, creating topics, registering schemas..."):
         producer = EventProducer(settings=settings, pipeline=p, schema_version=schema_version)
@@ -169,6 +170,9 @@ def produce(
     _produce_summary(stats, count, elapsed)
     if stats.fatal and failure is None:
         failure = f"the Kafka producer failed fatally: {stats.fatal}"
+    right = refused(failure, settings) if failure else None
+    if right is not None:  # the principal lacks a right: nothing was acknowledged, a grant is the fix
+        raise right
     if failure:
         console.print(f"[red]✘ {escape(failure)}[/]")
         console.print(

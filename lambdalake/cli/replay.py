@@ -47,7 +47,7 @@ def replay(
     from lambdalake.control import replay as control
     from lambdalake.kafka.offsets import parse_offsets
 
-    settings = get_settings()
+    settings = get_settings().as_role("speed")
     span = control.ReplayRange(
         from_offsets=parse_offsets(from_offsets, "--from-offsets") if from_offsets else None,
         from_ms=timestamp_ms(from_timestamp) if from_timestamp else None,

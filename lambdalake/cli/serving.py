@@ -57,7 +57,7 @@ def query(
     from lambdalake.serving import ServingClient
     from lambdalake.serving.client import quantile_list
 
-    settings = get_settings()
+    settings = get_settings().as_role("serving")
     wanted = quantile_list([q]) if q else None
     answer = ServingClient(settings=settings).query(
         pipeline, view, key, start=start, end=end, quantiles=wanted
@@ -159,12 +159,15 @@ def serve(
     /health, /metrics, OpenAPI docs at /docs. LAMBDALAKE_SERVING__TOKEN requires a bearer token."""
     import uvicorn
 
-    settings = get_settings()
+    settings = get_settings().as_role("serving")
     host = host or settings.serving.host
     port = port or settings.serving.port
     workers = workers or settings.serving.workers
     auth = "bearer token required" if settings.serving.token else "no token configured: open to anyone"
-    console.print(f"serving on http://{host}:{port} with {workers} worker(s) (docs at /docs; {auth})")
+    scheme, tls = settings.serving.scheme, settings.serving
+    console.print(f"serving on {scheme}://{host}:{port} with {workers} worker(s) (docs at /docs; {auth})")
     # Each worker builds its app (and Cassandra session) from the environment's settings.
     uvicorn.run("lambdalake.api.http:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level="warning", access_log=False)  # fmt: skip
+                log_level="warning", access_log=False,
+                ssl_certfile=tls.ssl_certfile and str(tls.ssl_certfile),
+                ssl_keyfile=tls.ssl_keyfile and str(tls.ssl_keyfile))  # fmt: skip

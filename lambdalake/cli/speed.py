@@ -71,7 +71,7 @@ def speed_run(
     logging.getLogger("lambdalake").setLevel(log_level.value)
     for noisy in ("py4j", "cassandra"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
-    settings = get_settings()
+    settings = get_settings().as_role("speed")
     if master:
         settings = settings.model_copy(update={"spark": settings.spark.model_copy(update={"master": master})})
     options = SpeedOptions(

@@ -182,12 +182,22 @@ class Deployer:
             changes += view_changes
             changes += self.register_schemas(p)
             changes += self._tables(deployed)
+            if self.settings.secure:
+                changes.append(self._grants(p))
             if self.start_jobs:
                 changes.append(self.ensure_speed_job(deployed))
         if self.start_jobs:
             changes.append(self._scheduler())
             changes.append(self._serving())
         return changes
+
+    def _grants(self, p: Pipeline) -> Change:
+        """On the secured embedded services, each role's rights on the pipeline (``lambdalake.grants``)."""
+        from lambdalake import grants
+
+        sent = grants.apply(self.settings, p)
+        what = f"{sent} rules for the producer, speed, batch and serving roles"
+        return Change(f"grants {p.name}", "unchanged", what)
 
     def _topics(self, p: Pipeline) -> list[Change]:
         from lambdalake.kafka.admin import ensure_pipeline_topics
@@ -285,6 +295,7 @@ class Deployer:
         from lambdalake.cassandra.legacy_latest import adopt_legacy_latest
         from lambdalake.cassandra.session import connect
         from lambdalake.cassandra.tables import create_keyspace, ensure_table, speed_table_def
+        from lambdalake.lease import LEASES
 
         keyspace = self.settings.cassandra.keyspace
         session = connect(self.settings.cassandra)
@@ -295,8 +306,8 @@ class Deployer:
         if existing is None:
             create_keyspace(session, self.settings.cassandra)
             out.append(Change(f"keyspace {keyspace}", "created"))
-        for view in p.views:
-            table = speed_table_def(p, view)
+        # The platform's own tables too: the roles that use them (the jobs' leases) may not create them.
+        for table in (LEASES, *(speed_table_def(p, view) for view in p.views)):
             added = ensure_table(session, keyspace, table)
             action: Action = "created" if table.name not in tables else ("updated" if added else "unchanged")
             out.append(
@@ -335,7 +346,7 @@ class Deployer:
         digest = hashlib.sha256(json.dumps([deployed_pipelines(self.settings), self.settings.to_env(),
                                             [fingerprint(self.settings, p) for p in self._deployed()]],
                                            sort_keys=True).encode())  # fmt: skip
-        what = f"serving API http://{self.settings.serving.host}:{self.settings.serving.port}"
+        what = f"serving API {self.settings.serving.scheme}://{self.settings.serving.host}:{self.settings.serving.port}"
         argv = [sys.executable, "-m", "lambdalake", "serve"]
         return self._ensure_process(serving_process(self.settings), what, digest.hexdigest()[:16], argv)
 

@@ -137,6 +137,21 @@ def ensure_pipeline_topics(
     ]  # fmt: skip
 
 
+def require_pipeline_topics(settings: Settings, pipeline: Pipeline) -> None:
+    """Refuse, naming the fix, unless the pipeline's topic and dead-letter topic exist: what a role
+    without the right to create topics (the producer's) checks instead of creating them."""
+    admin = require_broker(settings)
+    wanted = [pipeline.topic.name, pipeline.topic.dlq]
+    topics = admin.list_topics(timeout=settings.kafka.connect_timeout_s).topics
+    missing = [t for t in wanted if t not in topics or topics[t].error is not None]
+    if missing:
+        raise ConfigurationError(
+            f"pipeline {pipeline.name!r}: topic(s) {', '.join(missing)} do not exist, or user "
+            f"{settings.kafka.sasl_username or '(none)'} may not describe them",
+            fix=f"`lambdalake deploy --pipeline {pipeline.name}` creates them and grants the roles theirs",
+        )
+
+
 def default_replication(brokers: int) -> tuple[int, int]:
     """(replication factor, ``min.insync.replicas``) a topic gets by default on ``brokers`` brokers:
     3 replicas (fewer with fewer brokers), 2 in sync from 3 (one replica may be down with no

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 from collections import Counter
@@ -24,7 +25,7 @@ from lambdalake.columnar import ColumnarEncoder
 from lambdalake.columnar.validate import ColumnarValidator
 from lambdalake.event_schema import decimal_of
 from lambdalake.kafka import dlq
-from lambdalake.kafka.admin import ensure_pipeline_topics
+from lambdalake.kafka.admin import ensure_pipeline_topics, require_pipeline_topics
 from lambdalake.pipeline import Pipeline
 from lambdalake.produce.dict_rows import DictRows
 from lambdalake.produce.json_pieces import JsonPieces
@@ -64,6 +65,8 @@ class ProduceStats:
     rejects_file: Path | None = None
     #: The producer's fatal error, if one ended the session (nothing more can be sent).
     fatal: str | None = None
+    #: The client's log line of its fatal error (its cause, when the error itself was lost).
+    fatal_log: str | None = None
     rejected_by_rule: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
 
@@ -167,11 +170,36 @@ def _drop_tracebacks(exc: BaseException | None) -> None:
         exc = exc.__cause__ or exc.__context__
 
 
+#: librdkafka's own log lines.
+_CLIENT_LOG = logging.getLogger("lambdalake.kafka.client")
+
+
+def _client_log(stats: ProduceStats) -> logging.Logger:
+    """A logger of one producer's librdkafka lines: each goes on to :data:`_CLIENT_LOG`, and a
+    fatal error's line is kept in ``stats``. The client calls the delivery callbacks with its fatal
+    error pending, so the error reaches Python as a SystemError that has lost it; its log line has
+    it (e.g. "Cluster authorization failed": a login without the right to write the topic)."""
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage()
+            if "Fatal error" in text and stats.fatal_log is None:
+                stats.fatal_log = text.split("Fatal error: ", 1)[-1]
+            _CLIENT_LOG.handle(record)
+
+    logger = logging.Logger("lambdalake.kafka.producer")  # one of its own: not in logging's registry
+    logger.addHandler(Keep())
+    return logger
+
+
 def _describe_fatal(exc: BaseException) -> str:
-    while not isinstance(exc, KafkaException) and exc.__cause__ is not None:
-        exc = exc.__cause__
-    if isinstance(exc, KafkaException):
-        return f"{exc.args[0].name()}: {exc.args[0].str()}"
+    # A fatal error met inside a delivery callback surfaces as a SystemError whose context is the
+    # client's KafkaException (e.g. CLUSTER_AUTHORIZATION_FAILED: a login without the right to write).
+    found: BaseException | None = exc
+    while found is not None and not isinstance(found, KafkaException):
+        found = found.__cause__ or found.__context__
+    if isinstance(found, KafkaException):
+        return f"{found.args[0].name()}: {found.args[0].str()}"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -230,8 +258,10 @@ class EventProducer:
     ) -> None:
         self.pipeline = pipeline
         self.stats = ProduceStats()
-        if prepare:
+        if prepare and settings.role == "admin":
             ensure_pipeline_topics(settings, pipeline)
+        elif prepare:  # a producer's principal may not create topics: deploy made them
+            require_pipeline_topics(settings, pipeline)
         registered = register_pipeline(settings, pipeline)
         index = (schema_version or len(registered)) - 1
         schema_text = pipeline.schema_text(index + 1)
@@ -268,6 +298,9 @@ class EventProducer:
             # Callbacks on the stats, not on self: a bound method would make a reference cycle that
             # keeps a discarded producer (and its librdkafka threads) alive until a GC pass.
             "error_cb": _fatal_recorder(self.stats),
+            # librdkafka's log through Python's logging, served by poll and flush: without it a fatal
+            # error (a login refused the right to write) reached Python as a bare SystemError.
+            "logger": _client_log(self.stats),
         }
         #: Whether the topic's producer reports each delivery, or (the default) only failures: a
         #: report is a Python call per record (~1 us, a seventh of the columnar path's cost), and
@@ -580,7 +613,7 @@ class EventProducer:
                 # A fatal error raises from flush (confluent-kafka then calls the delivery callbacks
                 # with that exception still set, which surfaces as SystemError): every record still
                 # queued fails with it, and the counts say how many were not acknowledged.
-                self.stats.fatal = self.stats.fatal or _describe_fatal(exc)
+                self.stats.fatal = self.stats.fatal or self.stats.fatal_log or _describe_fatal(exc)
                 _drop_tracebacks(exc)
                 left = len(producer)
             if producer is self._producer and not self._reports_each:

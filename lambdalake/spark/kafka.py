@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from lambdalake.grants import GROUP_PREFIX
 from lambdalake.settings import Settings
 
 if TYPE_CHECKING:
@@ -49,6 +50,9 @@ def source_options(settings: Settings, *, broker_wait_s: float) -> dict[str, str
         "kafka.default.api.timeout.ms": str(max(10_000, int(broker_wait_s * 333))),
         "fetchOffset.numRetries": "3",
         "fetchOffset.retryIntervalMs": "1000",
+        # Any consumer group the source uses is under the prefix a secured cluster grants the speed
+        # role (lambdalake.grants), not Spark's default "spark-kafka-source-".
+        "groupIdPrefix": f"{GROUP_PREFIX}spark",
     }
 
 
