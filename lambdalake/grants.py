@@ -184,5 +184,6 @@ def refused(error: BaseException | str, settings: Settings | None = None) -> Con
         kind = kind.replace("transactionalid", "transactional id").replace("_", " ")
         detail = (found["detail"] or "").strip() or text.strip().splitlines()[0][:200]
         why = " (a producer's login needs WRITE on the topic it writes)" if kind == "cluster" else ""
-        return ConfigurationError(f"Kafka refused {who} a right ({kind} authorization){why}: {detail}", fix=_FIX)
+        message = f"Kafka refused {who} a right ({kind} authorization){why}: {detail}"
+        return ConfigurationError(message, fix=_FIX)
     return None
