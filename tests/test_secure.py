@@ -413,6 +413,7 @@ def test_each_role_is_refused_beyond_its_rights_naming_the_principal_and_the_gra
         "--no-jobs",
         only="cassandra",
         says=("Cassandra refused user lambdalake_speed CREATE", "GRANT CREATE ON KEYSPACE"),
+        ours=False,  # the shipped telemetry pipeline: tables the speed role may not create
     )
 
 
