@@ -60,12 +60,12 @@ _SLOW_FILES = (
     "test_broker_faults.py",  # 265
     "test_speed_faults.py",  # 263
     "test_batch.py",  # 260
+    "test_secure.py",  # 330: the services secured, a pipeline run by each role's principal
     "test_spark_cluster.py",  # 222
     "test_serving.py",  # 206
     "test_replay.py",  # 175
     "test_realtime.py",  # 136
     "test_restart_one.py",  # 140
-    "test_secure.py",  # 200: Kafka, Cassandra and the registry started secured
 )
 
 
