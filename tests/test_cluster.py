@@ -528,6 +528,8 @@ def churn(
         "server_errors": len(answers.server_errors),
         "503": sum(1 for code, _ in answers.server_errors if code == 503),
         "longest_503_stretch_s": answers.longest_stretch(503),
+        # What each kind of 503 said (its cause), to tell a replica's lag from a quorum lost.
+        "503_causes": sorted({body[:200] for code, body in answers.server_errors if code == 503})[:5],
         "p99_quiet_ms": round(percentile(answers.latencies[:quiet], 99) * 1000, 1),
         "p99_churn_ms": round(percentile(answers.latencies[quiet:], 99) * 1000, 1),
         "kills": kills,
