@@ -21,6 +21,7 @@ from typing import Any
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from lambdalake.infra.process import port_open
+from lambdalake.kafka.offsets import offset_consumer, watermarks
 from lambdalake.master import MasterDataset
 from lambdalake.master_files import table_path
 from lambdalake.pipeline import Pipeline, configured_pipeline
@@ -42,11 +43,17 @@ def kcat_count(settings: Settings, topic: str) -> int:
     return len([line for line in out.stdout.splitlines() if line])
 
 
+def topic_ends(settings: Settings, topic: str) -> dict[int, tuple[int, int]]:
+    """Each partition's (first offset, end offset), asked again while a broker just started elects
+    the partitions' leaders (it answers NOT_LEADER_FOR_PARTITION until then)."""
+    with offset_consumer(settings) as consumer:
+        return watermarks(consumer, topic, timeout=10)
+
+
 def consume_all(settings: Settings, topic: str) -> list[Message]:
     consumer = Consumer({**settings.kafka.client_config(), "group.id": "tests", "enable.auto.commit": False})
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in partitions}
+        ends = topic_ends(settings, topic)
         consumer.assign([TopicPartition(topic, p, lo) for p, (lo, _) in ends.items()])
         todo = sum(hi - lo for lo, hi in ends.values())
         out: list[Message] = []

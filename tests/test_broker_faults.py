@@ -21,6 +21,7 @@ import pytest
 
 from lambdalake.errors import LambdalakeError
 from lambdalake.infra.services import BrokerService, RegistryService, running
+from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer, ProducerFailed
 from lambdalake.settings import PROJECT_ROOT, Settings
@@ -32,6 +33,7 @@ from tests.helpers import (
     run_speed_once,
     send_generated,
     stop_job,
+    topic_ends,
 )
 from tests.reference import differences, topic_events
 
@@ -119,7 +121,13 @@ def test_broker_killed_during_produce_ends_with_a_summary(own_kafka: Settings) -
         stderr=subprocess.PIPE,
         cwd=PROJECT_ROOT,
     )
-    time.sleep(5)
+    # The kill lands while records flow: once the broker holds some (a loaded machine can take
+    # seconds to start the command at all).
+    topic = configured_pipeline("offers", own_kafka).topic.name
+    deadline = time.monotonic() + 120
+    while not held_over(own_kafka, topic, 1000):
+        assert proc.poll() is None and time.monotonic() < deadline, b"".join(proc.communicate()).decode()
+        time.sleep(0.2)
     kill_broker(own_kafka)
     out, err = proc.communicate(timeout=300)
     text = (out + err).decode()
@@ -128,6 +136,14 @@ def test_broker_killed_during_produce_ends_with_a_summary(own_kafka: Settings) -
     if proc.returncode != 0:
         assert proc.returncode == 1, text[-3000:]
         assert "not acknowledged" in text or "failed fatally" in text, text[-3000:]
+
+
+def held_over(settings: Settings, topic: str, n: int) -> bool:
+    """Whether ``topic`` exists and holds more than ``n`` records."""
+    try:
+        return sum(hi - lo for lo, hi in topic_ends(settings, topic).values()) > n
+    except LambdalakeError:  # not created yet
+        return False
 
 
 def restore_after_kill(settings: Settings, snapshot: Path) -> None:

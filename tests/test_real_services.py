@@ -28,7 +28,7 @@ from lambdalake.kafka.admin import ensure_topic
 from lambdalake.settings import Settings
 from lambdalake.spark.kafka import read_ranges
 from tests.conftest import pipeline_named, port, settings_for
-from tests.helpers import kill_minus_nine
+from tests.helpers import kill_minus_nine, topic_ends
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -43,7 +43,7 @@ def read_topic(settings: Settings, topic: str) -> list[tuple[bytes | None, bytes
     the holes compaction leaves in the offsets are passed over."""
     consumer = Consumer({**settings.kafka.client_config(), "group.id": "tests", "enable.auto.commit": False})
     try:
-        lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        lo, hi = topic_ends(settings, topic)[0]
         consumer.assign([TopicPartition(topic, 0, lo)])
         out: list[tuple[bytes | None, bytes | None, int]] = []
         while hi > lo and (not out or out[-1][2] < hi - 1):
