@@ -104,11 +104,12 @@ def cql_grants(settings: Settings) -> list[CqlGrant]:
     return [CqlGrant(role, permission, keyspace) for role, perms in wanted.items() for permission in perms]
 
 
-def apply(settings: Settings, pipeline: Pipeline) -> int:
-    """Grant every rule for ``pipeline`` as the admin (idempotent: Kafka and Cassandra keep one copy
-    of a rule granted twice). Returns how many rules were sent."""
+def apply(settings: Settings, pipeline: Pipeline) -> tuple[int, int]:
+    """Grant, as the admin, every rule for ``pipeline`` that Kafka or Cassandra does not hold yet
+    (idempotent). Returns (rules granted now, rules in all)."""
     from confluent_kafka.admin import (
         AclBinding,
+        AclBindingFilter,
         AclOperation,
         AclPermissionType,
         ResourcePatternType,
@@ -118,7 +119,6 @@ def apply(settings: Settings, pipeline: Pipeline) -> int:
     from lambdalake.cassandra.session import connect, execute_ddl
     from lambdalake.kafka.admin import require_broker
 
-    acls = kafka_acls(pipeline)
     bindings = [
         AclBinding(
             ResourceType[a.resource.upper()],
@@ -129,16 +129,25 @@ def apply(settings: Settings, pipeline: Pipeline) -> int:
             AclOperation[a.operation],
             AclPermissionType.ALLOW,
         )
-        for a in acls
+        for a in kafka_acls(pipeline)
     ]
     admin = require_broker(settings)
-    for future in admin.create_acls(bindings, request_timeout=30).values():
-        future.result()
+    every = AclBindingFilter(
+        ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY, AclPermissionType.ANY
+    )
+    held = set(admin.describe_acls(every, request_timeout=30).result())
+    missing = [b for b in bindings if b not in held]
+    if missing:
+        for future in admin.create_acls(missing, request_timeout=30).values():
+            future.result()
     session = connect(settings.cassandra)
+    rows = session.execute("SELECT role, resource, permissions FROM system_auth.role_permissions")
+    granted = {(r.role, r.resource, p) for r in rows for p in r.permissions or ()}
     grants = cql_grants(settings)
-    for grant in grants:
+    new = [g for g in grants if (username(g.role), f"data/{g.keyspace}", g.permission) not in granted]
+    for grant in new:
         execute_ddl(session, grant.statement())
-    return len(bindings) + len(grants)
+    return len(missing) + len(new), len(bindings) + len(grants)
 
 
 def describe(settings: Settings, pipelines: list[Pipeline]) -> list[str]:

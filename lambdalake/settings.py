@@ -515,6 +515,13 @@ class Settings(BaseSettings):
         if login and not set_by_user(registry, "basic_auth_user_info"):
             fill(registry, "basic_auth_user_info", SecretStr(f"{login['username']}:{login['password']}"))
 
+    @property
+    def provisions(self) -> bool:
+        """Whether a command creates what a pipeline needs when it is missing (its topics, its schema
+        subject's versions): the admin always, and every role on open services, where one login does
+        all. A secured role's principal has no such right: deploy made them, it only looks them up."""
+        return not (self.secure and self.role != "admin")
+
     def as_role(self, role: Role) -> Settings:
         """These settings for a command of ``role``: on the secured embedded services, the logins the
         secured defaults filled in become that role's principal's; logins set by hand stay."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import ssl
 import subprocess
 import sys
@@ -292,7 +293,10 @@ def roles_pipeline(state: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
     folder = pipelines_folder(tmp_path_factory.mktemp("roles"), pipeline)
     deployed = cli(state, "deploy", "offers", "--no-jobs", pipelines=folder)
     out = (deployed.stdout + deployed.stderr).decode()
-    assert deployed.returncode == 0 and "grants offers" in out, out[-3000:]
+    assert deployed.returncode == 0 and re.search(r"grants offers\W+created", out), out[-3000:]
+    again = cli(state, "deploy", "offers", "--no-jobs", pipelines=folder)
+    out = (again.stdout + again.stderr).decode()
+    assert again.returncode == 0 and re.search(r"grants offers\W+unchanged", out), out[-3000:]
     return base.model_copy(update={"pipelines_dir": folder}), pipeline
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from collections.abc import Mapping
@@ -10,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from cassandra import DriverException
 from cassandra.cluster import Session
 
 from lambdalake.cassandra.session import execute_ddl, refresh_metadata
@@ -325,6 +327,11 @@ def ensure_table(session: Session, keyspace: str, table: TableDef) -> list[str]:
     refused with the fix, since Cassandra cannot change it in place. A table the cluster has already
     takes no DDL: a job's role (the speed job's) may modify rows without the right to create tables."""
     ks = session.cluster.metadata.keyspaces.get(keyspace)
+    if ks is not None and table.name in ks.tables:
+        # The driver's metadata may be stale: another process may have dropped the table since.
+        with contextlib.suppress(DriverException):
+            refresh_metadata(session, keyspace, table.name, wait_s=0)
+        ks = session.cluster.metadata.keyspaces.get(keyspace)
     if ks is None or table.name not in ks.tables:
         execute_ddl(session, table.create_cql(keyspace))
     refresh_metadata(session, keyspace, table.name)

@@ -195,9 +195,9 @@ class Deployer:
         """On the secured embedded services, each role's rights on the pipeline (``lambdalake.grants``)."""
         from lambdalake import grants
 
-        sent = grants.apply(self.settings, p)
-        what = f"{sent} rules for the producer, speed, batch and serving roles"
-        return Change(f"grants {p.name}", "unchanged", what)
+        granted, rules = grants.apply(self.settings, p)
+        what = f"{rules} rules for the producer, speed, batch and serving roles"
+        return Change(f"grants {p.name}", "created" if granted else "unchanged", what)
 
     def _topics(self, p: Pipeline) -> list[Change]:
         from lambdalake.kafka.admin import ensure_pipeline_topics

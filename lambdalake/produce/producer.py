@@ -258,11 +258,11 @@ class EventProducer:
     ) -> None:
         self.pipeline = pipeline
         self.stats = ProduceStats()
-        if prepare and settings.secure and settings.role != "admin":
-            # The producer's principal of `up --secure` may not create topics: deploy made them.
-            require_pipeline_topics(settings, pipeline)
-        elif prepare:
-            ensure_pipeline_topics(settings, pipeline)
+        if prepare:
+            if settings.provisions:
+                ensure_pipeline_topics(settings, pipeline)
+            else:
+                require_pipeline_topics(settings, pipeline)
         registered = register_pipeline(settings, pipeline)
         index = (schema_version or len(registered)) - 1
         schema_text = pipeline.schema_text(index + 1)
