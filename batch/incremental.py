@@ -48,8 +48,8 @@ from lambdalake.view_versions import public_name
 
 #: Commit metadata of the Delta views: the offsets per ``"topic/partition"`` the run's horizon ends at.
 BOUNDARIES = "lambdalake.boundaries"
-#: Commit metadata of the Delta views: the layout of their ``latest`` ranks (absent: the 64-bit
-#: ranks of :data:`lambdalake.latest.LEGACY_RANK`, which a merge cannot compare with today's).
+#: Commit metadata of the Delta views: the layout of their ``latest`` ranks (a view of another
+#: layout is rebuilt, not merged: its ranks do not compare with today's).
 LATEST_RULE = "lambdalake.latest_layout"
 LATEST_LAYOUT = 2
 

@@ -45,7 +45,6 @@ from lambdalake.cassandra.tables import (
 )
 from lambdalake.cassandra.writer import bulk_options
 from lambdalake.errors import ConfigurationError
-from lambdalake.latest import LEGACY_RANK, RANK, spark_from_legacy_rank, timestamp_version
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.delta import read_table
@@ -157,14 +156,7 @@ class Publisher:
     def _delta_rows(self, run: BatchRun, view: str) -> DataFrame | None:
         """Every row of ``view`` as the run committed it to Delta (None: no rows)."""
         path = views_path(self.settings.storage_root, self.pipeline.name, view)
-        rows = read_table(self.spark, path, version=run.delta_versions[view])
-        if rows is not None and LEGACY_RANK in rows.columns and RANK not in rows.columns:
-            # A version written before today's ranks (a restore of an older run): converted exactly.
-            definition = next(v for v in self.pipeline.views if v.name == view)
-            in_ms = timestamp_version(self.pipeline, definition)  # type: ignore[arg-type]
-            rank = spark_from_legacy_rank(F.col(LEGACY_RANK), timestamp_version=in_ms)
-            rows = rows.withColumn(RANK, rank).drop(LEGACY_RANK)
-        return rows
+        return read_table(self.spark, path, version=run.delta_versions[view])
 
     def _refuse_below(self, active: ActiveBatch | None, run: BatchRun, rebuilt_through: int | None) -> None:
         """A version whose horizon is below the active one's would move the horizon back with no

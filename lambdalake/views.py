@@ -182,19 +182,11 @@ def merge(
 def speed_table(pipeline: Pipeline, view: LatestView | WindowedView) -> str:
     """The Cassandra table of a view's speed rows: named per pipeline, so two pipelines may each
     have a view called ``hourly``, and told apart from the batch table by its suffix. A ``latest``
-    view's table holds candidates in the latest rule's order (:data:`lambdalake.latest.CANDIDATE`):
-    a name of its own, since the tables it replaced (:func:`legacy_latest_tables`) had other
-    primary keys."""
+    view's table holds candidates in the latest rule's order (:data:`lambdalake.latest.CANDIDATE`),
+    under a suffix of its own."""
     if isinstance(view, LatestView):
         return f"{pipeline.name}__{view.name}__speed_latest"
     return f"{pipeline.name}__{view.name}__speed"
-
-
-def legacy_latest_tables(pipeline: Pipeline, view: LatestView) -> tuple[str, str]:
-    """The speed tables a ``latest`` view had before, oldest first: one row per key with the rank as
-    its write timestamp (``__speed``), then ranked candidates with a 64-bit rank
-    (``__speed_ranked``, :data:`lambdalake.latest.LEGACY_RANK`)."""
-    return f"{pipeline.name}__{view.name}__speed", f"{pipeline.name}__{view.name}__speed_ranked"
 
 
 def batch_table(pipeline: Pipeline, view: LatestView | WindowedView, generation: int) -> str:

@@ -46,12 +46,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
-from lambdalake.cassandra.legacy_latest import adopt_legacy_latest
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import TableDef, deploy_speed_tables, speed_table_def
 from lambdalake.compaction import CompactionPolicy, Compactor
-from lambdalake.grants import refused
 from lambdalake.errors import ConfigurationError, LambdalakeError
+from lambdalake.grants import refused
 from lambdalake.kafka.admin import require_log_append_time
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, record_time, watermarks
 from lambdalake.master import bronze_of
@@ -168,15 +167,6 @@ def _ranges(start: Offsets, end: Offsets) -> dict[str, list[tuple[int, int]]]:
         for p, until in ps.items()
         if int(until) > int(start.get(topic, {}).get(p, 0))
     }
-
-
-def _read_by_twin(folder: str) -> bool:
-    """Whether a checkpoint's offsets were logged by the Python Kafka source lambdalake had before
-    Spark's own (its entries carry keys of its own, starting with ``$``)."""
-    entries = [u for u in list_files(f"{folder}/offsets") if u.rsplit("/", 1)[1].isdigit()]
-    last = max(entries, key=lambda u: int(u.rsplit("/", 1)[1]), default=None)
-    offsets = _source_offsets(read_text(last)) if last else None
-    return any(key.startswith("$") for key in offsets or {})
 
 
 def drop_unlogged_batch(folder: str) -> list[str]:
@@ -422,12 +412,8 @@ class SpeedJob:
     # --- building blocks ----------------------------------------------------------------------
 
     def deploy(self) -> None:
-        """Create the pipeline's Cassandra tables (idempotent DDL); a ``latest`` view's rows of the
-        old speed table layout are adopted and that table dropped (the job holds its lease: no other
-        speed job writes it)."""
-        session = connect(self.settings.cassandra)
-        deploy_speed_tables(session, self.settings.cassandra, self.pipeline)
-        adopt_legacy_latest(session, self.settings.cassandra, self.pipeline, drop=True)
+        """Create the pipeline's Cassandra tables (idempotent: a table deploy made takes no DDL)."""
+        deploy_speed_tables(connect(self.settings.cassandra), self.settings.cassandra, self.pipeline)
 
     def _archived(self) -> dict[int, int]:
         """Per partition, the highest offset before which bronze has covered every offset (what a
@@ -533,18 +519,13 @@ class SpeedJob:
         record_uri = f"{self.checkpoints}/{MAIN_FILE}"
         record = json.loads(read_text(record_uri) or "null")
         wanted = {v.name: view_signature(v) for v in self.windowed_views}
-        if record is None:  # a new pipeline, a reset one, or one that ran before this file existed
+        if record is None:  # a new pipeline, or a reset one
             record = {"dir": "main", "views": list(wanted.items()), "from_ms": self._reset_from_ms()}
         else:
-            if "views" not in record:  # written when the main query aggregated one view at most
-                record["views"] = [[record.pop("primary"), None]] if record.get("primary") else []
             held = {name: signature for name, signature in record["views"]}
             same = held.keys() == wanted.keys() and all(s in (None, wanted[n]) for n, s in held.items())
             folder = f"{self.checkpoints}/{record['dir']}"
-            if same and _read_by_twin(folder):
-                why = "lambdalake's former Kafka source logged its offsets: Spark's cannot resume them"
-                record = self._move(record, wanted, why=why)
-            elif same:
+            if same:
                 record["views"] = [[n, wanted[n]] for n in held]  # its order: the state's
             elif not _has_checkpoint(folder):
                 # Never ran (a move, then a stop before its first batch): it starts with these views,
@@ -565,7 +546,7 @@ class SpeedJob:
             None if _has_checkpoint(self.main_dir) else self._main_offsets or self.starting_offsets()
         )
 
-    def _move(self, record: dict[str, Any], wanted: dict[str, str], *, why: str = "") -> dict[str, Any]:
+    def _move(self, record: dict[str, Any], wanted: dict[str, str]) -> dict[str, Any]:
         """A new checkpoint for the main query, whose windowed views changed.
 
         Without windowed views it starts where bronze has archived every offset. With them, it
@@ -596,7 +577,7 @@ class SpeedJob:
                 offsets = {p: max(min(early[p], unread[p]), ends[p][0]) for p in ends}
         held = {name for name, _ in record["views"]}
         self._mark_starts(held, wanted, from_ms)
-        why = why or f"its windowed views changed ({sorted(held)} to {sorted(wanted)})"
+        why = f"its windowed views changed ({sorted(held)} to {sorted(wanted)})"
         log.info("the main query moves to checkpoint main-g%d at %s, counting from %s: %s",
                  generation, offsets, from_ms, why)  # fmt: skip
         return {

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 
 from lambdalake.cassandra.active import active_batch
-from lambdalake.cassandra.legacy_latest import adopt_legacy_latest
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import deploy_speed_tables
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, watermarks
@@ -67,7 +66,6 @@ def reset_speed(
         early = offsets_at(consumer, topic, first_open * layers.epoch_ms - layers.dedup_delay_seconds * 1000)
         lows = {p: low for p, (low, _) in watermarks(consumer, topic).items()}
     tables = deploy_speed_tables(session, settings.cassandra, pipeline)
-    adopt_legacy_latest(session, settings.cassandra, pipeline, drop=True)  # emptied below anyway
     for table in tables:
         session.execute(f'TRUNCATE "{settings.cassandra.keyspace}"."{table.name}"', timeout=120)
     checkpoints = checkpoints_path(settings.storage_root, pipeline.name)

@@ -448,29 +448,3 @@ def test_small_micro_batches_give_the_same_views_bronze_and_dead_letters(
     assert differences(settings, pipeline, events) == []
     coords = bronze_coordinates(settings, pipeline)
     assert len(coords) == len(set(coords)) == len(events)
-
-
-def test_a_checkpoint_of_the_former_kafka_source_moves_once_and_stays_exact(
-    services: Settings, spark, tmp_path: Path
-) -> None:
-    """A main checkpoint whose offsets the Python Kafka source lambdalake had before logged (keys of
-    its own beside the offsets) cannot be resumed by Spark's source: the job moves it once to a new
-    checkpoint, archives nothing twice and counts every view exactly."""
-    settings, pipeline = own_pipeline(services, tmp_path, "offers", "offers_former", epoch="10 seconds")
-    producer = EventProducer(settings=settings, pipeline=pipeline)
-    send_generated(producer, "offers", 1500, seed=43, mix=Mix(duplicates=0.05, invalid=0, late=0.03))
-    run_speed_once(settings, pipeline, spark)
-    job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
-    entries = sorted(Path(job.checkpoints, "main", "offsets").glob("[0-9]*"), key=lambda p: int(p.name))
-    lines = entries[-1].read_text().splitlines()
-    former = {**json.loads(lines[-1]), "$lambdalake.check": {}, "$lambdalake.from": {}}
-    entries[-1].write_text("\n".join([*lines[:-1], json.dumps(former)]))
-    send_generated(producer, "offers", 1500, seed=44, mix=Mix(duplicates=0.05, invalid=0, late=0.03))
-    run_speed_once(settings, pipeline, spark)
-
-    record = json.loads(Path(job.checkpoints, "lambdalake-main.json").read_text())
-    assert record["dir"] == "main-g1", record
-    events, _ = topic_events(settings, pipeline)
-    assert differences(settings, pipeline, events) == []
-    coords = bronze_coordinates(settings, pipeline)
-    assert len(coords) == len(set(coords)) == len(events)

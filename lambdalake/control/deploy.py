@@ -292,7 +292,6 @@ class Deployer:
         return deployed_pipeline(p, registry), out
 
     def _tables(self, p: Pipeline) -> list[Change]:
-        from lambdalake.cassandra.legacy_latest import adopt_legacy_latest
         from lambdalake.cassandra.session import connect
         from lambdalake.cassandra.tables import create_keyspace, ensure_table, speed_table_def
         from lambdalake.lease import LEASES
@@ -313,10 +312,6 @@ class Deployer:
             out.append(
                 Change(f"table {keyspace}.{table.name}", action, f"added {', '.join(added)}" if added else "")
             )
-        # The speed job drops the old table when it starts (a running one may still write it).
-        for name, rows in adopt_legacy_latest(session, self.settings.cassandra, p, drop=False).items():
-            copied = f"{rows} rows copied to the latest table of today's layout"
-            out.append(Change(f"table {keyspace}.{name}", "updated", copied))
         return out
 
     def ensure_speed_job(self, p: Pipeline) -> Change:

@@ -24,7 +24,7 @@ LOG4J = Path(__file__).with_name("log4j2.properties")
 SPARK_DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
     # ANSI arithmetic (Spark 4's default, pinned here): a decimal sum beyond its type fails the
-    # query naming the overflow, where the legacy mode would store a silent null.
+    # query naming the overflow, where the non-ANSI mode would store a silent null.
     "spark.sql.ansi.enabled": "true",
     # Few, larger tasks: each shuffle partition of a stateful query is a state store to commit per
     # micro-batch. One instead of two: fresher (latest p50 0.75-0.83 s against 0.89-0.98, p99
