@@ -39,8 +39,6 @@ from lambdalake.batch.horizon import Horizon, find_horizon
 from lambdalake.batch.identities import EARLIER, KNOWN, IdentityIndex, classify
 from lambdalake.batch.incremental import (
     BOUNDARIES,
-    LATEST_LAYOUT,
-    LATEST_RULE,
     FullRunNeeded,
     Increment,
     changed_by,
@@ -341,7 +339,6 @@ class BatchJob:
                 EPOCH_MS: str(self.pipeline.layers.epoch_ms),
                 "lambdalake.rows": str(run.rows[view]), "lambdalake.kind": run.kind,
                 BOUNDARIES: json.dumps(run.boundaries, sort_keys=True),
-                LATEST_RULE: str(LATEST_LAYOUT),
             },
         )  # fmt: skip
 

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import pyarrow as pa
-
 from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.infra.process import ManagedProcess
 from lambdalake.pipeline import Pipeline
@@ -241,7 +239,7 @@ class Deployer:
         from lambdalake.view_versions import plan
 
         meta = read_meta(connect(self.settings.cassandra), self.settings.cassandra.keyspace, p.name)
-        return meta, *plan(p, meta.registry, deployed_types=self._deployed_types(p))
+        return meta, *plan(p, meta.registry)
 
     def _deployed_schema(self, p: Pipeline) -> dict | None:
         """The schema version registered last (None: none is)."""
@@ -256,12 +254,6 @@ class Deployer:
                 return None
             raise
         return json.loads(latest.schema.schema_str)
-
-    def _deployed_types(self, p: Pipeline) -> dict[str, pa.DataType] | None:
-        from lambdalake.event_schema import event_schema
-
-        deployed = self._deployed_schema(p)
-        return None if deployed is None else {f.name: f.type for f in event_schema(deployed)}
 
     def _views(self, p: Pipeline) -> tuple[Pipeline, list[Change]]:
         """Record the views' versions: a view changed, or added to a live pipeline, gets a version
