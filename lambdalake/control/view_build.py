@@ -32,7 +32,9 @@ from pyspark.sql import SparkSession
 
 from lambdalake.cassandra.active import PipelineMeta, read_meta, swap_until_applied, with_deployed_views
 from lambdalake.cassandra.session import connect, execute_ddl
-from lambdalake.control.deploy import Change, Deployer
+from lambdalake.control.changes import Change
+from lambdalake.control.processes import Processes
+from lambdalake.control.resources import Resources
 from lambdalake.errors import LambdalakeError, NothingToCover
 from lambdalake.lease import writer_lease
 from lambdalake.pipeline import Pipeline, WindowedView
@@ -47,7 +49,7 @@ WAIT_S = 300.0
 
 
 def build_views(
-    settings: Settings, pipeline: Pipeline, deployer: Deployer, progress: Progress
+    settings: Settings, pipeline: Pipeline, resources: Resources, processes: Processes, progress: Progress
 ) -> list[Change]:
     """Build every building version of ``pipeline``'s views and switch serving to them; then drop
     the retired versions. Needs the speed job running with the building versions (deploy started it).
@@ -79,9 +81,9 @@ def build_views(
             changes.append(Change(f"view {pipeline.name}.{version.view}", "updated",
                                   f"v{version.version} active (serving switched)"))  # fmt: skip
         if held:  # the schema versions that widen their stored types, held back until now
-            changes += deployer.register_schemas(pipeline)
+            changes += resources.register_schemas(pipeline)
         progress("restarting the speed job without the versions replaced")
-        changes.append(deployer.ensure_speed_job(with_deployed_views(session, keyspace, pipeline)))
+        changes.append(processes.ensure_speed_job(with_deployed_views(session, keyspace, pipeline)))
     changes += drop_retired(settings, pipeline, progress)
     return changes
 
