@@ -31,16 +31,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import signal
-import threading
 import time
-import uuid
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, replace
 
 from py4j.protocol import Py4JError
-from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -49,34 +43,28 @@ from pyspark.sql.streaming import StreamingQuery
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import TableDef, deploy_speed_tables, speed_table_def
 from lambdalake.compaction import CompactionPolicy, Compactor
-from lambdalake.errors import ConfigurationError, LambdalakeError
-from lambdalake.grants import refused
 from lambdalake.kafka.admin import require_log_append_time
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, record_time, watermarks
 from lambdalake.master import bronze_of
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
-from lambdalake.procs import TreeMemory, tree_memory
 from lambdalake.registry import subject_schemas
 from lambdalake.settings import Settings
-from lambdalake.spark.decode import REGISTRY_PATIENCE_S, DecodeSpec
+from lambdalake.spark.decode import DecodeSpec
 from lambdalake.spark.kafka import Offsets, source_options
-from lambdalake.spark.realtime import start_latest_query, unknown_schema_id
+from lambdalake.spark.realtime import start_latest_query
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.sinks import upsert_views
 from lambdalake.spark.stopping import interruptible, stop_quietly
 from lambdalake.spark.views import INGEST_TS, together_column, together_row, windowed, windowed_together
+from lambdalake.speed.checkpoints import Checkpoints, MainRecord, ViewStart
 from lambdalake.speed.dedup import DedupLog
-from lambdalake.speed.last_read import LastReadCheck, LastRecords, lost_tail, offset_changed
+from lambdalake.speed.last_read import LastReadCheck, LastRecords, lost_tail
+from lambdalake.speed.progress import ProgressLog
 from lambdalake.speed.sinks import ArchiveSink, FileSet, LatestSink, PartitionProgress, RecordCounts, drain
 from lambdalake.status import speed_status_file
-from lambdalake.storage import delete_file, list_files, read_text, write_text
 from lambdalake.views import windowed_inputs
-from lambdalake.writer_schemas import SchemaIdNotFound, fetcher
 
 log = logging.getLogger("lambdalake.speed")
-
-#: Spark's error class for a checkpoint whose stateful operators differ from the query's.
-_PLAN_CHANGED = "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA"
 
 
 @dataclass(frozen=True)
@@ -117,46 +105,10 @@ def _compactor(settings: Settings, path: str, *, staging_prefix: str) -> Compact
     )  # fmt: skip
 
 
-def checkpoints_path(storage_root: str, pipeline: str) -> str:
-    """The folder of a pipeline's streaming checkpoints (one per query)."""
-    return f"{storage_root.rstrip('/')}/checkpoints/{pipeline}"
-
-
-#: Written by ``speed reset`` beside the checkpoints: the starting offsets of the rebuilt queries.
-RESET_FILE = "starting-offsets.json"
-#: Written by ``speed reset`` too: the ingest time (the oldest open epoch's start) from which the
-#: rebuilt windowed queries count; they start one deduplication window before it.
-RESET_FROM_FILE = "counting-from.json"
-#: Beside the checkpoints: the main query's checkpoint folder and the windowed views it aggregates.
-MAIN_FILE = "lambdalake-main.json"
-#: In a windowed view's folder beside the checkpoints, for a view first counted on a live pipeline:
-#: the epoch from which the main query counts it (the view build recomputes the ones before).
-START_FILE = "lambdalake-start.json"
-
-
 def view_signature(view: WindowedView) -> str:
     """What a windowed view's Spark state depends on: its definition and the types it holds."""
     text = view.model_dump_json() + json.dumps(sorted(view.stored_types.items()))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _source_offsets(entry: str | None) -> Offsets | None:
-    """The Kafka source's offsets in a checkpoint's offset log entry (``v1``, the batch's metadata,
-    then the source's line) or in its initial offsets (a NUL byte, ``v1``, then the offsets)."""
-    if entry is None:
-        return None
-    return json.loads(entry.strip("\x00").splitlines()[-1])
-
-
-def _per_partition(offsets: str | Offsets | None) -> dict[tuple[str, str], int]:
-    """A Kafka source's offsets in a query's progress (JSON text or parsed) per (topic, partition)."""
-    parsed = json.loads(offsets) if isinstance(offsets, str) else offsets
-    return {(t, str(p)): int(off) for t, parts in (parsed or {}).items() for p, off in parts.items()}
-
-
-def _progress_end(progress: Any) -> dict[tuple[str, str], int]:
-    """Where a query's reported batch ended, per (topic, partition), over its sources."""
-    return {tp: off for source in progress.sources for tp, off in _per_partition(source.endOffset).items()}
 
 
 def _ranges(start: Offsets, end: Offsets) -> dict[str, list[tuple[int, int]]]:
@@ -167,182 +119,6 @@ def _ranges(start: Offsets, end: Offsets) -> dict[str, list[tuple[int, int]]]:
         for p, until in ps.items()
         if int(until) > int(start.get(topic, {}).get(p, 0))
     }
-
-
-def drop_unlogged_batch(folder: str) -> list[str]:
-    """Remove what a checkpoint's first batch left half-written, when its offset log has no entry;
-    returns the files removed.
-
-    A Real-time query killed in its first batch can leave a temporary file of its first offset log
-    entry, or of its first commit, and no offset log entry; Spark then refuses that checkpoint for
-    good ("should be empty on batch 0"). Such a checkpoint has committed nothing; its initial offsets
-    (``sources/0/0``) stay, so the query runs its first batch again from where it was meant to
-    start."""
-    offsets = list_files(f"{folder}/offsets")
-    if any(u.rsplit("/", 1)[1].isdigit() for u in offsets):
-        return []
-    stray = [*offsets, *list_files(f"{folder}/commits")]
-    for uri in stray:
-        delete_file(uri)
-    return stray
-
-
-def _has_checkpoint(folder: str) -> bool:
-    """Whether a streaming query has run with this checkpoint (Spark writes ``metadata`` first)."""
-    return read_text(f"{folder}/metadata") is not None
-
-
-@dataclass
-class QueryStats:
-    batches: int = 0
-    rows: int = 0
-    #: Rows Spark's state operators dropped as late: partially aggregated (key, window) groups.
-    dropped_behind_watermark: int = 0
-    last_batch: dict[str, Any] = field(default_factory=dict)
-    #: The checkpoint's query id: batch ids start over when a checkpoint is rebuilt.
-    query_id: str = ""
-    #: The highest batch id whose rows are counted.
-    counted: int = -1
-
-
-class ProgressLog:
-    """Logs every micro-batch (rows, lag, duration) and keeps a status file per pipeline.
-
-    A thread polls the queries (:meth:`follow`) rather than a listener being called: a Python
-    ``StreamingQueryListener`` is called back through py4j on every event, which cost a quarter of a
-    core here.
-    """
-
-    def __init__(self, status_file: str, *, interval_s: float = 0.25) -> None:
-        self.status_file = status_file
-        self.interval_s = interval_s
-        # The counts go on from the previous run's (a restart resumes the checkpoint's batch ids);
-        # batches up to the last one recorded are not counted again.
-        previous = json.loads(read_text(status_file) or "{}")
-        self.stats: dict[str, QueryStats] = {
-            name: QueryStats(**{"counted": s.get("last_batch", {}).get("batch_id", -1), **s})
-            for name, s in previous.items()
-        }
-        self._seen: dict[str, tuple[int, str]] = {
-            name: (s.last_batch["batch_id"], s.last_batch.get("at", ""))
-            for name, s in self.stats.items()
-            if "batch_id" in s.last_batch
-        }
-        #: Records read per (query, batch id) where Spark's input row count is not that: the main
-        #: query's source yields what the archive pass passes on (:meth:`records_read`).
-        self._read: dict[tuple[str, int], int] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def follow(self, queries: list[StreamingQuery]) -> None:
-        """Poll ``queries`` in the background until :meth:`close`."""
-        self._stop.clear()
-        with self._lock:  # queries of an earlier job's plan (a query per windowed view) are gone
-            running = {q.name for q in queries}
-            self.stats = {name: s for name, s in self.stats.items() if name in running}
-
-        def run() -> None:
-            while not self._stop.wait(self.interval_s):
-                try:
-                    self.poll(queries)
-                except Exception as exc:  # a query being torn down; the next poll or close() catches up
-                    log.debug("progress poll failed: %r", exc)
-
-        self._thread = threading.Thread(target=run, name="lambdalake-progress", daemon=True)
-        self._thread.start()
-
-    def close(self, queries: list[StreamingQuery]) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        self.poll(queries)
-
-    def records_read(self, query: str, batch_id: int, records: int) -> None:
-        """Count ``records`` as what batch ``batch_id`` of ``query`` read (called before Spark
-        reports the batch's progress: from the batch's sink)."""
-        with self._lock:
-            self._read = {k: v for k, v in self._read.items() if k[1] > batch_id - 100}
-            self._read[query, batch_id] = records
-
-    def poll(self, queries: list[StreamingQuery]) -> None:
-        """Record the progress of every batch the queries finished since the last poll."""
-        with self._lock:
-            changed = False
-            for q in queries:
-                recorded = self.stats.get(q.name)
-                if recorded is not None and recorded.query_id not in ("", str(q.id)):
-                    self.stats[q.name] = QueryStats()  # a new checkpoint: a new history
-                    self._seen.pop(q.name, None)
-                last = q.lastProgress
-                if last is None or self._seen.get(q.name) == (last.batchId, last.timestamp):
-                    continue
-                counted = self.stats.setdefault(q.name, QueryStats()).counted
-                # More than one batch since the last poll: read the ones in between too.
-                events = q.recentProgress if last.batchId > counted + 1 else [last]
-                # The job's every process (driver, JVM, Python workers), as `speed status` shows.
-                memory = tree_memory(os.getpid())
-                for p in events:
-                    # Spark reports idle triggers too (every 10 s without new records), under the id
-                    # of the batch to come: only a batch that ran counts, once.
-                    new = "addBatch" in p.durationMs and p.batchId > counted
-                    if new or p is events[-1]:
-                        self._record(p, new_batch=new, memory=memory)
-                        counted = max(counted, p.batchId) if new else counted
-                self._seen[q.name] = (last.batchId, last.timestamp)
-                changed = True
-            if changed:
-                self._write()
-
-    def _record(self, p: Any, *, new_batch: bool, memory: TreeMemory) -> None:
-        lag = 0
-        for source in p.sources:
-            end = _per_partition(source.endOffset)
-            lag += sum(
-                max(0, off - end.get(tp, 0)) for tp, off in _per_partition(source.latestOffset).items()
-            )
-        dropped = sum(op.numRowsDroppedByWatermark for op in p.stateOperators) if new_batch else 0
-        rows = self._read.get((p.name, p.batchId), p.numInputRows)
-        stats = self.stats.setdefault(p.name, QueryStats())
-        stats.query_id = str(p.id)
-        if new_batch:
-            stats.batches += 1
-            stats.rows += rows
-            stats.counted = p.batchId
-            stats.dropped_behind_watermark += dropped
-        stats.last_batch = {
-            "batch_id": p.batchId,
-            "rows": rows,
-            "lag": lag,
-            "duration_ms": p.durationMs.get("triggerExecution"),
-            "at": p.timestamp,
-            "job_rss_mb": memory.rss_mb,
-            "job_processes": memory.processes,
-        }
-        if new_batch:
-            log.debug("%s batch %d phases (ms): %s", p.name, p.batchId, p.durationMs)
-        if new_batch and (rows or dropped):
-            log.info(
-                "%s batch %d: %d rows, lag %d, %d ms%s",
-                p.name,
-                p.batchId,
-                rows,
-                lag,
-                p.durationMs.get("triggerExecution", 0),
-                f", {dropped} behind the watermark (left to the batch layer)" if dropped else "",
-            )
-
-    def _write(self) -> None:
-        write_text(self.status_file, json.dumps({name: vars(s) for name, s in self.stats.items()}, indent=2))
-
-
-#: Restarts of the queries after a failure of no known cause before the job gives up and exits
-#: (its supervisor, or `lambdalake deploy`, starts it again): at most this many within the window,
-#: the first after RESTART_DELAY_S, each later one after twice the wait before it.
-RESTARTS = 5
-RESTART_WINDOW_S = 600.0
-RESTART_DELAY_S = 5.0
 
 
 def runs_realtime_query(settings: Settings, pipeline: Pipeline) -> bool:
@@ -382,14 +158,15 @@ class SpeedJob:
         self.spec = DecodeSpec.of(pipeline, settings)
         self.master = bronze_of(settings, pipeline)
         self.compactor: Compactor | None = None
-        self.checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
+        self.checkpoints = Checkpoints(settings.storage_root, pipeline.name)
         self.progress = ProgressLog(speed_status_file(settings.storage_root, pipeline.name))
         self.queries: list[StreamingQuery] = []
         self.windowed_views = [v for v in pipeline.views if isinstance(v, WindowedView)]
         #: The windowed views the main query aggregates, in its checkpoint's order (:meth:`_choose_main`).
         self.counted: list[WindowedView] = list(self.windowed_views)
-        #: The main query's checkpoint folder (:meth:`_choose_main`).
-        self.main_dir = f"{self.checkpoints}/main"
+        #: The main query's checkpoint folder, its name and path (:meth:`_choose_main`).
+        self.main_name = "main"
+        self.main_dir = self.checkpoints.folder(self.main_name)
         self._main_offsets: str | None = None
         #: The ingest time from which the main query's checkpoint counts (None: every record it reads).
         self._from_ms: int | None = None
@@ -422,29 +199,16 @@ class SpeedJob:
         every = self.master.read_progress()
         return {int(k.rsplit("/", 1)[1]): v for k, v in every.items() if k.rsplit("/", 1)[0] == topic}
 
-    def batch_offsets(self, batch_id: int) -> tuple[Offsets, Offsets]:
-        """Where micro-batch ``batch_id`` of the main query starts and ends, per topic and partition,
-        from the checkpoint: its offset log entry (written before the batch runs) holds its end, the
-        entry before it its start, and a checkpoint's first batch starts at the initial offsets
-        Spark's Kafka source keeps under ``sources/0/0``."""
-        end = _source_offsets(read_text(f"{self.main_dir}/offsets/{batch_id}"))
-        if end is None:
-            raise RuntimeError(f"no offset log entry for batch {batch_id} under {self.main_dir}")
-        start = _source_offsets(read_text(f"{self.main_dir}/offsets/{batch_id - 1}")) if batch_id else None
-        if start is None:
-            start = _source_offsets(read_text(f"{self.main_dir}/sources/0/0")) or {}
-        return start, end
-
     def _reset_from_ms(self) -> int | None:
         """Where ``speed reset`` left the windowed views to count from (None: no reset)."""
-        text = read_text(f"{self.checkpoints}/{RESET_FROM_FILE}")
-        return int(json.loads(text)["from_ms"]) if text else None
+        reset = self.checkpoints.reset()
+        return reset.from_ms if reset is not None else None
 
     def starting_offsets(self) -> str:
         """Where queries without a checkpoint start: ``speed reset`` leaves its choice beside the
         checkpoints; otherwise the options' (default ``earliest``)."""
-        chosen = read_text(f"{self.checkpoints}/{RESET_FILE}")
-        return chosen.strip() if chosen else self.options.starting_offsets
+        reset = self.checkpoints.reset()
+        return json.dumps(reset.offsets) if reset is not None else self.options.starting_offsets
 
     def records(self, *, starting: str | None = None, bounded: bool = True) -> DataFrame:
         """The pipeline's topic as a stream of Kafka records, read by Spark's own Kafka source;
@@ -475,7 +239,7 @@ class SpeedJob:
     def _dedup(self, query: str) -> DedupLog:
         """How a query tells first deliveries from repeats (segment files beside its checkpoint)."""
         return DedupLog(
-            root=f"{self.checkpoints}/{query}/lambdalake-dedup",
+            root=self.checkpoints.dedup_root(query),
             identity=tuple(self.pipeline.event.identity),
             window_us=self.pipeline.layers.dedup_delay_seconds * 1_000_000,
         )
@@ -496,19 +260,6 @@ class SpeedJob:
             return windowed(events, self.pipeline, views[0], epoch=epoch)
         return windowed_together(events, self.pipeline, views, epoch=epoch)
 
-    def _run_id(self) -> str:
-        """This checkpoint's run id: names its master files and Delta app id, so a fresh checkpoint
-        (a replay of old offsets) never collides with what an earlier run committed."""
-        # Kept beside the checkpoint, on the same filesystem (an object store on clusters): a driver
-        # restarted on another host must find it, or its replay would commit under a new app id.
-        uri = f"{self.main_dir}/lambdalake-run-id"
-        existing = read_text(uri)
-        if existing is not None:
-            return existing.strip()
-        run_id = uuid.uuid4().hex[:12]
-        write_text(uri, run_id)
-        return run_id
-
     def _choose_main(self) -> None:
         """The main query's checkpoint and the windowed views it aggregates (its stateful step).
 
@@ -516,37 +267,35 @@ class SpeedJob:
         they are the deployed windowed views (by :func:`view_signature`), it resumes. Otherwise the
         main query moves to a new checkpoint folder (:meth:`_move`). ``speed reset`` starts afresh.
         """
-        record_uri = f"{self.checkpoints}/{MAIN_FILE}"
-        record = json.loads(read_text(record_uri) or "null")
+        record = self.checkpoints.main()
         wanted = {v.name: view_signature(v) for v in self.windowed_views}
         if record is None:  # a new pipeline, or a reset one
-            record = {"dir": "main", "views": list(wanted.items()), "from_ms": self._reset_from_ms()}
+            record = MainRecord(views=tuple(wanted.items()), from_ms=self._reset_from_ms())
         else:
-            held = {name: signature for name, signature in record["views"]}
+            held = dict(record.views)
             same = held.keys() == wanted.keys() and all(s in (None, wanted[n]) for n, s in held.items())
-            folder = f"{self.checkpoints}/{record['dir']}"
-            if same:
-                record["views"] = [[n, wanted[n]] for n in held]  # its order: the state's
-            elif not _has_checkpoint(folder):
+            if same:  # in its order: the state's
+                record = replace(record, views=tuple((n, wanted[n]) for n in held))
+            elif not self.checkpoints.has_run(record.dir):
                 # Never ran (a move, then a stop before its first batch): it starts with these views,
                 # from where the move put it.
-                self._mark_starts(set(held), wanted, record.get("from_ms"))
-                record["views"] = list(wanted.items())
+                self._mark_starts(set(held), wanted, record.from_ms)
+                record = replace(record, views=tuple(wanted.items()))
             else:
                 record = self._move(record, wanted)
-        write_text(record_uri, json.dumps(record))
-        self.main_dir = f"{self.checkpoints}/{record['dir']}"
+        self.checkpoints.write_main(record)
+        self.main_name = record.dir
+        self.main_dir = self.checkpoints.folder(record.dir)
         by_name = {v.name: v for v in self.windowed_views}
-        self.counted = [by_name[n] for n, _ in record["views"]]
-        self._from_ms = record.get("from_ms")
-        if record.get("offsets") and not _has_checkpoint(self.main_dir):
-            self._main_offsets = json.dumps(record["offsets"])
+        self.counted = [by_name[n] for n in record.view_names]
+        self._from_ms = record.from_ms
+        fresh = not self.checkpoints.has_run(record.dir)
+        if record.offsets and fresh:
+            self._main_offsets = json.dumps(record.offsets)
         # Decided before the main query starts (it writes its checkpoint then).
-        self._main_fresh_start = (
-            None if _has_checkpoint(self.main_dir) else self._main_offsets or self.starting_offsets()
-        )
+        self._main_fresh_start = (self._main_offsets or self.starting_offsets()) if fresh else None
 
-    def _move(self, record: dict[str, Any], wanted: dict[str, str]) -> dict[str, Any]:
+    def _move(self, record: MainRecord, wanted: dict[str, str]) -> MainRecord:
         """A new checkpoint for the main query, whose windowed views changed.
 
         Without windowed views it starts where bronze has archived every offset. With them, it
@@ -554,10 +303,10 @@ class SpeedJob:
         epoch of the first record the old checkpoint had not read), reading from one deduplication
         window before it: the epochs it recounts are counted whole again from the topic (whose
         compaction lag outlasts archiving), and what bronze holds is not archived again. A view new
-        to the main query, never counted anywhere, records that epoch (:data:`START_FILE`): the view
+        to the main query, never counted anywhere, records that epoch (:class:`ViewStart`): the view
         build recomputes the closed ones before it from bronze.
         """
-        generation = int(record.get("generation", 0)) + 1
+        generation = record.generation + 1
         topic = self.pipeline.topic.name
         layers = self.pipeline.layers
         archived = self._archived()
@@ -575,15 +324,15 @@ class SpeedJob:
                         from_ms = min(from_ms, first // layers.epoch_ms * layers.epoch_ms)
                 early = offsets_at(consumer, topic, from_ms - layers.dedup_delay_seconds * 1000)
                 offsets = {p: max(min(early[p], unread[p]), ends[p][0]) for p in ends}
-        held = {name for name, _ in record["views"]}
+        held = set(record.view_names)
         self._mark_starts(held, wanted, from_ms)
         why = f"its windowed views changed ({sorted(held)} to {sorted(wanted)})"
         log.info("the main query moves to checkpoint main-g%d at %s, counting from %s: %s",
                  generation, offsets, from_ms, why)  # fmt: skip
-        return {
-            "dir": f"main-g{generation}", "views": list(wanted.items()), "generation": generation,
-            "offsets": {topic: {str(p): o for p, o in offsets.items()}}, "from_ms": from_ms,
-        }  # fmt: skip
+        return MainRecord(
+            dir=f"main-g{generation}", views=tuple(wanted.items()), generation=generation,
+            offsets={topic: {str(p): o for p, o in offsets.items()}}, from_ms=from_ms,
+        )  # fmt: skip
 
     def _mark_starts(self, held: set[str], wanted: dict[str, str], from_ms: int | None) -> None:
         """Record ``from_ms``'s epoch as the start of each view of ``wanted`` a checkpoint counting
@@ -593,11 +342,9 @@ class SpeedJob:
         if from_ms is None:
             return
         for name in wanted:
-            folder = f"{self.checkpoints}/{name}"
-            counted_before = name in held or any(read_text(f"{folder}/{f}") for f in (START_FILE, "metadata"))
-            if not counted_before:
-                start = {"epoch": from_ms // self.pipeline.layers.epoch_ms, "from_ms": from_ms}
-                write_text(f"{folder}/{START_FILE}", json.dumps(start))
+            if name not in held and not self.checkpoints.counted_before(name):
+                start = ViewStart(from_ms // self.pipeline.layers.epoch_ms, from_ms)
+                self.checkpoints.mark_start(name, start)
 
     def main_stream(self) -> DataFrame:
         """The main query's plan: the archive pass (decoding included), then the windowed views."""
@@ -624,7 +371,7 @@ class SpeedJob:
             progress=self.read_progress,
             read=self.records_read,
             passthrough=tuple(self._windowed_inputs(self.counted)) if self.counted else (),
-            dedup=self._dedup(self.main_dir.rsplit("/", 1)[1]) if self.counted else None,
+            dedup=self._dedup(self.main_name) if self.counted else None,
             archived=self._archived(),
             last_read=self.last_read,
         )
@@ -643,7 +390,7 @@ class SpeedJob:
 
     def _main_batch(self, df: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
-        start, end = self.batch_offsets(batch_id)
+        start, end = self.checkpoints.batch_offsets(self.main_name, batch_id)
         behind = [
             (t, int(p), int(start[t][p]), int(o))
             for t, ps in end.items() for p, o in ps.items() if int(o) < int(start.get(t, {}).get(p, o))
@@ -691,7 +438,7 @@ class SpeedJob:
         self.reads_check = LastReadCheck(
             settings=self.settings, checkpoint=self.main_dir, fail=self.options.fail_on_data_loss
         )
-        self.run_id = self._run_id()
+        self.run_id = self.checkpoints.run_id(self.main_name)
         self.master.clear_staging(f"{self.run_id}-")
         self.compactor = _compactor(self.settings, self.master.path, staging_prefix=f"{self.run_id}-")
         trigger = {"processingTime": f"{self.options.trigger_seconds} seconds"}
@@ -714,7 +461,7 @@ class SpeedJob:
     def _start_latest(self) -> StreamingQuery:
         """Start the latest views' Real-time query (:mod:`lambdalake.spark.realtime`) from its
         checkpoint, decoding the writer schemas known so far."""
-        stray = drop_unlogged_batch(self._latest_dir())
+        stray = self.checkpoints.drop_unlogged_batch(self._latest_name())
         if stray:
             names = ", ".join(u.rsplit("/", 1)[1] for u in stray)
             log.warning(
@@ -724,16 +471,17 @@ class SpeedJob:
         query = start_latest_query(
             self.spark, self.settings, self.pipeline,
             self.records(starting=self._latest_start(), bounded=False),
-            checkpoint=self._latest_dir(), writers=self._writers, missing=frozenset(self._missing),
+            checkpoint=self.checkpoints.folder(self._latest_name()), writers=self._writers,
+            missing=frozenset(self._missing),
         )  # fmt: skip
         self.latest_query = query
         return query
 
-    def _latest_dir(self) -> str:
-        """The Real-time query's checkpoint, one per set of latest view versions it writes."""
-        tables = sorted(speed_table_def(self.pipeline, v).name for v in self.pipeline.views
-                        if isinstance(v, LatestView))  # fmt: skip
-        return f"{self.checkpoints}/latest-{hashlib.sha256(json.dumps(tables).encode()).hexdigest()[:12]}"
+    def _latest_name(self) -> str:
+        """The Real-time query's checkpoint folder, one per set of latest view versions it writes."""
+        return self.checkpoints.latest_dir(
+            [speed_table_def(self.pipeline, v).name for v in self.pipeline.views if isinstance(v, LatestView)]
+        )
 
     def _latest_start(self) -> str:
         """Where a new Real-time checkpoint starts: where bronze's coverage ends, when bronze has any,
@@ -765,105 +513,6 @@ class SpeedJob:
                     start[int(p)] = offset
         return json.dumps({topic: {str(p): o for p, o in start.items()}})
 
-    def _learn_writer_schema(self, query: StreamingQuery, error: BaseException | None) -> bool:
-        """If the Real-time query stopped on a writer schema id it did not know: learn it (or that
-        the registry does not hold it: such records are the main query's dead letters) and start
-        the query again from its checkpoint. Returns whether it did."""
-        found = unknown_schema_id(error) if query is self.latest_query else None
-        if found is None:
-            return False
-        try:
-            registry = self.settings.registry.client_config()
-            self._writers[found] = fetcher(registry, patience_s=REGISTRY_PATIENCE_S)(found)
-        except SchemaIdNotFound:
-            self._missing.add(found)
-        log.info("the latest views' query met writer schema id %d; starting it again with it", found)
-        self.queries.remove(query)
-        self.queries.append(self._start_latest())
-        self.progress.follow(self.queries)
-        return True
-
-    def catch_up(self) -> None:
-        """Process everything available now (tests and backfills)."""
-        for q in list(self.queries):
-            while True:
-                try:
-                    q.processAllAvailable()
-                    break
-                except StreamingQueryException as exc:
-                    if not self._learn_writer_schema(q, exc):
-                        raise self._failure(q, exc) from exc
-                    q = self.queries[-1]
-        if self.realtime:
-            self._await_latest_progress()
-        self.progress.poll(self.queries)  # the status is complete when this returns
-
-    def _await_latest_progress(self) -> None:
-        """Wait until the Real-time query has reported a batch that read as far as the main query
-        (caught up just before): its rows are written as it reads, but its progress, which the
-        status counts, comes only at the end of each batch (``speed.realtime_batch_s``)."""
-        main = self.queries[0].lastProgress
-        want = _progress_end(main) if main is not None else {}
-        deadline = time.monotonic() + 3 * self.settings.speed.realtime_batch_s + 60
-        while True:
-            q = self.latest_query
-            last = q.lastProgress
-            got = _progress_end(last) if last is not None else {}
-            if all(got.get(tp, -1) >= off for tp, off in want.items()):
-                return
-            failed = q.exception()
-            if failed is not None:
-                if not self._learn_writer_schema(q, failed):
-                    raise self._failure(q, failed)
-                continue
-            if time.monotonic() > deadline:
-                raise LambdalakeError(
-                    f"query {q.name} reported no batch that read as far as {want} in "
-                    f"{3 * self.settings.speed.realtime_batch_s + 60}s (its last: {got})",
-                    fix="see the speed job's log for the query's error; it resumes from its checkpoint",
-                )
-            time.sleep(0.2)
-
-    def _failure(self, query: StreamingQuery, exc: BaseException | None) -> Exception:
-        """The error to show for a failed query, naming the fix where there is a known one."""
-        if _PLAN_CHANGED in str(exc):
-            return ConfigurationError(
-                f"query {query.name} cannot resume its checkpoint under {self.checkpoints}: it was written "
-                "by a speed job with other stateful steps (a lambdalake before deduplication left "
-                "Spark state, or a pipeline whose windowed views changed)",
-                fix=(
-                    f"stop the job and run `lambdalake speed reset {self.pipeline.name}`: it rebuilds "
-                    "the speed rows from the master dataset (kept: it may hold records compaction "
-                    "removed from the topic) and starts new checkpoints at the oldest open epoch"
-                ),
-            )
-        text = str(exc)
-        refused_right = refused(text, self.settings)
-        if refused_right is not None:  # a person grants it: restarting would be refused again
-            return ConfigurationError(
-                f"query {query.name} stopped: {refused_right.message}", fix=refused_right.fix
-            )
-        lost = offset_changed(text)
-        if lost is not None:
-            return LambdalakeError(f"query {query.name} stopped: {lost.message}", fix=lost.fix)
-        if "org.apache.kafka.common.errors.TimeoutException" in text:
-            return LambdalakeError(
-                f"query {query.name} stopped: the Kafka broker at {self.settings.kafka.bootstrap_servers} "
-                f"did not answer within {self.options.broker_wait_s:.0f}s",
-                fix="start the broker (`lambdalake up`), or raise `speed run --broker-wait`; the job "
-                "resumes from its checkpoint",
-            )
-        # Errors whose own message names the partition, offsets, broker or table, and the fix.
-        for marker in ("DATA LOSS", "Cassandra refused writes"):
-            if marker in text:
-                detail = text[text.index(marker) :]
-                message, _, fix = detail.replace("\n  fix: ", " Fix: ").partition(" Fix: ")
-                return LambdalakeError(
-                    f"query {query.name} stopped: {message.splitlines()[0]}",
-                    fix=fix.splitlines()[0] if fix else None,
-                )
-        return RuntimeError(f"query {query.name} stopped: {exc}")
-
     def stop(self) -> None:
         for q in self.queries:
             try:
@@ -888,52 +537,3 @@ class SpeedJob:
         self.stop()
         if self._owns_spark:
             self.spark.stop()
-
-    def run_until_stopped(self, *, lost: threading.Event | None = None) -> None:
-        """Run until SIGTERM/SIGINT; then stop the queries (every write is idempotent, so stopping
-        mid-batch is safe: the batch is replayed from the checkpoint next time).
-
-        Args:
-            lost: Set when this job's lease was lost (:mod:`lambdalake.lease`): the job stops with
-                an error, since another job may now write the same checkpoint and views.
-        """
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-        self.start()
-        failures: list[float] = []
-        try:
-            while not stop.is_set():
-                failed = next((q for q in self.queries if not q.isActive), None)
-                if failed is not None and self._learn_writer_schema(failed, failed.exception()):
-                    continue
-                if failed is not None:
-                    error = self._failure(failed, failed.exception())
-                    now = time.monotonic()
-                    failures = [t for t in failures if t > now - RESTART_WINDOW_S] + [now]
-                    # A definition or checkpoint that cannot run, and lost records, need a person;
-                    # anything else (a Python worker that did not connect back on a loaded machine,
-                    # a service down longer than the writers wait) may pass, and every write is
-                    # idempotent, so the queries start again from their checkpoints.
-                    needs_person = isinstance(error, ConfigurationError) or "DATA LOSS" in str(error)
-                    if needs_person or len(failures) > RESTARTS:
-                        raise error
-                    delay = RESTART_DELAY_S * 2 ** (len(failures) - 1)
-                    log.warning("%s; restarting the queries from their checkpoints in %.0f s (restart %d "
-                                "of at most %d within %.0f s)", error, delay, len(failures), RESTARTS,
-                                RESTART_WINDOW_S)  # fmt: skip
-                    self.stop()
-                    if stop.wait(delay):
-                        break
-                    self.start()
-                    continue
-                if lost is not None and lost.is_set():
-                    raise LambdalakeError(
-                        f"the speed job of {self.pipeline.name!r} lost its lease (not renewed in time): "
-                        "another job may be running, so this one stops",
-                        fix="check `lambdalake status`; start it again once no other speed job runs",
-                    )
-                stop.wait(0.5)
-        finally:
-            log.info("stopping %s", ", ".join(q.name for q in self.queries))
-            self.close()

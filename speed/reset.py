@@ -19,7 +19,6 @@ epochs after the horizon are recomputed from bronze. The next ``speed run`` (or 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 
@@ -31,9 +30,8 @@ from lambdalake.cassandra.tables import deploy_speed_tables
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, watermarks
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
-from lambdalake.speed.job import RESET_FILE, RESET_FROM_FILE, checkpoints_path
+from lambdalake.speed.checkpoints import Checkpoints, Reset
 from lambdalake.speed.replay import Replayer, ReplayPlan
-from lambdalake.storage import delete_folder, write_text
 
 
 @dataclass
@@ -68,11 +66,8 @@ def reset_speed(
     tables = deploy_speed_tables(session, settings.cassandra, pipeline)
     for table in tables:
         session.execute(f'TRUNCATE "{settings.cassandra.keyspace}"."{table.name}"', timeout=120)
-    checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
-    delete_folder(checkpoints)
     offsets = {pipeline.topic.name: {str(p): o for p, o in early.items()}}
-    write_text(f"{checkpoints}/{RESET_FILE}", json.dumps(offsets))
-    write_text(f"{checkpoints}/{RESET_FROM_FILE}", json.dumps({"from_ms": first_open * layers.epoch_ms}))
+    Checkpoints(settings.storage_root, pipeline.name).start_over(Reset(offsets, first_open * layers.epoch_ms))
     result = ResetResult(horizon, first_open, starts)
     replayer = Replayer(settings=settings, pipeline=pipeline, spark=spark)
     # The new checkpoints start at the oldest open epoch: what bronze has not read before that (the

@@ -32,6 +32,7 @@ from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
 from lambdalake.speed.job import SpeedJob, SpeedOptions
+from lambdalake.speed.supervisor import Supervisor
 from tests.conftest import env_for, isolated, pipeline_named
 from tests.helpers import kill_publish_half_way, pipelines_folder
 from tests.reference import batch_differences, batch_rows, batch_views, topic_events
@@ -126,7 +127,7 @@ def archived(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory
         settings=settings, pipeline=pipeline, spark=spark, options=SpeedOptions(max_offsets_per_trigger=400)
     )
     job.start()
-    job.catch_up()
+    Supervisor(job).catch_up()
     dropped = sum(s.dropped_behind_watermark for s in job.progress.stats.values())
     # Spark counts after its partial aggregation: (merchant, hour, epoch) groups of stragglers.
     assert dropped > 0, job.progress.stats  # the stragglers the speed layer left to the batch
@@ -137,7 +138,7 @@ def archived(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory
     for r in generate("offers", 500, seed=32, mix=Mix(duplicates=0.05, invalid=0.0, late=0.1)):
         producer.send(dict(r))
     assert producer.flush().unacknowledged == 0
-    job.catch_up()
+    Supervisor(job).catch_up()
     yield {"settings": settings, "pipeline": pipeline, "job": job, "second_wave_ms": second_wave_ms}
     job.stop()
 

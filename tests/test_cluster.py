@@ -78,7 +78,7 @@ class SharedJob:
     checkpoints: Path = field(init=False)
 
     def __post_init__(self) -> None:
-        from lambdalake.speed.job import checkpoints_path
+        from lambdalake.speed.checkpoints import checkpoints_path
 
         self.checkpoints = Path(checkpoints_path(self.settings.storage_root, self.pipeline.name))
 

@@ -21,6 +21,7 @@ from lambdalake.produce.producer import EventProducer
 from lambdalake.serving import ServingClient
 from lambdalake.settings import Settings
 from lambdalake.speed.job import SpeedJob
+from lambdalake.speed.supervisor import Supervisor
 from lambdalake.views import speed_table
 from tests.conftest import isolated
 from tests.helpers import consume_all, offers_with_field
@@ -68,7 +69,7 @@ def test_a_decimal_field_is_exact_from_json_to_bronze_and_the_latest_view(
     job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
     job.start()
     try:
-        job.catch_up()
+        Supervisor(job).catch_up()
     finally:
         job.stop()
 

@@ -23,6 +23,7 @@ from lambdalake.produce.producer import EventProducer
 from lambdalake.serving import ServingClient
 from lambdalake.settings import Settings
 from lambdalake.speed.job import SpeedJob
+from lambdalake.speed.supervisor import Supervisor
 from lambdalake.views import speed_table
 from tests.conftest import isolated, pipeline_named, run_cli
 from tests.helpers import bronze_coordinates, pipelines_folder, run_speed_once
@@ -71,7 +72,7 @@ def replayed(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory
             producer.send(r)
         assert producer.flush().unacknowledged == 0
         assert int(time.time() * 1000 // epoch_ms) == epoch, "a wave spilled into the next epoch"
-        job.catch_up()
+        Supervisor(job).catch_up()
         return epoch
 
     first = wave(1200, 81, 0)

@@ -24,6 +24,7 @@ from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from lambdalake.speed.job import SpeedJob
+from lambdalake.speed.supervisor import Supervisor
 from lambdalake.views import speed_table
 from tests.conftest import isolated, pipeline_named
 from tests.helpers import bronze_coordinates, consume_all, run_speed_once, send_generated
@@ -108,7 +109,7 @@ def speed_run(services: Settings, spark, tmp_path_factory) -> dict:
     for job in jobs.values():
         job.start()
     for job in jobs.values():
-        job.catch_up()
+        Supervisor(job).catch_up()
     elapsed = time.monotonic() - t0
     yield {"settings": settings, "pipelines": pipelines, "jobs": jobs, "elapsed": elapsed}
     for job in jobs.values():
@@ -172,7 +173,7 @@ def test_days_late_event_counts_at_once_in_current_epoch(speed_run: dict) -> Non
     producer = EventProducer(settings=settings, pipeline=pipeline, prepare=False)
     assert producer.send(late) is None and producer.flush().acked == 1
     msg = next(m for m in consume_all(settings, pipeline.topic.name) if m.key() == b"late-offer")
-    job.catch_up()
+    Supervisor(job).catch_up()
     rows = [
         r
         for r in cassandra_rows(settings, speed_table(pipeline, pipeline.view("merchant_offers_hourly")))
@@ -212,7 +213,7 @@ def test_a_record_with_an_old_create_time_lands_in_the_current_ingest_epoch(spee
     )
     assert raw.flush(10) == 0
     after = int(time.time() * 1000)
-    job.catch_up()
+    Supervisor(job).catch_up()
     bronze = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
     table = bronze.read().to_pylist()
     (row,) = [r for r in table if r["offer_id"] == "offer-from-2001"]
@@ -273,7 +274,7 @@ def test_every_windowed_view_is_counted_by_the_one_read_of_the_topic(
     job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
     job.start()
     try:
-        job.catch_up()
+        Supervisor(job).catch_up()
         assert [q.name for q in job.queries] == query_names(settings, pipeline)
         assert len([v for v in pipeline.views if isinstance(v, WindowedView)]) == 3
         events, _ = topic_events(settings, pipeline)
@@ -292,7 +293,7 @@ def test_windowed_views_added_and_removed_on_a_live_pipeline_move_the_one_query_
     the new checkpoint recounts from the epoch of the first one: the view kept equals the reference
     in every epoch, the views added equal it from the epoch they start at (the view build
     recomputes the ones before), and bronze holds each valid event once."""
-    from lambdalake.speed.job import MAIN_FILE, START_FILE
+    from lambdalake.speed.checkpoints import MAIN_FILE, START_FILE
 
     unique = os.urandom(4).hex()
     settings = isolated(services, tmp_path, unique)
@@ -359,7 +360,8 @@ def test_a_view_added_before_a_moved_checkpoint_first_ran_records_where_it_start
     """A move left a checkpoint counting from an open epoch, and the job stopped before its first
     batch; a view added meanwhile starts with that checkpoint, so it records the epoch it is counted
     from (the view build recomputes the closed ones before it), as a view added at a move does."""
-    from lambdalake.speed.job import MAIN_FILE, START_FILE, view_signature
+    from lambdalake.speed.checkpoints import MAIN_FILE, START_FILE
+    from lambdalake.speed.job import view_signature
 
     unique = os.urandom(4).hex()
     settings = isolated(services, tmp_path, unique)
@@ -397,7 +399,7 @@ def test_a_checkpoint_with_other_stateful_steps_fails_naming_the_rebuild(
     )  # fmt: skip
     query = (
         earlier.writeStream.queryName("telemetry_old-earlier").outputMode("update")
-        .option("checkpointLocation", f"{job.checkpoints}/main")
+        .option("checkpointLocation", job.checkpoints.folder("main"))
         .foreachBatch(lambda df, _i: df.collect()).start()
     )  # fmt: skip
     query.processAllAvailable()
@@ -408,7 +410,7 @@ def test_a_checkpoint_with_other_stateful_steps_fails_naming_the_rebuild(
     job.start()
     try:
         with pytest.raises(ConfigurationError, match="cannot resume its checkpoint") as failure:
-            job.catch_up()
+            Supervisor(job).catch_up()
         fix = failure.value.fix or ""
         # The rebuild keeps the master dataset (it may hold records compaction removed from the topic).
         assert f"lambdalake speed reset {pipeline.name}" in fix and "master dataset" in fix

@@ -22,6 +22,7 @@ from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, BronzeSettings, Settings
 from lambdalake.speed.job import SpeedJob
+from lambdalake.speed.supervisor import Supervisor
 from tests.conftest import env_for, isolated, pipeline_named
 from tests.helpers import bronze_coordinates, stop_job
 from tests.reference import differences, topic_events
@@ -169,7 +170,7 @@ def test_cassandra_stopped_for_30s(services: Settings, spark, tmp_path: Path, un
         cassandra.start()
         producer.join(120)
         assert not producer.is_alive() and not producer.errors, producer.errors
-        job.catch_up()
+        Supervisor(job).catch_up()
         assert wait_equal(settings, pipeline, timeout=120) == []
     finally:
         job.stop()

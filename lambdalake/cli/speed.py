@@ -66,6 +66,7 @@ def speed_run(
     import logging
 
     from lambdalake.speed.job import SpeedJob, SpeedOptions
+    from lambdalake.speed.supervisor import Supervisor
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("lambdalake").setLevel(log_level.value)
@@ -84,13 +85,13 @@ def speed_run(
     with writer_lease(settings, p.name, "speed job", wait_s=lease_wait) as lease:
         job = SpeedJob(settings=settings, pipeline=p, options=options)
         if not once:
-            job.run_until_stopped(lost=lease.lost)
+            Supervisor(job).run_until_stopped(lost=lease.lost)
             return
         t0 = time.monotonic()
         with console.status("processing what the topic holds..."):
             job.start()
             try:
-                job.catch_up()
+                Supervisor(job).catch_up()
             finally:
                 job.close()
     for name, stats in job.progress.stats.items():

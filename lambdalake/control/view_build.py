@@ -23,7 +23,6 @@ checkpoint are then dropped.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from lambdalake.errors import LambdalakeError, NothingToCover
 from lambdalake.lease import writer_lease
 from lambdalake.pipeline import Pipeline, WindowedView
 from lambdalake.settings import Settings
-from lambdalake.storage import delete_folder, read_text
+from lambdalake.storage import delete_folder
 from lambdalake.view_versions import Registry, ViewVersion, retype_pending
 
 Progress = Callable[[str], None]
@@ -94,24 +93,22 @@ def _recompute(
     """Step 2: the closed epochs after the horizon the speed job's query does not count."""
     from lambdalake.batch.horizon import boundaries
     from lambdalake.master import bronze_of
-    from lambdalake.speed.job import MAIN_FILE, START_FILE, checkpoints_path
+    from lambdalake.speed.checkpoints import Checkpoints
     from lambdalake.speed.replay import Replayer
 
-    checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
-    folder = f"{checkpoints}/{version.name}"
+    checkpoints = Checkpoints(settings.storage_root, pipeline.name)
     first_open = None
     if isinstance(version.definition, WindowedView):
         progress(f"{version.name}: waiting for the speed job's query")
 
-        def started() -> bool:
-            main = json.loads(read_text(f"{checkpoints}/{MAIN_FILE}") or "{}")
-            return version.name in {name for name, _ in main.get("views", [])}
-
-        _wait(started, f"the speed job of {pipeline.name!r} to start the query of {version.name}")
-        start = read_text(f"{folder}/{START_FILE}")
+        _wait(
+            lambda: checkpoints.main_counts(version.name),
+            f"the speed job of {pipeline.name!r} to start the query of {version.name}",
+        )
+        start = checkpoints.view_start(version.name)
         if start is None:  # counted with the job's first checkpoint (a new pipeline, a reset): all counted
             return 0
-        first_open = int(json.loads(start)["epoch"])
+        first_open = start.epoch
         bronze = bronze_of(settings, pipeline)
         needed = boundaries(settings, pipeline, first_open * pipeline.layers.epoch_ms)
         progress(f"{version.name}: waiting for bronze to archive every epoch before {first_open}")
@@ -192,17 +189,16 @@ def drop_retired(settings: Settings, pipeline: Pipeline, progress: Progress) -> 
     """Drop the tables, Delta views and checkpoints of retired versions (the jobs no longer run
     them), and the main query's checkpoints that a move left behind."""
     from lambdalake.batch.run import views_path
-    from lambdalake.speed.job import MAIN_FILE, checkpoints_path
+    from lambdalake.speed.checkpoints import Checkpoints
 
     session = connect(settings.cassandra)
     keyspace = settings.cassandra.keyspace
-    checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
+    checkpoints = Checkpoints(settings.storage_root, pipeline.name)
     changes = []
-    main = json.loads(read_text(f"{checkpoints}/{MAIN_FILE}") or "null")
-    if main is not None and main["dir"] != "main":
-        for generation in range(int(main.get("generation", 0))):
-            old = "main" if generation == 0 else f"main-g{generation}"
-            if delete_folder(f"{checkpoints}/{old}"):
+    main = checkpoints.main()
+    if main is not None:
+        for old in main.earlier_dirs():
+            if delete_folder(checkpoints.folder(old)):
                 changes.append(Change(f"checkpoint {pipeline.name}/{old}", "removed", "the main query moved"))
     meta = read_meta(session, keyspace, pipeline.name)
     retired = [n for n in meta.registry.retired if n not in {v.name for v in meta.registry.deployed()}]
@@ -217,7 +213,7 @@ def drop_retired(settings: Settings, pipeline: Pipeline, progress: Progress) -> 
         )
         for table in sorted(t for t in tables if pattern.match(t)):
             execute_ddl(session, f'DROP TABLE IF EXISTS "{keyspace}"."{table}"', timeout=120)
-        delete_folder(f"{checkpoints}/{name}")
+        delete_folder(checkpoints.folder(name))
         delete_folder(views_path(settings.storage_root, pipeline.name, name))
         changes.append(
             Change(f"view version {pipeline.name}.{name}", "removed", "tables, Delta view, checkpoint")
