@@ -9,9 +9,10 @@ from typing import Literal
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lambdalake.batch.run import RUN_ID, BatchRun, identities_path
+from lambdalake.batch.run import RUN_ID, BatchRun
 from lambdalake.delta import commit_metadata, open_table
 from lambdalake.identity import spark_hashes
+from lambdalake.layout import identities_path
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.delta import read_table, write_table

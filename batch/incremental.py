@@ -34,11 +34,12 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from lambdalake.batch.identities import IdentityIndex
-from lambdalake.batch.run import RUN_ID, views_path
+from lambdalake.batch.run import RUN_ID
 from lambdalake.cassandra.active import ActiveBatch, read_meta
 from lambdalake.cassandra.session import connect
 from lambdalake.coverage import Coverage, difference, from_json, intersection, normalized
 from lambdalake.delta import commit_info, commit_metadata, open_table
+from lambdalake.layout import views_path
 from lambdalake.master import EPOCH_MS, RANGES, MasterDataset
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings

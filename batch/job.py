@@ -49,10 +49,11 @@ from lambdalake.batch.incremental import (
     plan,
 )
 from lambdalake.batch.merge import TOUCHED, merge_latest, merge_windowed, read_view, same_columns
-from lambdalake.batch.run import RUN_ID, BatchRun, views_path
+from lambdalake.batch.run import RUN_ID, BatchRun
 from lambdalake.delta import commit_metadata, open_table
 from lambdalake.errors import NothingToCover
 from lambdalake.latest import OFFSET, PARTITION
+from lambdalake.layout import batch_status_file, quality_report, views_path
 from lambdalake.master import EPOCH_MS, bronze_of
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
@@ -60,7 +61,6 @@ from lambdalake.spark.bronze import bronze_schema, read_events
 from lambdalake.spark.delta import write_table, write_tables
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.views import INGEST_EPOCH, deduplicate, latest, windowed
-from lambdalake.status import batch_status_file
 from lambdalake.storage import write_text
 from lambdalake.view_versions import public_name
 
@@ -306,8 +306,7 @@ class BatchJob:
         for view in self.pipeline.views:
             previous = self._previous_rows(view.name)
             gate.check(view.name, outputs[view.name], view_expectations(view, previous, gate.tolerance))
-        root = self.settings.storage_root.rstrip("/")
-        run.quality_report = f"{root}/reports/{self.pipeline.name}/{run.run_id}-quality.md"
+        run.quality_report = quality_report(self.settings.storage_root, self.pipeline.name, run.run_id)
         gate.finish(run.quality_report)
 
     def _previous_rows(self, view: str) -> int | None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -33,7 +32,7 @@ from cassandra.query import SimpleStatement
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lambdalake.batch.run import BatchRun, views_path
+from lambdalake.batch.run import BatchRun
 from lambdalake.cassandra.active import ActiveBatch, active_batch, lwt, read_meta
 from lambdalake.cassandra.session import connect, execute_ddl, execute_lwt, hosts_down, refresh_metadata
 from lambdalake.cassandra.tables import (
@@ -45,6 +44,7 @@ from lambdalake.cassandra.tables import (
 )
 from lambdalake.cassandra.writer import bulk_options
 from lambdalake.errors import ConfigurationError
+from lambdalake.layout import batch_generation, views_path
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.delta import read_table
@@ -76,8 +76,8 @@ class Publisher:
         """Every generation that has a table, activated or not (a killed publish's too)."""
         refresh_metadata(session, self.keyspace)
         tables = session.cluster.metadata.keyspaces[self.keyspace].tables
-        pattern = re.compile(rf"^{re.escape(self.pipeline.name)}__[a-z0-9_]+__b(\d+)$")
-        return sorted({int(m.group(1)) for name in tables if (m := pattern.match(name))})
+        generations = (batch_generation(self.pipeline.name, name) for name in tables)
+        return sorted({g for g in generations if g is not None})
 
     def publish(
         self,

@@ -67,11 +67,11 @@ from bench.common import bench_settings, probe_freshness, write_result
 from bench.sampling import RssSampler, machine_cpu
 from lambdalake.cassandra.session import connect
 from lambdalake.infra.services import running
+from lambdalake.layout import speed_status_file
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
-from lambdalake.status import speed_status_file
 from lambdalake.views import legacy_latest_tables, speed_table
 
 PEER_VENV = PROJECT_ROOT / ".lambdalake" / "peer-venv"

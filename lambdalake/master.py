@@ -38,7 +38,8 @@ from lambdalake.coverage import (
 )
 from lambdalake.delta import commit_files, commit_info, lost_to_another_commit, open_table
 from lambdalake.errors import ConfigurationError
-from lambdalake.master_files import PARTITION, offsets_present, table_path, write_event_files
+from lambdalake.layout import master_path
+from lambdalake.master_files import PARTITION, offsets_present, write_event_files
 from lambdalake.pipeline import LayersSpec, Pipeline
 from lambdalake.settings import Settings
 from lambdalake.storage import delete_file, list_files
@@ -432,4 +433,4 @@ class MasterDataset:
 
 def bronze_of(settings: Settings, pipeline: Pipeline) -> MasterDataset:
     """``pipeline``'s master dataset under the settings' storage root."""
-    return MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    return MasterDataset(master_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)

@@ -20,10 +20,6 @@ PARTITION = "event_date"
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 
-def table_path(storage_root: str, pipeline: str) -> str:
-    return f"{storage_root.rstrip('/')}/master/{pipeline}"
-
-
 def write_event_files(events: pa.Table, *, path: str, event_time: str, name: str) -> list[str]:
     """Write ``events`` as one Parquet file per event date; return their paths relative to ``path``.
 

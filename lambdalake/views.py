@@ -15,7 +15,7 @@ from decimal import Decimal
 from functools import partial
 from typing import Any, Literal
 
-from lambdalake import filters, sketches
+from lambdalake import filters, layout, sketches
 from lambdalake.pipeline import Aggregate, LatestView, Pipeline, WindowedView
 
 Merge = Literal["add", "min", "max", "hll", "kll"]
@@ -184,9 +184,7 @@ def speed_table(pipeline: Pipeline, view: LatestView | WindowedView) -> str:
     have a view called ``hourly``, and told apart from the batch table by its suffix. A ``latest``
     view's table holds candidates in the latest rule's order (:data:`lambdalake.latest.CANDIDATE`),
     under a suffix of its own."""
-    if isinstance(view, LatestView):
-        return f"{pipeline.name}__{view.name}__speed_latest"
-    return f"{pipeline.name}__{view.name}__speed"
+    return layout.speed_table(pipeline.name, view.name, latest=isinstance(view, LatestView))
 
 
 def batch_table(pipeline: Pipeline, view: LatestView | WindowedView, generation: int) -> str:
@@ -194,7 +192,7 @@ def batch_table(pipeline: Pipeline, view: LatestView | WindowedView, generation:
     generation (a table beside the active one, dropped whole once retired); an incremental run adds
     the cells it changed to its base's generation, each row marked with its version
     (:data:`CELL_VERSION`)."""
-    return f"{pipeline.name}__{view.name}__b{generation}"
+    return layout.batch_table(pipeline.name, view.name, generation)
 
 
 #: The batch rows' column holding the batch version that wrote the cell: a reader of version ``N``

@@ -24,6 +24,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
+from lambdalake.layout import checkpoints_path
 from lambdalake.spark.kafka import Offsets
 from lambdalake.storage import delete_file, delete_folder, list_files, read_text, write_text
 
@@ -40,11 +41,6 @@ START_FILE = "lambdalake-start.json"
 RUN_ID_FILE = "lambdalake-run-id"
 #: In a query's checkpoint folder: its deduplication segments (:mod:`lambdalake.speed.dedup`).
 DEDUP_FOLDER = "lambdalake-dedup"
-
-
-def checkpoints_path(storage_root: str, pipeline: str) -> str:
-    """The folder of a pipeline's streaming checkpoints (one per query)."""
-    return f"{storage_root.rstrip('/')}/checkpoints/{pipeline}"
 
 
 @dataclass(frozen=True)

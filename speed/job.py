@@ -45,6 +45,7 @@ from lambdalake.cassandra.tables import TableDef, deploy_speed_tables, speed_tab
 from lambdalake.compaction import CompactionPolicy, Compactor
 from lambdalake.kafka.admin import require_log_append_time
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, record_time, watermarks
+from lambdalake.layout import speed_status_file
 from lambdalake.master import bronze_of
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.registry import subject_schemas
@@ -61,7 +62,6 @@ from lambdalake.speed.dedup import DedupLog
 from lambdalake.speed.last_read import LastReadCheck, LastRecords, lost_tail
 from lambdalake.speed.progress import ProgressLog
 from lambdalake.speed.sinks import ArchiveSink, FileSet, LatestSink, PartitionProgress, RecordCounts, drain
-from lambdalake.status import speed_status_file
 from lambdalake.views import windowed_inputs
 
 log = logging.getLogger("lambdalake.speed")

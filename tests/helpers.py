@@ -22,8 +22,8 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from lambdalake.infra.process import port_open
 from lambdalake.kafka.offsets import offset_consumer, watermarks
+from lambdalake.layout import master_path
 from lambdalake.master import MasterDataset
-from lambdalake.master_files import table_path
 from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.settings import PROJECT_ROOT, Settings
 
@@ -138,7 +138,7 @@ def _holds_version_above(session: Any, table: str, version: int) -> bool:
 
 def bronze_coordinates(settings: Settings, pipeline: Pipeline) -> list[tuple[int, int]]:
     """(partition, offset) of every row of the pipeline's master dataset ([] before its first commit)."""
-    bronze = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    bronze = MasterDataset(master_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
     try:
         table = bronze.read()
     except FileNotFoundError:

@@ -20,13 +20,14 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from lambdalake.avro import WireEncoder, parse_schema
-from lambdalake.batch.job import BatchJob, views_path
-from lambdalake.batch.run import RUN_ID, identities_path
+from lambdalake.batch.job import BatchJob
+from lambdalake.batch.run import RUN_ID
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import batch_table_def
 from lambdalake.delta import commit_metadata
 from lambdalake.errors import ConfigurationError
+from lambdalake.layout import identities_path, views_path
 from lambdalake.pipeline import Pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
@@ -264,14 +265,15 @@ def test_a_planted_fault_fails_the_gate_and_serving_keeps_the_previous_version(a
     checks): the run stops naming the expectation, and the active batch version does not move.
     Last in the module: it leaves bronze faulty."""
     from lambdalake.batch.quality import QualityGateFailed
+    from lambdalake.layout import master_path
     from lambdalake.master import MasterDataset
-    from lambdalake.master_files import table_path, write_event_files
+    from lambdalake.master_files import write_event_files
 
     settings, pipeline = archived["settings"], archived["pipeline"]
     session = connect(settings.cassandra)
     before = active_batch(session, settings.cassandra.keyspace, pipeline.name)
     assert before is not None
-    bronze = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    bronze = MasterDataset(master_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
     existing = bronze.read().drop_columns(["event_date"])
     row = existing.slice(0, 1).to_pylist()[0]
     epoch_ms = pipeline.layers.epoch_seconds * 1000

@@ -78,7 +78,7 @@ class SharedJob:
     checkpoints: Path = field(init=False)
 
     def __post_init__(self) -> None:
-        from lambdalake.speed.checkpoints import checkpoints_path
+        from lambdalake.layout import checkpoints_path
 
         self.checkpoints = Path(checkpoints_path(self.settings.storage_root, self.pipeline.name))
 
@@ -207,7 +207,7 @@ def test_a_replay_of_a_range_while_a_broker_is_down(cluster: Settings, tmp_path:
     job, which took a share of the cores while idling beside it."""
     from deltalake import DeltaTable
 
-    from lambdalake.master_files import table_path
+    from lambdalake.layout import master_path
     from lambdalake.views import speed_table
     from tests.helpers import bronze_coordinates, pipelines_folder
 
@@ -230,7 +230,7 @@ def test_a_replay_of_a_range_while_a_broker_is_down(cluster: Settings, tmp_path:
     epochs = sorted(set(events["_ts"] // pipeline.layers.epoch_ms))
     assert len(epochs) >= 2, epochs
     # Lost: an epoch of bronze, and every windowed speed row.
-    DeltaTable(table_path(settings.storage_root, pipeline.name)).delete(f"_epoch = {epochs[0]}")
+    DeltaTable(master_path(settings.storage_root, pipeline.name)).delete(f"_epoch = {epochs[0]}")
     windowed = pipeline.model_copy(
         update={"views": [v for v in pipeline.views if isinstance(v, WindowedView)]}
     )

@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 
 from lambdalake.cassandra.session import connect
 from lambdalake.errors import ConfigurationError
-from lambdalake.master_files import table_path
+from lambdalake.layout import master_path
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.serving import ServingClient
@@ -73,7 +73,7 @@ def test_a_decimal_field_is_exact_from_json_to_bronze_and_the_latest_view(
     finally:
         job.stop()
 
-    bronze = DeltaTable(table_path(settings.storage_root, pipeline.name)).to_pyarrow_table()
+    bronze = DeltaTable(master_path(settings.storage_root, pipeline.name)).to_pyarrow_table()
     assert str(bronze.schema.field("discount").type) == "decimal128(9, 2)"
     stored = dict(
         zip(bronze.column("offer_id").to_pylist(), bronze.column("discount").to_pylist(), strict=True)

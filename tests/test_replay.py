@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 
 from lambdalake.batch.job import BatchJob
 from lambdalake.cassandra.session import connect
-from lambdalake.master_files import table_path
+from lambdalake.layout import master_path
 from lambdalake.pipeline import LatestView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
@@ -87,7 +87,7 @@ def replayed(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory
 
 
 def bronze_version(settings: Settings, pipeline) -> int:
-    return DeltaTable(table_path(settings.storage_root, pipeline.name)).version()
+    return DeltaTable(master_path(settings.storage_root, pipeline.name)).version()
 
 
 def test_replay_restores_a_deleted_slice_and_is_idempotent(replayed: Any) -> None:
@@ -100,7 +100,7 @@ def test_replay_restores_a_deleted_slice_and_is_idempotent(replayed: Any) -> Non
 
     # Lose a slice: bronze of both waves' epochs (one covered by the batch, one after it) and the
     # speed rows of the later one.
-    DeltaTable(table_path(settings.storage_root, pipeline.name)).delete(
+    DeltaTable(master_path(settings.storage_root, pipeline.name)).delete(
         f"_epoch = {first} OR _epoch = {second}"
     )
     session = connect(settings.cassandra)

@@ -17,8 +17,8 @@ from pyspark.sql import functions as F
 from lambdalake.avro import HEADER, MAGIC, WireEncoder, parse_schema
 from lambdalake.errors import ConfigurationError
 from lambdalake.kafka import dlq
+from lambdalake.layout import master_path
 from lambdalake.master import MasterDataset
-from lambdalake.master_files import table_path
 from lambdalake.pipeline import Pipeline, WindowedView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
@@ -129,7 +129,7 @@ def test_views_equal_reference(speed_run: dict, name: str) -> None:
 def test_master_dataset_holds_each_valid_event_once(speed_run: dict, name: str) -> None:
     settings, pipeline = speed_run["settings"], speed_run["pipelines"][name]
     events, _ = topic_events(settings, pipeline)
-    bronze = MasterDataset(table_path(settings.storage_root, name), event_time=pipeline.event.time).read()
+    bronze = MasterDataset(master_path(settings.storage_root, name), event_time=pipeline.event.time).read()
     coords = list(
         zip(bronze.column("_partition").to_pylist(), bronze.column("_offset").to_pylist(), strict=True)
     )
@@ -214,7 +214,7 @@ def test_a_record_with_an_old_create_time_lands_in_the_current_ingest_epoch(spee
     assert raw.flush(10) == 0
     after = int(time.time() * 1000)
     Supervisor(job).catch_up()
-    bronze = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    bronze = MasterDataset(master_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
     table = bronze.read().to_pylist()
     (row,) = [r for r in table if r["offer_id"] == "offer-from-2001"]
     ingest_ms = int(row["_ingest_ts"].timestamp() * 1000)
@@ -348,7 +348,7 @@ def test_windowed_views_added_and_removed_on_a_live_pipeline_move_the_one_query_
         want = {k: v for k, v in windowed_view(events, full, view, 5).items() if k[-1] >= start_epoch}
         rows = [r for r in cassandra_rows(settings, speed_table(full, view)) if r["epoch"] >= start_epoch]
         assert want and compare(full, view, want, rows, epoch=True) == [], view.name
-    bronze = MasterDataset(table_path(settings.storage_root, full.name), event_time=full.event.time).read()
+    bronze = MasterDataset(master_path(settings.storage_root, full.name), event_time=full.event.time).read()
     coordinates = list(zip(bronze["_partition"].to_pylist(), bronze["_offset"].to_pylist(), strict=True))
     assert len(coordinates) == len(set(coordinates)) == len(events)
     assert set(coordinates) == set(zip(events["_partition"], events["_offset"], strict=True))

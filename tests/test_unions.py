@@ -19,7 +19,7 @@ from lambdalake.batch.job import BatchJob
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import speed_table_def
 from lambdalake.errors import ConfigurationError
-from lambdalake.master_files import table_path
+from lambdalake.layout import master_path
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
@@ -103,7 +103,7 @@ def test_a_general_union_goes_from_producers_to_bronze_and_both_layers(
     job.start()
     try:
         Supervisor(job).catch_up()
-        bronze = DeltaTable(table_path(settings.storage_root, pipeline.name)).to_pyarrow_table()
+        bronze = DeltaTable(master_path(settings.storage_root, pipeline.name)).to_pyarrow_table()
         assert bronze.schema.field("ref").type == shape
         offers = bronze.column("offer_id").to_pylist()
         assert dict(zip(offers, bronze.column("ref").to_pylist(), strict=True)) == want

@@ -160,7 +160,7 @@ def test_a_field_added_on_a_live_pipeline_reaches_bronze_the_batch_and_serving(
     the batch reads bronze of both shapes, and every answer gives old events the defaults."""
     from deltalake import DeltaTable
 
-    from lambdalake.master_files import table_path
+    from lambdalake.layout import master_path
 
     unique = os.urandom(4).hex()
     base = isolated(services, tmp_path, unique)
@@ -184,7 +184,7 @@ def test_a_field_added_on_a_live_pipeline_reaches_bronze_the_batch_and_serving(
     send(old_producer, wave_c)
     run_speed_once(new, v2, spark)
 
-    bronze = DeltaTable(table_path(new.storage_root, "payments"))
+    bronze = DeltaTable(master_path(new.storage_root, "payments"))
     assert {"channel", "source"} <= {f.name for f in bronze.schema().fields}
     stored = bronze.to_pyarrow_table(columns=["payment_id", "channel", "source"]).to_pylist()
     by_id = {r["payment_id"]: r for r in stored}
@@ -386,7 +386,7 @@ def test_promoted_fields_an_enum_symbol_and_a_removed_field_on_a_live_pipeline(
     it, v1 and v2 producers both send, the batch over bronze of both shapes sums exactly what the
     reference does, the latest view answers the new symbol, and bronze reads every row as v2's types."""
     from lambdalake.evolution import unappliable_changes
-    from lambdalake.master_files import table_path
+    from lambdalake.layout import master_path
     from lambdalake.spark.bronze import read_events
     from tests.conftest import run_cli
 
@@ -445,7 +445,7 @@ def test_promoted_fields_an_enum_symbol_and_a_removed_field_on_a_live_pipeline(
 
     from deltalake import DeltaTable
 
-    rows = read_events(spark, DeltaTable(table_path(new.storage_root, "payments")).file_uris(), v2)
+    rows = read_events(spark, DeltaTable(master_path(new.storage_root, "payments")).file_uris(), v2)
     by_id = {r["payment_id"]: r for r in rows.select("payment_id", "hits", "ref", "rate").collect()}
     assert len(by_id) == 1200
     first = by_id["pay-000001"]  # a v1 event, read as v2's types

@@ -111,10 +111,11 @@ def speed_status(
     """Progress of every speed job under the storage root: rows, last batch, lag, events behind the
     watermark (left to the batch layer), and the resident memory of all the job's processes (driver,
     JVM, Python workers) at its last batch."""
+    from lambdalake.layout import SPEED_STATUS_PREFIX, status_folder
     from lambdalake.storage import list_files, read_text
 
     settings = get_settings()
-    files = list_files(f"{settings.storage_root.rstrip('/')}/status", prefix="speed-", suffix=".json")
+    files = list_files(status_folder(settings.storage_root), prefix=SPEED_STATUS_PREFIX, suffix=".json")
     queries = {name: stats for f in files for name, stats in json.loads(read_text(f) or "{}").items()}
     if as_json:
         out.print_json(json.dumps(queries))

@@ -23,7 +23,6 @@ checkpoint are then dropped.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 
@@ -188,7 +187,7 @@ def _switch(settings: Settings, pipeline: str, names: set[str]) -> list[ViewVers
 def drop_retired(settings: Settings, pipeline: Pipeline, progress: Progress) -> list[Change]:
     """Drop the tables, Delta views and checkpoints of retired versions (the jobs no longer run
     them), and the main query's checkpoints that a move left behind."""
-    from lambdalake.batch.run import views_path
+    from lambdalake.layout import view_tables, views_path
     from lambdalake.speed.checkpoints import Checkpoints
 
     session = connect(settings.cassandra)
@@ -208,9 +207,7 @@ def drop_retired(settings: Settings, pipeline: Pipeline, progress: Progress) -> 
     tables = set(session.cluster.metadata.keyspaces[keyspace].tables)
     for name in retired:
         progress(f"dropping version {name}")
-        pattern = re.compile(
-            rf"^{re.escape(pipeline.name)}__{re.escape(name)}__(speed|speed_ranked|speed_latest|b\d+)$"
-        )
+        pattern = view_tables(pipeline.name, name)
         for table in sorted(t for t in tables if pattern.match(t)):
             execute_ddl(session, f'DROP TABLE IF EXISTS "{keyspace}"."{table}"', timeout=120)
         delete_folder(checkpoints.folder(name))
