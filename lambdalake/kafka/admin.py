@@ -30,6 +30,18 @@ def refusal(settings: Settings, errors: list[KafkaError]) -> ConfigurationError 
             fix="set LAMBDALAKE_KAFKA__SASL_USERNAME and LAMBDALAKE_KAFKA__SASL_PASSWORD to a user of the "
             "cluster (and LAMBDALAKE_KAFKA__SASL_MECHANISM to its mechanism)",
         )
+    if "mismatch" in text and ("hostname" in text or "ip address" in text):
+        return ConfigurationError(
+            "a Kafka broker's certificate does not name the address it was reached at "
+            f"({kafka.bootstrap_servers})",
+            fix="set LAMBDALAKE_KAFKA__BOOTSTRAP_SERVERS to names its certificates hold (and the brokers' "
+            "advertised listeners to them), or reissue the certificates",
+        )
+    if "certificate has expired" in text:
+        return ConfigurationError(
+            "a Kafka broker's certificate has expired",
+            fix="reissue the brokers' certificates (the embedded ones: `lambdalake up --secure` renews them)",
+        )
     if "certificate verify failed" in text:
         return ConfigurationError(
             "a Kafka broker's certificate is not signed by the CA in "
