@@ -15,12 +15,10 @@ the watermark is archived, but dropped from the windowed views and left to the b
 counts the drop (``dropped_behind_watermark`` in the status file) after its partial aggregation:
 groups, not events.
 
-The checkpoint's Spark state is made for the windowed views it started with. When they change (a
-view added, a version built or retired, a widening held), the main query moves to a new checkpoint
-that starts one deduplication window before the oldest epoch it must count whole (the oldest open
-one, or an older one the old checkpoint had not finished); records bronze holds are neither archived
-nor dead-lettered again, and every epoch it counts is counted whole, so the absolute upserts are
-exact.
+The checkpoint's Spark state is made for the windowed views it started with: when they change, the
+main query moves to a new checkpoint (:mod:`lambdalake.speed.starts`). Running the job, restarts and
+failures are :mod:`lambdalake.speed.supervisor`'s; its files beside the checkpoints,
+:mod:`lambdalake.speed.checkpoints`'.
 
 Progress lives in each query's checkpoint; results are durable before Spark commits an offset, and
 every write is idempotent, so a batch replayed after a crash leaves the same views and bronze.
@@ -28,11 +26,9 @@ every write is idempotent, so a batch replayed after a crash leaves the same vie
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass, replace
 
 from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession
@@ -44,7 +40,6 @@ from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import TableDef, deploy_speed_tables, speed_table_def
 from lambdalake.compaction import CompactionPolicy, Compactor
 from lambdalake.kafka.admin import require_log_append_time
-from lambdalake.kafka.offsets import offset_consumer, offsets_at, record_time, watermarks
 from lambdalake.layout import speed_status_file
 from lambdalake.master import bronze_of
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
@@ -57,40 +52,16 @@ from lambdalake.spark.session import spark_session
 from lambdalake.spark.sinks import upsert_views
 from lambdalake.spark.stopping import interruptible, stop_quietly
 from lambdalake.spark.views import INGEST_TS, together_column, together_row, windowed, windowed_together
-from lambdalake.speed.checkpoints import Checkpoints, MainRecord, ViewStart
+from lambdalake.speed.checkpoints import Checkpoints
 from lambdalake.speed.dedup import DedupLog
 from lambdalake.speed.last_read import LastReadCheck, LastRecords, lost_tail
+from lambdalake.speed.options import SpeedOptions, runs_realtime_query
 from lambdalake.speed.progress import ProgressLog
 from lambdalake.speed.sinks import ArchiveSink, FileSet, LatestSink, PartitionProgress, RecordCounts, drain
+from lambdalake.speed.starts import choose_main, latest_start
 from lambdalake.views import windowed_inputs
 
 log = logging.getLogger("lambdalake.speed")
-
-
-@dataclass(frozen=True)
-class SpeedOptions:
-    """Tuning of the speed job.
-
-    Args:
-        trigger_seconds: Micro-batch interval; 0 starts the next batch as soon as one ends. Default 0.
-        max_offsets_per_trigger: Records per micro-batch at most (bounds catch-up batches). Default 200k.
-        starting_offsets: Where a query without a checkpoint starts. Default ``earliest``.
-        broker_wait_s: How long the Kafka source retries a broker that does not answer (a restart)
-            before the job stops with an error naming the broker. Default 120 s.
-        fail_on_data_loss: Stop with an error naming the offsets when the broker lost records the
-            job had read (default True); False goes on past them with a warning.
-
-    Each Kafka partition's share of a micro-batch is read whole by one task (Spark's Kafka source
-    without ``minPartitions`` or ``maxRecordsPerPartition``): deduplication needs a partition's
-    records in one task, and each task has a fixed cost here (about 0.3 s: a warm 198k-record batch
-    ran 7.2 s in 3 tasks and 8.7 s in 9). Raise the topic's partitions to use more cores.
-    """
-
-    trigger_seconds: float = 0.0
-    max_offsets_per_trigger: int = 200_000
-    starting_offsets: str = "earliest"
-    broker_wait_s: float = 120.0
-    fail_on_data_loss: bool = True
 
 
 def _compactor(settings: Settings, path: str, *, staging_prefix: str) -> Compactor | None:
@@ -105,12 +76,6 @@ def _compactor(settings: Settings, path: str, *, staging_prefix: str) -> Compact
     )  # fmt: skip
 
 
-def view_signature(view: WindowedView) -> str:
-    """What a windowed view's Spark state depends on: its definition and the types it holds."""
-    text = view.model_dump_json() + json.dumps(sorted(view.stored_types.items()))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def _ranges(start: Offsets, end: Offsets) -> dict[str, list[tuple[int, int]]]:
     """The offsets ``[start, end)`` per ``"topic/partition"`` with records between the two."""
     return {
@@ -119,12 +84,6 @@ def _ranges(start: Offsets, end: Offsets) -> dict[str, list[tuple[int, int]]]:
         for p, until in ps.items()
         if int(until) > int(start.get(topic, {}).get(p, 0))
     }
-
-
-def runs_realtime_query(settings: Settings, pipeline: Pipeline) -> bool:
-    """Whether a speed job of ``pipeline`` writes its latest views from a Real-time query of their
-    own (``<pipeline>-latest``) beside the main one: ``speed.latest`` is ``realtime`` and it has one."""
-    return settings.speed.latest == "realtime" and any(isinstance(v, LatestView) for v in pipeline.views)
 
 
 class SpeedJob:
@@ -261,90 +220,17 @@ class SpeedJob:
         return windowed_together(events, self.pipeline, views, epoch=epoch)
 
     def _choose_main(self) -> None:
-        """The main query's checkpoint and the windowed views it aggregates (its stateful step).
-
-        A checkpoint keeps the views it started with: others would not match Spark's state. While
-        they are the deployed windowed views (by :func:`view_signature`), it resumes. Otherwise the
-        main query moves to a new checkpoint folder (:meth:`_move`). ``speed reset`` starts afresh.
-        """
-        record = self.checkpoints.main()
-        wanted = {v.name: view_signature(v) for v in self.windowed_views}
-        if record is None:  # a new pipeline, or a reset one
-            record = MainRecord(views=tuple(wanted.items()), from_ms=self._reset_from_ms())
-        else:
-            held = dict(record.views)
-            same = held.keys() == wanted.keys() and all(s in (None, wanted[n]) for n, s in held.items())
-            if same:  # in its order: the state's
-                record = replace(record, views=tuple((n, wanted[n]) for n in held))
-            elif not self.checkpoints.has_run(record.dir):
-                # Never ran (a move, then a stop before its first batch): it starts with these views,
-                # from where the move put it.
-                self._mark_starts(set(held), wanted, record.from_ms)
-                record = replace(record, views=tuple(wanted.items()))
-            else:
-                record = self._move(record, wanted)
-        self.checkpoints.write_main(record)
-        self.main_name = record.dir
-        self.main_dir = self.checkpoints.folder(record.dir)
-        by_name = {v.name: v for v in self.windowed_views}
-        self.counted = [by_name[n] for n in record.view_names]
-        self._from_ms = record.from_ms
-        fresh = not self.checkpoints.has_run(record.dir)
-        if record.offsets and fresh:
-            self._main_offsets = json.dumps(record.offsets)
-        # Decided before the main query starts (it writes its checkpoint then).
-        self._main_fresh_start = (self._main_offsets or self.starting_offsets()) if fresh else None
-
-    def _move(self, record: MainRecord, wanted: dict[str, str]) -> MainRecord:
-        """A new checkpoint for the main query, whose windowed views changed.
-
-        Without windowed views it starts where bronze has archived every offset. With them, it
-        counts every epoch from the oldest one not yet counted whole (the oldest open one, or the
-        epoch of the first record the old checkpoint had not read), reading from one deduplication
-        window before it: the epochs it recounts are counted whole again from the topic (whose
-        compaction lag outlasts archiving), and what bronze holds is not archived again. A view new
-        to the main query, never counted anywhere, records that epoch (:class:`ViewStart`): the view
-        build recomputes the closed ones before it from bronze.
-        """
-        generation = record.generation + 1
-        topic = self.pipeline.topic.name
-        layers = self.pipeline.layers
-        archived = self._archived()
-        from_ms = None
-        with offset_consumer(self.settings) as consumer:
-            ends = watermarks(consumer, topic)
-            unread = {p: max(archived.get(p, -1) + 1, low) for p, (low, _) in ends.items()}
-            offsets = dict(unread)
-            if wanted:
-                now_ms = int(time.time() * 1000)
-                from_ms = (now_ms - layers.grace_seconds * 1000) // layers.epoch_ms * layers.epoch_ms
-                for p, (_, high) in ends.items():
-                    if unread[p] < high:
-                        first = record_time(consumer, topic, p, unread[p])
-                        from_ms = min(from_ms, first // layers.epoch_ms * layers.epoch_ms)
-                early = offsets_at(consumer, topic, from_ms - layers.dedup_delay_seconds * 1000)
-                offsets = {p: max(min(early[p], unread[p]), ends[p][0]) for p in ends}
-        held = set(record.view_names)
-        self._mark_starts(held, wanted, from_ms)
-        why = f"its windowed views changed ({sorted(held)} to {sorted(wanted)})"
-        log.info("the main query moves to checkpoint main-g%d at %s, counting from %s: %s",
-                 generation, offsets, from_ms, why)  # fmt: skip
-        return MainRecord(
-            dir=f"main-g{generation}", views=tuple(wanted.items()), generation=generation,
-            offsets={topic: {str(p): o for p, o in offsets.items()}}, from_ms=from_ms,
+        """The main query's checkpoint and the windowed views it aggregates (:func:`choose_main`)."""
+        chosen = choose_main(
+            self.settings, self.pipeline, self.checkpoints, self.windowed_views,
+            archived=self._archived, reset_from_ms=self._reset_from_ms(), default=self.starting_offsets(),
         )  # fmt: skip
-
-    def _mark_starts(self, held: set[str], wanted: dict[str, str], from_ms: int | None) -> None:
-        """Record ``from_ms``'s epoch as the start of each view of ``wanted`` a checkpoint counting
-        from ``from_ms`` has that was never counted before (neither by ``held``, the views of the
-        checkpoint it follows, nor by a query of its own): the view build recomputes the epochs
-        before it from bronze."""
-        if from_ms is None:
-            return
-        for name in wanted:
-            if name not in held and not self.checkpoints.counted_before(name):
-                start = ViewStart(from_ms // self.pipeline.layers.epoch_ms, from_ms)
-                self.checkpoints.mark_start(name, start)
+        self.main_name = chosen.record.dir
+        self.main_dir = self.checkpoints.folder(chosen.record.dir)
+        self.counted = chosen.counted
+        self._from_ms = chosen.record.from_ms
+        self._main_offsets = chosen.offsets
+        self._main_fresh_start = chosen.fresh_start
 
     def main_stream(self) -> DataFrame:
         """The main query's plan: the archive pass (decoding included), then the windowed views."""
@@ -428,8 +314,6 @@ class SpeedJob:
         log.debug("main batch %d: pass %.2fs, commit %.2fs (%d files)", batch_id, t1 - t0,
                   time.monotonic() - t1, len(files))  # fmt: skip
 
-    # --- running ------------------------------------------------------------------------------
-
     def start(self) -> list[StreamingQuery]:
         self.master.check_layers(self.pipeline.layers, pipeline=self.pipeline.name)
         require_log_append_time(self.settings, self.pipeline)
@@ -484,34 +368,10 @@ class SpeedJob:
         )
 
     def _latest_start(self) -> str:
-        """Where a new Real-time checkpoint starts: where bronze's coverage ends, when bronze has any,
-        or where a main query without a checkpoint starts, where that is earlier.
-
-        The Real-time query reads ahead of bronze, and a view version built beside the old one is
-        recomputed from bronze (:mod:`lambdalake.control.view_build`): starting at the checkpoint it
-        had would leave the records between the two out of the new version. After ``speed reset``
-        (its latest rows emptied, the epochs before its start recomputed from bronze) the main query
-        starts afresh where the reset chose, and the records from there on are the Real-time
-        query's to write, though bronze may hold them already."""
-        archived = self._archived()
-        if not archived:
-            return self._main_fresh_start or self.starting_offsets()
-        # Bronze's coverage only grows: read before the query starts, it can only make the query
-        # re-read (idempotently) what bronze took meanwhile, never skip it. A partition bronze holds
-        # nothing of (one the topic gained) starts at its earliest offset (-2).
-        topic = self.pipeline.topic.name
-        partitions = sorted({*archived, *range(self.pipeline.topic.partitions)})
-        start = {p: archived.get(p, -2) for p in partitions}
-        main = self._main_fresh_start
-        if main == "earliest":
-            return main
-        if main and main != "latest":
-            for p, offset in json.loads(main).get(topic, {}).items():
-                here = start.get(int(p), -2)
-                # -2 is the log's start, earlier than any offset; -1 its end, never earlier.
-                if here != -2 and offset != -1 and (offset == -2 or offset < here):
-                    start[int(p)] = offset
-        return json.dumps({topic: {str(p): o for p, o in start.items()}})
+        """Where a new Real-time checkpoint starts (:func:`latest_start`)."""
+        fresh = self._main_fresh_start
+        default = fresh or self.starting_offsets()
+        return latest_start(self.pipeline, self._archived(), default, main_fresh=fresh)
 
     def stop(self) -> None:
         for q in self.queries:

@@ -78,7 +78,8 @@ def send_generated(producer: Any, kind: str, n: int, *, seed: int, mix: Any) -> 
 
 def run_speed_once(settings: Settings, pipeline: Pipeline, spark: Any, **options: Any) -> None:
     """Run the pipeline's speed job in-process until it has processed what the topic holds."""
-    from lambdalake.speed.job import SpeedJob, SpeedOptions
+    from lambdalake.speed.job import SpeedJob
+    from lambdalake.speed.options import SpeedOptions
     from lambdalake.speed.supervisor import Supervisor
 
     job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark, options=SpeedOptions(**options))

@@ -32,7 +32,8 @@ from lambdalake.pipeline import Pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
-from lambdalake.speed.job import SpeedJob, SpeedOptions
+from lambdalake.speed.job import SpeedJob
+from lambdalake.speed.options import SpeedOptions
 from lambdalake.speed.supervisor import Supervisor
 from tests.conftest import env_for, isolated, pipeline_named
 from tests.helpers import kill_publish_half_way, pipelines_folder

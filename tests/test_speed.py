@@ -225,7 +225,7 @@ def test_a_record_with_an_old_create_time_lands_in_the_current_ingest_epoch(spee
 def query_names(settings: Settings, pipeline: Pipeline) -> list[str]:
     """The streaming queries a speed job of ``pipeline`` runs: the main one, and the latest views'
     Real-time query when ``speed.latest`` is ``realtime``."""
-    from lambdalake.speed.job import runs_realtime_query
+    from lambdalake.speed.options import runs_realtime_query
 
     realtime = runs_realtime_query(settings, pipeline)
     return [f"{pipeline.name}-main", *([f"{pipeline.name}-latest"] if realtime else [])]
@@ -361,7 +361,7 @@ def test_a_view_added_before_a_moved_checkpoint_first_ran_records_where_it_start
     batch; a view added meanwhile starts with that checkpoint, so it records the epoch it is counted
     from (the view build recomputes the closed ones before it), as a view added at a move does."""
     from lambdalake.speed.checkpoints import MAIN_FILE, START_FILE
-    from lambdalake.speed.job import view_signature
+    from lambdalake.speed.starts import view_signature
 
     unique = os.urandom(4).hex()
     settings = isolated(services, tmp_path, unique)

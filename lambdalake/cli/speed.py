@@ -65,7 +65,8 @@ def speed_run(
     One speed job per pipeline runs at a time, on every host: a second one refuses (exit 2)."""
     import logging
 
-    from lambdalake.speed.job import SpeedJob, SpeedOptions
+    from lambdalake.speed.job import SpeedJob
+    from lambdalake.speed.options import SpeedOptions
     from lambdalake.speed.supervisor import Supervisor
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
