@@ -448,7 +448,7 @@ class Compactor:
             self.on_error(exc)
         finally:
             # On its own thread, so that thread's allocations: the memory a round read and wrote stayed
-            # with the speed job's driver otherwise (measured: ~85 MB after the first round).
+            # with the speed job's driver otherwise.
             release_freed_memory()
 
     def close(self, timeout: float | None = None) -> None:

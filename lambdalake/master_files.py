@@ -1,8 +1,8 @@
 """The master dataset's data files: what the tasks that archive events write and read.
 
 The Delta log around them (the driver's commits, :mod:`lambdalake.master`) needs delta-rs; these
-need Arrow only, so the Python workers that archive events never import delta-rs (17 MB resident
-each, measured).
+need Arrow only, so the Python workers that archive events never import delta-rs (and carry its
+memory in each worker).
 """
 
 from __future__ import annotations

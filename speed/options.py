@@ -23,8 +23,8 @@ class SpeedOptions:
 
     Each Kafka partition's share of a micro-batch is read whole by one task (Spark's Kafka source
     without ``minPartitions`` or ``maxRecordsPerPartition``): deduplication needs a partition's
-    records in one task, and each task has a fixed cost here (about 0.3 s: a warm 198k-record batch
-    ran 7.2 s in 3 tasks and 8.7 s in 9). Raise the topic's partitions to use more cores.
+    records in one task, and each task has a fixed cost (more tasks than partitions made a batch
+    slower). Raise the topic's partitions to use more cores.
     """
 
     trigger_seconds: float = 0.0

@@ -39,8 +39,7 @@ SPARK_DEFAULTS = {
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
     ),
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-    # Counting the store's rows costs a RocksDB read before every write (measured: 1.5-2.5 s of CPU
-    # per 200k-event micro-batch); its only use is the numRowsTotal metric, which nothing here reads.
+    # Counting the store's rows costs a RocksDB read before every write; its only use is the numRowsTotal metric, which nothing here reads.
     "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
@@ -106,7 +105,7 @@ def driver_java_options(settings: Settings, workload: Workload, *, events: int |
         opts += [*QUICK_JIT, "-XX:+UseSerialGC"]
     elif workload == "stream" and local:
         # Every micro-batch runs freshly generated code, and with the C2 compiler on, JIT compiling it
-        # took a third of the JVM's CPU time on a 2-core machine (measured: C2 thread 30 s of 80 s).
+        # took a large share of the JVM's CPU time on a 2-core machine.
         # C1 alone compiles far cheaper; on other machines' clusters the driver keeps the JVM's default.
         opts += QUICK_JIT
         # The serial collector: a micro-batch's garbage is young and small, and G1's remembered sets
