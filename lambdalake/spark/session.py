@@ -39,7 +39,8 @@ SPARK_DEFAULTS = {
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
     ),
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-    # Counting the store's rows costs a RocksDB read before every write; its only use is the numRowsTotal metric, which nothing here reads.
+    # Counting the store's rows costs a RocksDB read before every write; its only use is the
+    # numRowsTotal metric, which nothing here reads.
     "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
