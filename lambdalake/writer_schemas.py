@@ -3,8 +3,8 @@
 The tasks that decode records need one call of the registry (``GET /schemas/ids/{id}``) per writer
 schema they meet. confluent-kafka's ``SchemaRegistryClient`` answers it too, but importing it brings
 httpx and authlib into every Python worker, with their memory and import time, for one GET. The
-rest of the platform (registering, compatibility) keeps
-using confluent-kafka's client (:mod:`lambdalake.registry`).
+rest of the platform (registering, compatibility) keeps using confluent-kafka's client
+(:mod:`lambdalake.registry`).
 
 Credentials are taken as confluent-kafka's client takes them: ``basic.auth.user.info`` when given,
 else the URL's user info.
