@@ -219,3 +219,13 @@ def _source_offsets(entry: str | None) -> Offsets | None:
     if entry is None:
         return None
     return json.loads(entry.strip("\x00").splitlines()[-1])
+
+
+def offset_ranges(start: Offsets, end: Offsets) -> dict[str, list[tuple[int, int]]]:
+    """The offsets ``[start, end)`` per ``"topic/partition"`` with records between the two."""
+    return {
+        f"{topic}/{p}": [(int(start.get(topic, {}).get(p, 0)), int(until))]
+        for topic, ps in end.items()
+        for p, until in ps.items()
+        if int(until) > int(start.get(topic, {}).get(p, 0))
+    }

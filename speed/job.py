@@ -38,7 +38,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import TableDef, deploy_speed_tables, speed_table_def
-from lambdalake.compaction import CompactionPolicy, Compactor
+from lambdalake.compaction import Compactor
 from lambdalake.kafka.admin import require_log_append_time
 from lambdalake.layout import speed_status_file
 from lambdalake.master import bronze_of
@@ -46,13 +46,13 @@ from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.registry import subject_schemas
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import DecodeSpec
-from lambdalake.spark.kafka import Offsets, source_options
+from lambdalake.spark.kafka import source_options
 from lambdalake.spark.realtime import start_latest_query
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.sinks import upsert_views
 from lambdalake.spark.stopping import interruptible, stop_quietly
 from lambdalake.spark.views import INGEST_TS, together_column, together_row, windowed, windowed_together
-from lambdalake.speed.checkpoints import Checkpoints
+from lambdalake.speed.checkpoints import Checkpoints, offset_ranges
 from lambdalake.speed.dedup import DedupLog
 from lambdalake.speed.last_read import LastReadCheck, LastRecords, lost_tail
 from lambdalake.speed.options import SpeedOptions, runs_realtime_query
@@ -62,28 +62,6 @@ from lambdalake.speed.starts import choose_main, latest_start
 from lambdalake.views import windowed_inputs
 
 log = logging.getLogger("lambdalake.speed")
-
-
-def _compactor(settings: Settings, path: str, *, staging_prefix: str) -> Compactor | None:
-    """Bronze's compaction on a thread of the job (None when ``bronze.compact`` is off); what a
-    killed round staged starts with ``staging_prefix``, which the job's next start clears."""
-    bronze = settings.bronze
-    if not bronze.compact:
-        return None
-    return Compactor(
-        path, policy=CompactionPolicy.of(bronze), every_commits=bronze.compact_every_commits,
-        staging_prefix=staging_prefix, vacuum_retention_hours=bronze.vacuum_retention_hours,
-    )  # fmt: skip
-
-
-def _ranges(start: Offsets, end: Offsets) -> dict[str, list[tuple[int, int]]]:
-    """The offsets ``[start, end)`` per ``"topic/partition"`` with records between the two."""
-    return {
-        f"{topic}/{p}": [(int(start.get(topic, {}).get(p, 0)), int(until))]
-        for topic, ps in end.items()
-        for p, until in ps.items()
-        if int(until) > int(start.get(topic, {}).get(p, 0))
-    }
 
 
 class SpeedJob:
@@ -285,7 +263,7 @@ class SpeedJob:
             # Spark's source told to go on (failOnDataLoss false) plans from a log's end that went
             # behind the checkpoint: the next batches would read offsets the broker handed out again.
             raise lost_tail(*behind[0])
-        ranges = _ranges(start, end)
+        ranges = offset_ranges(start, end)
         assert self.reads_check is not None
         self.reads_check.check(list(ranges))
         self.files.value = frozenset()
@@ -324,7 +302,10 @@ class SpeedJob:
         )
         self.run_id = self.checkpoints.run_id(self.main_name)
         self.master.clear_staging(f"{self.run_id}-")
-        self.compactor = _compactor(self.settings, self.master.path, staging_prefix=f"{self.run_id}-")
+        # What a killed round staged carries the run id: this start clears it (above).
+        self.compactor = Compactor.of(
+            self.settings.bronze, self.master.path, staging_prefix=f"{self.run_id}-"
+        )
         trigger = {"processingTime": f"{self.options.trigger_seconds} seconds"}
         name = self.pipeline.name
         main = self.main_stream().writeStream.queryName(f"{name}-main")
@@ -361,8 +342,19 @@ class SpeedJob:
         self.latest_query = query
         return query
 
-    def _latest_name(self) -> str:
-        """The Real-time query's checkpoint folder, one per set of latest view versions it writes."""
+    def restart_latest(self, writer_id: int, schema: str | None) -> None:
+        """Start the Real-time query again from its checkpoint, knowing writer schema ``writer_id``
+        (its text; None: the registry does not hold it, such records are the main query's dead letters)."""
+        if schema is None:
+            self._missing.add(writer_id)
+        else:
+            self._writers[writer_id] = schema
+        if self.latest_query in self.queries:
+            self.queries.remove(self.latest_query)
+        self.queries.append(self._start_latest())
+        self.progress.follow(self.queries)
+
+    def _latest_name(self) -> str:  # one checkpoint per set of latest view versions written
         return self.checkpoints.latest_dir(
             [speed_table_def(self.pipeline, v).name for v in self.pipeline.views if isinstance(v, LatestView)]
         )

@@ -50,15 +50,13 @@ class Supervisor:
         found = unknown_schema_id(error) if query is self.job.latest_query else None
         if found is None:
             return False
+        registry = self.job.settings.registry.client_config()
         try:
-            registry = self.job.settings.registry.client_config()
-            self.job._writers[found] = fetcher(registry, patience_s=REGISTRY_PATIENCE_S)(found)
+            schema: str | None = fetcher(registry, patience_s=REGISTRY_PATIENCE_S)(found)
         except SchemaIdNotFound:
-            self.job._missing.add(found)
+            schema = None
         log.info("the latest views' query met writer schema id %d; starting it again with it", found)
-        self.job.queries.remove(query)
-        self.job.queries.append(self.job._start_latest())
-        self.job.progress.follow(self.job.queries)
+        self.job.restart_latest(found, schema)
         return True
 
     def catch_up(self) -> None:
