@@ -192,6 +192,82 @@ def test_a_wrong_registry_login_or_ca_is_one_clear_error_naming_the_setting(
     assert "LAMBDALAKE_REGISTRY__SSL_CA_LOCATION" in out and "Traceback" not in out, out
 
 
+def test_a_registry_certificate_expired_or_for_another_host_is_one_clear_error_naming_the_fix(
+    state: Path, tmp_path: Path
+) -> None:
+    """The embedded registry's own server, started on a port of the test's over the secured Kafka,
+    serving a certificate the CA signed but (a) for another host only, (b) expired: a command exits
+    2 naming the fix, with no traceback, and registers nothing (the handshake fails first). `up`
+    itself never serves these: it issues the certificate again before it expires."""
+    import datetime as dt
+    import threading
+
+    from lambdalake.infra.process import port_open
+    from lambdalake.infra.registry.server import make_server
+    from lambdalake.infra.registry.store import KafkaBackedStore
+
+    settings = secured_settings(state)
+    files = tls.TlsFiles(secure.folder(state))
+    ca = tls.Issued(files.ca.read_bytes(), files.ca_key.read_bytes())
+    long_ago = dt.datetime.now(dt.UTC) - dt.timedelta(days=30)
+    bad = {
+        "does not name the host": (tls.issue(ca, ("10.9.9.9",)), "LAMBDALAKE_REGISTRY__URL"),
+        "has expired": (tls.issue(ca, days=10, not_before=long_ago), "reissue"),
+    }
+    logins = secure.principals(state)
+    users = {login["username"]: login["password"] for login in logins.values()}
+    subjects = registry_subjects(settings)
+    for i, (said, (issued, fix)) in enumerate(bad.items()):
+        cert, key = tmp_path / f"server-{i}.pem", tmp_path / f"server-{i}.key"
+        cert.write_bytes(issued.cert)
+        key.write_bytes(issued.key)
+        store = KafkaBackedStore(
+            kafka_config=settings.kafka.client_config(), topic=settings.registry.schemas_topic,
+            default_level=settings.registry.default_compatibility,
+        )  # fmt: skip
+        there = port(14181 + i)
+        server = make_server(
+            store,
+            "127.0.0.1",
+            there,
+            users=users,
+            writers=frozenset({secure.ADMIN}),
+            tls=(str(cert), str(key)),
+        )
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 60
+            while not port_open("127.0.0.1", there):
+                assert thread.is_alive() and time.monotonic() < deadline, "the registry did not start"
+                time.sleep(0.2)
+            wrong = cli(
+                state,
+                "schemas",
+                "register",
+                "offers",
+                registry_given=registry(url=f"https://127.0.0.1:{there}"),
+            )
+            out = (wrong.stdout + wrong.stderr).decode()
+            assert wrong.returncode == 2 and said in out and fix in out, out
+            assert "Traceback" not in out, out
+        finally:
+            server.should_exit = True
+            thread.join(30)
+            store.close()
+    assert registry_subjects(settings) == subjects
+
+
+def registry_subjects(settings: Settings) -> dict[str, list[int]]:
+    """Every subject of the test's registry and its versions, read as the admin."""
+    assert settings.registry.basic_auth_user_info is not None
+    user, _, password = settings.registry.basic_auth_user_info.get_secret_value().partition(":")
+    with httpx.Client(verify=ssl.create_default_context(cafile=settings.registry.ssl_ca_location),
+                      auth=(user, password), base_url=settings.registry.url, timeout=30) as http:  # fmt: skip
+        names = http.get("/subjects").json()
+        return {name: http.get(f"/subjects/{name}/versions").json() for name in names}
+
+
 def test_kafka_speaks_sasl_ssl_to_its_login_only(state: Path, tmp_path: Path) -> None:
     settings = secured_settings(state)
     assert settings.kafka.security_protocol == "SASL_SSL" and settings.kafka.sasl_mechanism == "SCRAM-SHA-512"

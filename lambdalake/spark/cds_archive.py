@@ -18,11 +18,20 @@ def _java() -> str:
     return os.path.realpath(found) if found else "java"
 
 
+def _jars(pyspark_file: str) -> str:
+    """Spark's JARs as the JVM checks an archive against them: each one's name, size and time. A
+    reinstalled pyspark (a venv made again) has new times, and the JVM would refuse the archive
+    made from the old ones without a word: the new JARs get an archive of their own."""
+    folder = Path(pyspark_file).parent / "jars"
+    stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.glob("*.jar"))]
+    return repr(stats)
+
+
 def archive_path(settings: Settings) -> Path:
     """Where the archive for this JVM and this Spark lives (under the settings' cache folder)."""
     import pyspark
 
-    key = hashlib.sha1(f"{_java()}|{pyspark.__file__}".encode()).hexdigest()[:12]
+    key = hashlib.sha1(f"{_java()}|{pyspark.__file__}|{_jars(pyspark.__file__)}".encode()).hexdigest()[:12]
     return settings.cache_dir / "spark-cds" / f"spark-{pyspark.__version__}-{key}.jsa"
 
 
