@@ -105,8 +105,6 @@ bench: setup
 	$(BIN)/python -m bench.produce
 	$(BIN)/python -m bench.produce_file
 	$(BIN)/python -m bench.decode
-# The identity hash against the per-layer hashes it replaced (a micro-batch in Arrow, 10M rows in Spark).
-	$(BIN)/python -m bench.identity
 	$(BIN)/python -m bench.speed
 # A speed micro-batch's bronze commit as bronze grows (Delta logs of 1k-150k files).
 	$(BIN)/python -m bench.bronze_commits

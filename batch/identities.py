@@ -9,9 +9,10 @@ from typing import Literal
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lambdalake.batch.run import RUN_ID, BatchRun, identities_path
+from lambdalake.batch.run import RUN_ID, BatchRun
 from lambdalake.delta import commit_metadata, open_table
-from lambdalake.identity import ENCODING, spark_hashes
+from lambdalake.identity import spark_hashes
+from lambdalake.layout import identities_path
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.delta import read_table, write_table
@@ -27,10 +28,6 @@ TABLE_PROPERTIES = {"delta.dataSkippingNumIndexedCols": "0"}
 #: deduplication compares identities by the same two): two identities are taken for one only on a
 #: 128-bit collision.
 HASHES = ("_id_h1", "_id_h2")
-#: Commit metadata naming the identity encoding of the index's hashes (absent: encoding 1, the
-#: batch layer's own before :mod:`lambdalake.identity`). An index of another encoding cannot be
-#: compared with this one's hashes: the run is full, and rewrites it.
-ENCODING_KEY = "lambdalake.identity_encoding"
 
 
 def identity_hashes(df: DataFrame, pipeline: Pipeline) -> list[Column]:
@@ -58,13 +55,6 @@ class IdentityIndex:
         table = open_table(self.path)
         return None if table is None else commit_metadata(table.history(1)[0]).get(RUN_ID)
 
-    def encoding(self) -> int | None:
-        """The identity encoding of the index's hashes (None: no index)."""
-        table = open_table(self.path)
-        if table is None:
-            return None
-        return int(commit_metadata(table.history(1)[0]).get(ENCODING_KEY, 1))
-
     def read(self, spark: SparkSession) -> DataFrame | None:
         return read_table(spark, self.path)
 
@@ -75,7 +65,7 @@ class IdentityIndex:
         return write_table(
             rows, self.path, mode=mode, properties=TABLE_PROPERTIES,
             metadata={
-                RUN_ID: run.run_id, "lambdalake.horizon": str(run.horizon), ENCODING_KEY: str(ENCODING),
+                RUN_ID: run.run_id, "lambdalake.horizon": str(run.horizon),
             },
         )  # fmt: skip
 

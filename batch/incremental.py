@@ -34,12 +34,12 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from lambdalake.batch.identities import IdentityIndex
-from lambdalake.batch.run import RUN_ID, views_path
+from lambdalake.batch.run import RUN_ID
 from lambdalake.cassandra.active import ActiveBatch, read_meta
 from lambdalake.cassandra.session import connect
 from lambdalake.coverage import Coverage, difference, from_json, intersection, normalized
 from lambdalake.delta import commit_info, commit_metadata, open_table
-from lambdalake.identity import ENCODING
+from lambdalake.layout import views_path
 from lambdalake.master import EPOCH_MS, RANGES, MasterDataset
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
@@ -48,10 +48,6 @@ from lambdalake.view_versions import public_name
 
 #: Commit metadata of the Delta views: the offsets per ``"topic/partition"`` the run's horizon ends at.
 BOUNDARIES = "lambdalake.boundaries"
-#: Commit metadata of the Delta views: the layout of their ``latest`` ranks (absent: the 64-bit
-#: ranks of :data:`lambdalake.latest.LEGACY_RANK`, which a merge cannot compare with today's).
-LATEST_RULE = "lambdalake.latest_layout"
-LATEST_LAYOUT = 2
 
 
 class FullRunNeeded(Exception):
@@ -99,10 +95,6 @@ def find_base(settings: Settings, pipeline: Pipeline, *, horizon: int) -> Base |
                 "that did not publish)"
             )
         entry = commit_metadata(table.history(1)[0])
-        if BOUNDARIES not in entry:
-            return "the active batch was written before incremental runs"
-        if entry.get(LATEST_RULE) != str(LATEST_LAYOUT):
-            return "the active batch's latest ranks are of the 64-bit layout (versions bounded to 2^43)"
         entries[view.name] = entry
     runs = {e.get(RUN_ID) for e in entries.values()}
     if len(runs) != 1:
@@ -114,11 +106,6 @@ def find_base(settings: Settings, pipeline: Pipeline, *, horizon: int) -> Base |
     index = IdentityIndex(settings, pipeline)
     if index.run_id() != run_id:
         return "the identity index does not match the active batch"
-    if index.encoding() != ENCODING:
-        return (
-            f"the identity index holds hashes of identity encoding {index.encoding()} (this version "
-            f"compares encoding {ENCODING}): a full run rewrites it"
-        )
     base_horizon = int(entry["lambdalake.horizon"])
     if horizon < base_horizon:
         return f"the horizon moves back (from {base_horizon} to {horizon})"

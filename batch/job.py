@@ -39,8 +39,6 @@ from lambdalake.batch.horizon import Horizon, find_horizon
 from lambdalake.batch.identities import EARLIER, KNOWN, IdentityIndex, classify
 from lambdalake.batch.incremental import (
     BOUNDARIES,
-    LATEST_LAYOUT,
-    LATEST_RULE,
     FullRunNeeded,
     Increment,
     changed_by,
@@ -51,10 +49,11 @@ from lambdalake.batch.incremental import (
     plan,
 )
 from lambdalake.batch.merge import TOUCHED, merge_latest, merge_windowed, read_view, same_columns
-from lambdalake.batch.run import RUN_ID, BatchRun, views_path
+from lambdalake.batch.run import RUN_ID, BatchRun
 from lambdalake.delta import commit_metadata, open_table
 from lambdalake.errors import NothingToCover
 from lambdalake.latest import OFFSET, PARTITION
+from lambdalake.layout import batch_status_file, quality_report, views_path
 from lambdalake.master import EPOCH_MS, bronze_of
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
@@ -62,7 +61,6 @@ from lambdalake.spark.bronze import bronze_schema, read_events
 from lambdalake.spark.delta import write_table, write_tables
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.views import INGEST_EPOCH, deduplicate, latest, windowed
-from lambdalake.status import batch_status_file
 from lambdalake.storage import write_text
 from lambdalake.view_versions import public_name
 
@@ -120,73 +118,14 @@ class BatchJob:
         clock = partial(_stage, run)
         cached: list[DataFrame] = []
         try:
-            with clock("pin"):
-                progress("pinning bronze")
-                table = open_table(self.bronze.path)
-                if table is None:
-                    raise NothingToCover(
-                        f"pipeline {self.pipeline.name!r} has no master dataset at {self.bronze.path} yet",
-                        fix=f"run the speed job first (`lambdalake speed run {self.pipeline.name}`)",
-                    )
-                self.bronze.check_layers(self.pipeline.layers, pipeline=self.pipeline.name)
-                run.bronze_version = table.version()
-            with clock("horizon"):
-                progress("finding the horizon")
-                found = find_horizon(
-                    self.settings, self.pipeline, self.bronze, bronze_version=run.bronze_version,
-                    requested=horizon, now_ms=as_of_ms,
-                )  # fmt: skip
-                run.horizon, run.horizon_end_ms, run.boundaries = found.epoch, found.end_ms, found.boundaries
-            with clock("plan"):
-                progress("finding what changed since the active batch")
-                increment = self._plan(found, run, table, full=full)
-            outputs: dict[str, DataFrame] = {}
-            changed: dict[str, DataFrame] | None = None
-            if increment is not None:
-                try:
-                    events, outputs, changed = self._incremental(increment, found, run, table, cached, clock)
-                except FullRunNeeded as why:
-                    increment, changed = None, None
-                    run.kind, run.reason = "full", str(why)
-                    run.new_epochs, run.changed_epochs, run.changed_by = [], [], []
-                    _unpersist(cached)
-            if increment is None:
-                with clock("read+dedup"):
-                    files = table.file_uris()
-                    progress(f"reading {len(files)} bronze files and deduplicating")
-                    held_twice = self.bronze.may_hold_twice(table=table)
-                    events = self._covered(files, found, run, cached, held_twice=held_twice)
-                for view in self.pipeline.views:
-                    with clock(f"view {view.name}"):
-                        progress(f"computing {view.name}")
-                        outputs[view.name] = self.compute(events, view).persist()
-                        cached.append(outputs[view.name])
-                        run.rows[view.name] = outputs[view.name].count()
+            table, found = self._pin(run, clock, progress, horizon=horizon, as_of_ms=as_of_ms)
+            increment, events, outputs, changed = self._outputs(
+                found, run, table, cached, clock, progress, full=full
+            )
             if dry_run:
                 run.outcome = "dry run"
                 return run
-            with clock("quality gate"):
-                progress("checking the quality gate")
-                self._gate(events, outputs, run)
-            with clock("delta views"):
-                progress(f"writing the Delta views ({', '.join(v.name for v in self.pipeline.views)})")
-                run.delta_versions.update(self._write_views(outputs, run))
-            with clock("identity index"):
-                # After the views: index and views of one run, or the previous run's index (the
-                # next run, finding them apart, is a full one).
-                progress("recording the identities counted")
-                IdentityIndex(self.settings, self.pipeline).write(
-                    events, run, mode="append" if increment is not None else "overwrite"
-                )
-            if publish:
-                from lambdalake.batch.publish import Publisher
-
-                with clock("publish"):
-                    progress("publishing to Cassandra")
-                    base = increment.base.active if increment is not None else None
-                    run.batch_version = Publisher(self.settings, self.pipeline, self.spark).publish(
-                        run, changed=changed, base=base
-                    )
+            self._write(run, increment, events, outputs, changed, clock, progress, publish=publish)
             run.outcome = "published" if publish else "delta only"
             return run
         except BaseException as exc:
@@ -197,6 +136,105 @@ class BatchJob:
             if not dry_run:
                 write_text(
                     batch_status_file(self.settings.storage_root, self.pipeline.name), json.dumps(asdict(run))
+                )
+
+    def _pin(
+        self, run: BatchRun, clock: Any, progress: Progress, *, horizon: int | None, as_of_ms: int | None
+    ) -> tuple[DeltaTable, Horizon]:
+        """Bronze's version this run reads, and the horizon it covers (recorded in ``run``)."""
+        with clock("pin"):
+            progress("pinning bronze")
+            table = open_table(self.bronze.path)
+            if table is None:
+                raise NothingToCover(
+                    f"pipeline {self.pipeline.name!r} has no master dataset at {self.bronze.path} yet",
+                    fix=f"run the speed job first (`lambdalake speed run {self.pipeline.name}`)",
+                )
+            self.bronze.check_layers(self.pipeline.layers, pipeline=self.pipeline.name)
+            run.bronze_version = table.version()
+        with clock("horizon"):
+            progress("finding the horizon")
+            found = find_horizon(
+                self.settings, self.pipeline, self.bronze, bronze_version=run.bronze_version,
+                requested=horizon, now_ms=as_of_ms,
+            )  # fmt: skip
+            run.horizon, run.horizon_end_ms, run.boundaries = found.epoch, found.end_ms, found.boundaries
+        return table, found
+
+    def _outputs(
+        self,
+        found: Horizon,
+        run: BatchRun,
+        table: DeltaTable,
+        cached: list[DataFrame],
+        clock: Any,
+        progress: Progress,
+        *,
+        full: bool,
+    ) -> tuple[Increment | None, DataFrame, dict[str, DataFrame], dict[str, DataFrame] | None]:
+        """Every view's rows up to the horizon: merged into the active batch's when an increment
+        can be (its changed cells too), else computed from all of bronze. Returns the increment (None:
+        a full run), the events counted, the views' rows and the changed cells."""
+        with clock("plan"):
+            progress("finding what changed since the active batch")
+            increment = self._plan(found, run, table, full=full)
+        if increment is not None:
+            try:
+                events, outputs, changed = self._incremental(increment, found, run, table, cached, clock)
+                return increment, events, outputs, changed
+            except FullRunNeeded as why:
+                run.kind, run.reason = "full", str(why)
+                run.new_epochs, run.changed_epochs, run.changed_by = [], [], []
+                _unpersist(cached)
+                cached.clear()
+        outputs: dict[str, DataFrame] = {}
+        with clock("read+dedup"):
+            files = table.file_uris()
+            progress(f"reading {len(files)} bronze files and deduplicating")
+            held_twice = self.bronze.may_hold_twice(table=table)
+            events = self._covered(files, found, run, cached, held_twice=held_twice)
+        for view in self.pipeline.views:
+            with clock(f"view {view.name}"):
+                progress(f"computing {view.name}")
+                outputs[view.name] = self.compute(events, view).persist()
+                cached.append(outputs[view.name])
+                run.rows[view.name] = outputs[view.name].count()
+        return None, events, outputs, None
+
+    def _write(
+        self,
+        run: BatchRun,
+        increment: Increment | None,
+        events: DataFrame,
+        outputs: dict[str, DataFrame],
+        changed: dict[str, DataFrame] | None,
+        clock: Any,
+        progress: Progress,
+        *,
+        publish: bool,
+    ) -> None:
+        """The quality gate, then the Delta views, the identity index and (``publish``) Cassandra."""
+        with clock("quality gate"):
+            progress("checking the quality gate")
+            self._gate(events, outputs, run)
+        with clock("delta views"):
+            progress(f"writing the Delta views ({', '.join(v.name for v in self.pipeline.views)})")
+            run.delta_versions.update(self._write_views(outputs, run))
+        with clock("identity index"):
+            # After the views: index and views of one run, or the previous run's index (the next
+            # run, finding them apart, is a full one).
+            progress("recording the identities counted")
+            IdentityIndex(self.settings, self.pipeline).write(
+                events, run, mode="append" if increment is not None else "overwrite"
+            )
+        if publish:
+            from lambdalake.batch.publish import Publisher
+
+            with clock("publish"):
+                progress("publishing to Cassandra")
+                base = increment.base.active if increment is not None else None
+                run.batch_version = Publisher(self.settings, self.pipeline, self.spark).publish(
+                    run, changed=changed, base=base
                 )
 
     def _plan(self, found: Horizon, run: BatchRun, table: DeltaTable, *, full: bool) -> Increment | None:
@@ -308,8 +346,7 @@ class BatchJob:
         for view in self.pipeline.views:
             previous = self._previous_rows(view.name)
             gate.check(view.name, outputs[view.name], view_expectations(view, previous, gate.tolerance))
-        root = self.settings.storage_root.rstrip("/")
-        run.quality_report = f"{root}/reports/{self.pipeline.name}/{run.run_id}-quality.md"
+        run.quality_report = quality_report(self.settings.storage_root, self.pipeline.name, run.run_id)
         gate.finish(run.quality_report)
 
     def _previous_rows(self, view: str) -> int | None:
@@ -341,7 +378,6 @@ class BatchJob:
                 EPOCH_MS: str(self.pipeline.layers.epoch_ms),
                 "lambdalake.rows": str(run.rows[view]), "lambdalake.kind": run.kind,
                 BOUNDARIES: json.dumps(run.boundaries, sort_keys=True),
-                LATEST_RULE: str(LATEST_LAYOUT),
             },
         )  # fmt: skip
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -33,7 +32,7 @@ from cassandra.query import SimpleStatement
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lambdalake.batch.run import BatchRun, views_path
+from lambdalake.batch.run import BatchRun
 from lambdalake.cassandra.active import ActiveBatch, active_batch, lwt, read_meta
 from lambdalake.cassandra.session import connect, execute_ddl, execute_lwt, hosts_down, refresh_metadata
 from lambdalake.cassandra.tables import (
@@ -45,7 +44,7 @@ from lambdalake.cassandra.tables import (
 )
 from lambdalake.cassandra.writer import bulk_options
 from lambdalake.errors import ConfigurationError
-from lambdalake.latest import LEGACY_RANK, RANK, spark_from_legacy_rank, timestamp_version
+from lambdalake.layout import batch_generation, views_path
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.delta import read_table
@@ -77,8 +76,8 @@ class Publisher:
         """Every generation that has a table, activated or not (a killed publish's too)."""
         refresh_metadata(session, self.keyspace)
         tables = session.cluster.metadata.keyspaces[self.keyspace].tables
-        pattern = re.compile(rf"^{re.escape(self.pipeline.name)}__[a-z0-9_]+__b(\d+)$")
-        return sorted({int(m.group(1)) for name in tables if (m := pattern.match(name))})
+        generations = (batch_generation(self.pipeline.name, name) for name in tables)
+        return sorted({g for g in generations if g is not None})
 
     def publish(
         self,
@@ -157,14 +156,7 @@ class Publisher:
     def _delta_rows(self, run: BatchRun, view: str) -> DataFrame | None:
         """Every row of ``view`` as the run committed it to Delta (None: no rows)."""
         path = views_path(self.settings.storage_root, self.pipeline.name, view)
-        rows = read_table(self.spark, path, version=run.delta_versions[view])
-        if rows is not None and LEGACY_RANK in rows.columns and RANK not in rows.columns:
-            # A version written before today's ranks (a restore of an older run): converted exactly.
-            definition = next(v for v in self.pipeline.views if v.name == view)
-            in_ms = timestamp_version(self.pipeline, definition)  # type: ignore[arg-type]
-            rank = spark_from_legacy_rank(F.col(LEGACY_RANK), timestamp_version=in_ms)
-            rows = rows.withColumn(RANK, rank).drop(LEGACY_RANK)
-        return rows
+        return read_table(self.spark, path, version=run.delta_versions[view])
 
     def _refuse_below(self, active: ActiveBatch | None, run: BatchRun, rebuilt_through: int | None) -> None:
         """A version whose horizon is below the active one's would move the horizon back with no

@@ -8,11 +8,12 @@ from collections.abc import Callable
 from pyspark.sql import SparkSession
 
 from lambdalake.batch.publish import Publisher
-from lambdalake.batch.run import BatchRun, views_path
+from lambdalake.batch.run import BatchRun
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.delta import commit_metadata, open_table
 from lambdalake.errors import ConfigurationError
+from lambdalake.layout import views_path
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
 

@@ -5,19 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-def views_path(storage_root: str, pipeline: str, view: str) -> str:
-    """Where a view's Delta table lives."""
-    return f"{storage_root.rstrip('/')}/views/{pipeline}/{view}"
-
-
 #: Commit metadata of a run's Delta views and identity index: the run that wrote them.
 RUN_ID = "lambdalake.run_id"
-
-
-def identities_path(storage_root: str, pipeline: str) -> str:
-    """Where a pipeline's identity index lives (:class:`batch.incremental.IdentityIndex`)."""
-    return f"{storage_root.rstrip('/')}/identities/{pipeline}"
 
 
 @dataclass

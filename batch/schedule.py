@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from croniter import croniter
 
 from lambdalake.errors import LambdalakeError
+from lambdalake.layout import schedule_state_file
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
 from lambdalake.storage import read_text, write_text
@@ -27,10 +28,6 @@ log = logging.getLogger("lambdalake.batch")
 
 #: Runs one pipeline's batch and returns its outcome (the scheduler's only side effect).
 Runner = Callable[[Pipeline], str]
-
-
-def state_file(storage_root: str) -> str:
-    return f"{storage_root.rstrip('/')}/status/batch-schedule.json"
 
 
 def last_due(pipeline: Pipeline, now: datetime) -> datetime:
@@ -65,7 +62,7 @@ class Scheduler:
         self.pipelines = list(pipelines)
         self.runner = runner
         self.clock = clock
-        self.path = state_file(settings.storage_root)
+        self.path = schedule_state_file(settings.storage_root)
 
     def _handled(self) -> dict[str, str]:
         return json.loads(read_text(self.path) or "{}")

@@ -29,8 +29,9 @@ from bench.common import bench_settings, write_result
 from lambdalake.batch.job import BatchJob
 from lambdalake.infra.services import running
 from lambdalake.kafka.admin import ensure_pipeline_topics
+from lambdalake.layout import master_path
 from lambdalake.master import MasterDataset
-from lambdalake.master_files import table_path, write_event_files
+from lambdalake.master_files import write_event_files
 from lambdalake.pipeline import load_pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec
@@ -116,7 +117,7 @@ def rebuild(settings: Settings, spark: SparkSession, n: int, *, report: bool = T
     run_settings = settings.model_copy(update={"storage_root": root})
     schema = DecodeSpec.of(pipeline, settings).output_schema
     schema = pa.schema([f for f in schema if f.name not in ERROR_FIELDS])
-    bronze = MasterDataset(table_path(root, pipeline.name), event_time=pipeline.event.time)
+    bronze = MasterDataset(master_path(root, pipeline.name), event_time=pipeline.event.time)
     t0 = time.perf_counter()
     for i, chunk in enumerate(synthetic_bronze(n, schema, topic.name, seed=n)):
         files = write_event_files(chunk, path=bronze.path, event_time="updated_at", name=f"bench-{i}")
@@ -203,7 +204,7 @@ def incremental(settings: Settings, spark: SparkSession, history: int, new: int)
     run_settings = settings.model_copy(update={"storage_root": root, "cassandra": keyspace})
     schema = DecodeSpec.of(pipeline, settings).output_schema
     schema = pa.schema([f for f in schema if f.name not in ERROR_FIELDS])
-    bronze = MasterDataset(table_path(root, pipeline.name), event_time=pipeline.event.time)
+    bronze = MasterDataset(master_path(root, pipeline.name), event_time=pipeline.event.time)
     now_epoch = int(time.time() * 1000) // EPOCH_MS
     write_bronze(
         bronze, pipeline, schema, history, first=0, epochs=(now_epoch - 52, now_epoch - 4), seed=history

@@ -67,12 +67,12 @@ from bench.common import bench_settings, probe_freshness, write_result
 from bench.sampling import RssSampler, machine_cpu
 from lambdalake.cassandra.session import connect
 from lambdalake.infra.services import running
-from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_pipeline
+from lambdalake.layout import speed_status_file
+from lambdalake.pipeline import Pipeline, WindowedView, configured_pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
-from lambdalake.status import speed_status_file
-from lambdalake.views import legacy_latest_tables, speed_table
+from lambdalake.views import speed_table
 
 PEER_VENV = PROJECT_ROOT / ".lambdalake" / "peer-venv"
 PEER_PACKAGES = ["quixstreams==3.28.1", "cassandra-driver>=3.29,<4"]
@@ -225,8 +225,7 @@ class Lambdalake(Side):
 
     @property
     def tables(self) -> dict[str, str]:
-        """Each view's speed table, as the side's revision names it (a baseline may write a latest
-        view's rows under a layout before today's), found once the job has made them."""
+        """Each view's speed table, found once the job has made them."""
         if len(self._tables) == len(self.pipeline.views):
             return self._tables
         self.session.cluster.refresh_schema_metadata()
@@ -234,13 +233,10 @@ class Lambdalake(Side):
         have = set(ks.tables) if ks is not None else set()
         out = {}
         for v in self.pipeline.views:
-            names = [speed_table(self.pipeline, v)]
-            if isinstance(v, LatestView):
-                names += reversed(legacy_latest_tables(self.pipeline, v))
-            found = next((n for n in names if n in have), None)
-            if found is not None:
-                self._tables[v.name] = found
-            out[v.name] = found or names[0]
+            name = speed_table(self.pipeline, v)
+            if name in have:
+                self._tables[v.name] = name
+            out[v.name] = name
         return out
 
     def start(self) -> subprocess.Popen[bytes]:

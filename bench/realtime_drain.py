@@ -34,7 +34,7 @@ from lambdalake.produce.producer import EventProducer
 from lambdalake.registry import subject_schemas
 from lambdalake.settings import Settings
 from lambdalake.spark.kafka import source_options
-from lambdalake.speed.job import _progress_end
+from lambdalake.speed.progress import progress_end as _progress_end
 
 MODES = ("decode", "write")
 

@@ -38,8 +38,9 @@ from bench.common import bench_settings, percentile, write_result
 from lambdalake.batch.job import BatchJob
 from lambdalake.infra.services import running
 from lambdalake.kafka.admin import ensure_pipeline_topics
+from lambdalake.layout import master_path
 from lambdalake.master import MasterDataset
-from lambdalake.master_files import table_path, write_event_files
+from lambdalake.master_files import write_event_files
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
@@ -102,7 +103,7 @@ def main() -> None:
             ensure_pipeline_topics(roots[name], p)
             schema = DecodeSpec.of(p, roots[name]).output_schema
             schema = pa.schema([f for f in schema if f.name not in ERROR_FIELDS])
-            bronze = MasterDataset(table_path(roots[name].storage_root, p.name), event_time=p.event.time)
+            bronze = MasterDataset(master_path(roots[name].storage_root, p.name), event_time=p.event.time)
             for i, chunk in enumerate(synthetic_bronze(args.events, schema, f"synthetic-{run}", seed=7)):
                 files = write_event_files(chunk, path=bronze.path, event_time="updated_at", name=f"b-{i}")
                 bronze.commit(files, app_id="bench", batch_id=i, layers=p.layers)

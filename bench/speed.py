@@ -34,11 +34,11 @@ from pathlib import Path
 from bench.common import bench_settings, probe_freshness, write_result
 from lambdalake.cassandra.session import connect
 from lambdalake.infra.services import running
+from lambdalake.layout import speed_status_file
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT
-from lambdalake.status import speed_status_file
 
 
 def batches(log_file: Path, *, after: int) -> list[tuple[int, int]]:

@@ -428,6 +428,17 @@ class Compactor:
         self._commits = 0
         self._thread: threading.Thread | None = None
 
+    @classmethod
+    def of(cls, settings: BronzeSettings, path: str, *, staging_prefix: str) -> Compactor | None:
+        """The compaction ``LAMBDALAKE_BRONZE__*`` sets for the master dataset at ``path`` (None when
+        ``bronze.compact`` is off); what a killed round staged starts with ``staging_prefix``."""
+        if not settings.compact:
+            return None
+        return cls(
+            path, policy=CompactionPolicy.of(settings), every_commits=settings.compact_every_commits,
+            staging_prefix=staging_prefix, vacuum_retention_hours=settings.vacuum_retention_hours,
+        )  # fmt: skip
+
     def committed(self) -> None:
         """Count one commit; start a round when it is due and none is running."""
         self._commits += 1
@@ -448,7 +459,7 @@ class Compactor:
             self.on_error(exc)
         finally:
             # On its own thread, so that thread's allocations: the memory a round read and wrote stayed
-            # with the speed job's driver otherwise (measured: ~85 MB after the first round).
+            # with the speed job's driver otherwise.
             release_freed_memory()
 
     def close(self, timeout: float | None = None) -> None:

@@ -199,7 +199,7 @@ def _fold_bytes(seed: np.ndarray, data: pa.Array) -> np.ndarray:
     """XXH64 of each row's bytes under its seed (a null row keeps its seed). No vectorised XXH64 of
     variable-length bytes exists here: one call a row, in a list comprehension (5x a loop that
     indexes arrays), or one a distinct value where every row has the same seed (an identity's first
-    part), measured in bench/identity.py."""
+    part)."""
     digest = xxhash.xxh64_intdigest
     if len(seed) and seed.min() == seed.max():
         first = int(seed[0])

@@ -19,9 +19,6 @@ serving), :func:`spark_order` and :func:`spark_rank` (Spark's ``latest`` and the
 :data:`CANDIDATE` with :data:`CANDIDATE_ORDER` (the Cassandra clustering that keeps a key's candidates
 in the rule's order, so the first row is the winner whatever order they were written in). A property
 test draws deliveries and checks every adapter, and the Cassandra table, against the others.
-
-Ranks written before this layout (:data:`LEGACY_RANK`: a 64-bit rank, timestamps in milliseconds,
-versions bounded to ±2^43) are read through :func:`from_legacy_rank`.
 """
 
 from __future__ import annotations
@@ -32,9 +29,6 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from lambdalake.event_schema import event_schema
-from lambdalake.pipeline import LatestView, Pipeline
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -55,10 +49,6 @@ PARTITION, OFFSET = "_partition", "_offset"
 #: A ``latest`` speed row's clustering columns, and their order: per key the winner first.
 CANDIDATE = (RANK, PARTITION, OFFSET)
 CANDIDATE_ORDER = {RANK: "DESC", PARTITION: "ASC", OFFSET: "ASC"}
-
-#: The rank column of the layout before this one (a 64-bit ``bigint``).
-LEGACY_RANK = "_rank"
-_LEGACY_NULL_VERSION = -(1 << (63 - TIEBREAK_BITS)) + 1
 
 Numeric = TypeVar("Numeric")
 
@@ -84,16 +74,6 @@ def rank(version: int | None, ingest_seconds: int) -> int:
 def winner_key(rank: int, partition: int, offset: int) -> tuple[int, int, int]:
     """Sorts deliveries so that the highest key is the winner (rank, then the first copy)."""
     return (rank, -partition, -offset)
-
-
-def from_legacy_rank(old: int, *, timestamp_version: bool) -> int:
-    """A rank of the layout before this one as this layout's rank."""
-    version, tiebreak = old >> TIEBREAK_BITS, old & ((1 << TIEBREAK_BITS) - 1)
-    if version == _LEGACY_NULL_VERSION:
-        version = NULL_VERSION
-    elif timestamp_version:
-        version *= 1000
-    return version * (1 << TIEBREAK_BITS) + tiebreak
 
 
 # --- Spark ------------------------------------------------------------------------------------
@@ -147,20 +127,6 @@ def spark_merge_order() -> Column:
     return F.struct(F.col(RANK).cast(RANK_SPARK), -F.col(PARTITION), -F.col(OFFSET))
 
 
-def spark_from_legacy_rank(old: Column, *, timestamp_version: bool) -> Column:
-    """:func:`from_legacy_rank` as a Spark column (a Delta view written before this layout)."""
-    from decimal import Decimal
-
-    from pyspark.sql import functions as F
-
-    version = F.shiftright(old, TIEBREAK_BITS)
-    tiebreak = (old.bitwiseAND(F.lit((1 << TIEBREAK_BITS) - 1))).cast(RANK_SPARK)
-    scaled = version.cast(RANK_SPARK) * (1000 if timestamp_version else 1)
-    null = F.lit(Decimal(NULL_VERSION)).cast(RANK_SPARK)
-    version = F.when(version == F.lit(_LEGACY_NULL_VERSION), null).otherwise(scaled)
-    return (version * F.lit(1 << TIEBREAK_BITS).cast(RANK_SPARK) + tiebreak).cast(RANK_SPARK)
-
-
 # --- Arrow / NumPy ----------------------------------------------------------------------------
 
 
@@ -205,9 +171,3 @@ def rank_array(ranks: Sequence[int]) -> pa.Array:
     from decimal import Decimal
 
     return pa.array([Decimal(r) for r in ranks], type=RANK_ARROW)
-
-
-def timestamp_version(pipeline: Pipeline, view: LatestView) -> bool:
-    """Whether the view's version field is a timestamp (its legacy ranks counted milliseconds)."""
-    field = event_schema(pipeline.reader_schema).field(view.version)
-    return pa.types.is_timestamp(field.type)

@@ -53,6 +53,7 @@ from cassandra.query import SimpleStatement
 from lambdalake.cassandra.session import execute_lwt
 from lambdalake.cassandra.tables import TableDef, create_keyspace, ensure_table
 from lambdalake.errors import LambdalakeError
+from lambdalake.layout import LEASES_TABLE
 from lambdalake.procs import pid_alive
 from lambdalake.settings import CassandraSettings, Settings
 
@@ -70,7 +71,7 @@ LEASE_OF: dict[str, str] = {
 }
 
 LEASES = TableDef(
-    "lambdalake_leases",
+    LEASES_TABLE,
     (
         ("pipeline", "text"), ("lease", "text"), ("holder", "text"), ("role", "text"), ("host", "text"),
         ("pid", "int"), ("since", "timestamp"), ("renewed", "timestamp"),

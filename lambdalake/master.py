@@ -38,7 +38,8 @@ from lambdalake.coverage import (
 )
 from lambdalake.delta import commit_files, commit_info, lost_to_another_commit, open_table
 from lambdalake.errors import ConfigurationError
-from lambdalake.master_files import PARTITION, offsets_present, table_path, write_event_files
+from lambdalake.layout import master_path
+from lambdalake.master_files import PARTITION, offsets_present, write_event_files
 from lambdalake.pipeline import LayersSpec, Pipeline
 from lambdalake.settings import Settings
 from lambdalake.storage import delete_file, list_files
@@ -65,10 +66,6 @@ log = logging.getLogger("lambdalake.master")
 def recorded_values(layers: LayersSpec) -> dict[str, int]:
     """What each bronze commit records of the layers (and :meth:`MasterDataset.check_layers` compares)."""
     return {EPOCH_MS: layers.epoch_ms, DEDUP_DELAY_MS: layers.dedup_delay_seconds * 1000}
-
-
-def _legacy_ranges(highest: Mapping[str, int]) -> Coverage:
-    return {k: [(0, v + 1)] for k, v in highest.items() if v >= 0}
 
 
 class MasterDataset:
@@ -211,7 +208,6 @@ class MasterDataset:
         """The coverage and the speed job's read ends as of ``table``'s snapshot."""
         if table is None:
             return {}, {}
-        legacy: dict[str, int] = {}
         version = table.version()
         # The newest lambdalake commit at or below the snapshot's version is nearly always among its
         # last few: read those commits' own log entries (history() of a snapshot pinned below the
@@ -221,32 +217,17 @@ class MasterDataset:
             if entry is None:
                 break  # the log was cleaned up below here
             if COVERAGE in entry:
-                return self._parse_recorded(entry, legacy)
-            self._add_legacy(entry, legacy)
-        # A table written before coverage was recorded: all of its history.
-        legacy = {}
+                return self._parse_recorded(entry)
+        # Further back (the last commits were others', a compaction's): all of its history.
         for entry in table.history():
-            if entry.get("version", 0) > version:
-                continue
-            if COVERAGE in entry:
-                return self._parse_recorded(entry, legacy)
-            self._add_legacy(entry, legacy)
-        return _legacy_ranges(legacy), {k: v + 1 for k, v in legacy.items()}
+            if entry.get("version", 0) <= version and COVERAGE in entry:
+                return self._parse_recorded(entry)
+        return {}, {}
 
     @staticmethod
-    def _parse_recorded(entry: Mapping, legacy: dict[str, int]) -> tuple[Coverage, dict[str, int]]:
-        coverage = merged(from_json(json.loads(entry[COVERAGE])), _legacy_ranges(legacy))
-        speed_end = {k: int(v) for k, v in json.loads(entry.get(SPEED_END) or "{}").items()}
-        for key, highest in legacy.items():
-            speed_end[key] = max(speed_end.get(key, 0), highest + 1)
-        return coverage, speed_end
-
-    @staticmethod
-    def _add_legacy(entry: Mapping, legacy: dict[str, int]) -> None:
-        """Commits written before coverage was recorded: the highest offset each read, as it was
-        then understood (everything before it archived)."""
-        for key, (offset, _ingest) in json.loads(entry.get(PARTITIONS) or "{}").items():
-            legacy[key] = max(legacy.get(key, -1), offset)
+    def _parse_recorded(entry: Mapping) -> tuple[Coverage, dict[str, int]]:
+        coverage = from_json(json.loads(entry[COVERAGE]))
+        return coverage, {k: int(v) for k, v in json.loads(entry.get(SPEED_END) or "{}").items()}
 
     def _held(self, table: DeltaTable | None, ranges: Coverage) -> Coverage:
         """The offsets of ``ranges`` that ``table``'s snapshot holds (read from the files whose
@@ -452,4 +433,4 @@ class MasterDataset:
 
 def bronze_of(settings: Settings, pipeline: Pipeline) -> MasterDataset:
     """``pipeline``'s master dataset under the settings' storage root."""
-    return MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    return MasterDataset(master_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)

@@ -1,8 +1,8 @@
 """The master dataset's data files: what the tasks that archive events write and read.
 
 The Delta log around them (the driver's commits, :mod:`lambdalake.master`) needs delta-rs; these
-need Arrow only, so the Python workers that archive events never import delta-rs (17 MB resident
-each, measured).
+need Arrow only, so the Python workers that archive events never import delta-rs (and carry its
+memory in each worker).
 """
 
 from __future__ import annotations
@@ -18,10 +18,6 @@ from pyarrow import fs as pafs
 #: The master dataset's partition column, and the Hive value of a null one.
 PARTITION = "event_date"
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
-
-
-def table_path(storage_root: str, pipeline: str) -> str:
-    return f"{storage_root.rstrip('/')}/master/{pipeline}"
 
 
 def write_event_files(events: pa.Table, *, path: str, event_time: str, name: str) -> list[str]:

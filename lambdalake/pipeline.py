@@ -36,7 +36,6 @@ from lambdalake.event_schema import (
     event_schema,
     general_union_fields,
 )
-from lambdalake.identity import ENCODING as IDENTITY_ENCODING
 from lambdalake.settings import Settings
 
 _UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
@@ -286,11 +285,6 @@ class LatestView(Strict):
         return _without_unset_where(handler(self))
 
 
-#: The input of a ``distinct`` sketch before the identity hash (each value as its type held it), which
-#: a view version recorded before versions recorded their sketch input has.
-LEGACY_SKETCH_INPUT = 1
-
-
 class WindowedView(Strict):
     """Mergeable aggregates per key and tumbling event-time window."""
 
@@ -306,9 +300,6 @@ class WindowedView(Strict):
     # A deployed version's record of the types its table and Spark state were made with (by field;
     # :mod:`lambdalake.view_types`): set by the view registry, never by a pipeline file.
     _stored_types: dict[str, str] = PrivateAttr(default_factory=dict)
-    # The input its ``distinct`` sketches were made with (:attr:`sketch_input`): set by the view
-    # registry for a deployed version, never by a pipeline file, whose views take the identity hash.
-    _sketch_input: int = PrivateAttr(default=IDENTITY_ENCODING)
 
     @property
     def stored_types(self) -> dict[str, str]:
@@ -318,23 +309,6 @@ class WindowedView(Strict):
         copy = self.model_copy()
         copy._stored_types = dict(types)
         return copy
-
-    @property
-    def sketch_input(self) -> int:
-        """What a ``distinct`` sketch of this view takes of each value: the identity encoding whose
-        hash it counts (:data:`lambdalake.identity.ENCODING`); 1, the typed values of the layout
-        before it."""
-        return self._sketch_input
-
-    def with_sketch_input(self, encoding: int) -> WindowedView:
-        copy = self.model_copy()
-        copy._sketch_input = encoding
-        return copy
-
-    @property
-    def has_sketch_of_values(self) -> bool:
-        """Whether a ``distinct`` aggregate's sketch depends on :attr:`sketch_input`."""
-        return any(a.fn == "distinct" for a in self.aggregates)
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
@@ -561,16 +535,6 @@ class Pipeline(Strict):
             for f in event_schema(json.loads(self.schema_text(i))):
                 out.setdefault(f.name, []).append(f.type)
         return out
-
-    @cached_property
-    def once_integers(self) -> frozenset[str]:
-        """Fields some schema version gives a plain integer type (Avro ``int`` or ``long``): a
-        ``distinct`` over one promoted to a float counts a whole number as the integer it was."""
-        return frozenset(
-            name
-            for name, kinds in self.field_type_history.items()
-            if any(pa.types.is_int32(t) or pa.types.is_int64(t) for t in kinds)
-        )
 
     @cached_property
     def _filters(self) -> dict[tuple[str, str], Any]:

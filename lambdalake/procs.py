@@ -115,7 +115,7 @@ def release_freed_memory() -> None:
     and glibc's free pages in every arena (``malloc_trim``; nothing where the C library has none).
 
     A Python worker is reused for the next task and otherwise stays as large as its largest task
-    made it (measured in the speed job's workers: ~25 MB less each). Callers do it after light
+    made it. Callers do it after light
     tasks only (``LIGHT_TASK_ROWS``): a backlog's large tasks would fault the pages in again each
     time, and once the job has caught up its first light task hands the backlog's memory back.
     """

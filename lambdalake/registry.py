@@ -10,6 +10,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from lambdalake.errors import ConfigurationError, ServiceUnavailable
 from lambdalake.pipeline import Pipeline
+from lambdalake.secure import certificate_fault
 from lambdalake.settings import Settings, mask_url
 
 
@@ -53,18 +54,18 @@ def refusal(settings: Settings, exc: Exception) -> ConfigurationError | None:
             f"HTTP {exc.http_status_code}",
             fix="set LAMBDALAKE_REGISTRY__BASIC_AUTH_USER_INFO to <user>:<password> of a registry user",
         )
-    text = str(exc).lower()
-    if "mismatch" in text and ("hostname" in text or "ip address" in text):
+    fault = certificate_fault(str(exc))
+    if fault == "names another host":
         return ConfigurationError(
             f"the schema registry's certificate does not name the host of {mask_url(registry.url)}",
             fix="set LAMBDALAKE_REGISTRY__URL to a name its certificate holds, or reissue the certificate",
         )
-    if "certificate has expired" in text:
+    if fault == "expired":
         return ConfigurationError(
             "the schema registry's certificate has expired",
             fix="reissue it (the embedded one: `lambdalake up --secure` renews it)",
         )
-    if "certificate verify failed" in text:
+    if fault == "untrusted":
         return ConfigurationError(
             "the schema registry's certificate is not signed by the CA in "
             f"{registry.ssl_ca_location or 'the system store'}",

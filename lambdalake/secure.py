@@ -84,3 +84,20 @@ def ensure_principals(state_dir: Path) -> dict[str, dict[str, str]]:
     path.chmod(0o600)
     path.write_text(json.dumps(merged, indent=2))
     return merged
+
+
+CertificateFault = Literal["names another host", "expired", "untrusted"]
+
+
+def certificate_fault(error: str) -> CertificateFault | None:
+    """What a TLS client's error text says was wrong with the server's certificate (OpenSSL's and
+    Python's words, as librdkafka, the Cassandra driver and the registry's HTTP client report them):
+    it names other hosts, it has expired, or no trusted CA signed it; None for anything else."""
+    text = error.lower()
+    if "mismatch" in text and ("hostname" in text or "ip address" in text):
+        return "names another host"
+    if "certificate has expired" in text or ("expired" in text and "certificate" in text):
+        return "expired"
+    if "certificate verify failed" in text:
+        return "untrusted"
+    return None

@@ -282,9 +282,9 @@ class CassandraSettings(BaseModel):
     schema_agreement_wait_s: int = Field(
         default=30, ge=1, le=600, description="seconds, 1-600", examples=["30"]
     )
-    #: Embedded server only. Memtables (off the heap) get a quarter of it: at 512M a bulk publish
-    #: flushed twice a second and Cassandra's CPU per row was twice what it is at 3G (measured on 2
-    #: cores, Cassandra 2.1). 1G per node of three.
+    #: Embedded server only. Memtables (off the heap) get a quarter of it: a small heap makes a bulk
+    #: publish flush its memtables over and over, each row costing Cassandra more CPU (the figures
+    #: are in docs/benchmarks-log.md). 1G per node of three.
     heap: str = "3G"
     #: Embedded server only: more JVM options, after the launcher's own (as the broker's).
     jvm_options: list[str] = Field(default_factory=list)

@@ -11,19 +11,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from lambdalake.layout import batch_status_file, speed_status_file
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
 from lambdalake.storage import read_text
-
-
-def speed_status_file(storage_root: str, pipeline: str) -> str:
-    """Where a pipeline's speed job keeps its status (per streaming query)."""
-    return f"{storage_root.rstrip('/')}/status/speed-{pipeline}.json"
-
-
-def batch_status_file(storage_root: str, pipeline: str) -> str:
-    """The last batch run's summary."""
-    return f"{storage_root.rstrip('/')}/status/batch-{pipeline}.json"
 
 
 @dataclass(frozen=True)

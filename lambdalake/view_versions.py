@@ -22,15 +22,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import pyarrow as pa
 from pydantic import TypeAdapter
 
-from lambdalake.identity import ENCODING
-from lambdalake.pipeline import LEGACY_SKETCH_INPUT, MAX_TABLE_NAME, LatestView, Pipeline, View, WindowedView
+from lambdalake.pipeline import MAX_TABLE_NAME, LatestView, Pipeline, View, WindowedView
 from lambdalake.view_types import current_types, held_types, input_types
 
 AnyView = LatestView | WindowedView
@@ -48,11 +45,8 @@ def public_name(internal: str) -> str:
 
 
 def fingerprint(view: AnyView) -> str:
-    """What makes two definitions the same version: everything but the name (and, for a view with a
-    ``distinct`` sketch, the input its sketches take: a sketch of another input does not unite)."""
+    """What makes two definitions the same version: everything but the name."""
     data = view.model_dump(mode="json", exclude={"name"})
-    if isinstance(view, WindowedView) and view.has_sketch_of_values and view.sketch_input != ENCODING:
-        data["sketch_input"] = view.sketch_input
     text = json.dumps(data, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -86,15 +80,11 @@ class ViewVersion:
         }
         if self.types:
             out["types"] = self.types
-        if isinstance(self.definition, WindowedView) and self.definition.has_sketch_of_values:
-            out["sketch_input"] = self.definition.sketch_input
         return out
 
     @classmethod
     def from_json(cls, view: str, data: dict[str, Any]) -> ViewVersion:
         definition = _VIEW.validate_python(data["definition"])
-        if isinstance(definition, WindowedView):
-            definition = definition.with_sketch_input(int(data.get("sketch_input", LEGACY_SKETCH_INPUT)))
         return cls.of(definition, int(data["version"]), data.get("types"))
 
     @classmethod
@@ -199,9 +189,7 @@ class ViewChange:
     detail: str = ""
 
 
-def plan(
-    pipeline: Pipeline, registry: Registry, *, deployed_types: Mapping[str, pa.DataType] | None = None
-) -> tuple[Registry, list[ViewChange]]:
+def plan(pipeline: Pipeline, registry: Registry) -> tuple[Registry, list[ViewChange]]:
     """The registry after deploying ``pipeline``'s views, and what changed.
 
     On a pipeline's first deploy (an empty registry) every view is active at once. Later, a view
@@ -214,18 +202,11 @@ def plan(
     Args:
         pipeline: The pipeline as its file defines it.
         registry: The registry as deployed.
-        deployed_types: The field types of the schema the platform runs, taken as the types of
-            versions recorded before versions recorded them. Default: the pipeline's own.
     """
     new = Registry.parse(registry.to_text())
     changes: list[ViewChange] = []
     first = registry.empty
     now = current_types(pipeline)
-    for state in new.views.values():
-        for attr in ("active", "building"):
-            old = getattr(state, attr)
-            if old is not None and not old.types:
-                setattr(state, attr, old.recording(input_types(old.definition, deployed_types or now)))
     for view in pipeline.views:
         state = new.views.setdefault(view.name, ViewState())
         wanted = fingerprint(view)

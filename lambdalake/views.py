@@ -15,7 +15,7 @@ from decimal import Decimal
 from functools import partial
 from typing import Any, Literal
 
-from lambdalake import filters, sketches
+from lambdalake import filters, layout, sketches
 from lambdalake.pipeline import Aggregate, LatestView, Pipeline, WindowedView
 
 Merge = Literal["add", "min", "max", "hll", "kll"]
@@ -182,19 +182,9 @@ def merge(
 def speed_table(pipeline: Pipeline, view: LatestView | WindowedView) -> str:
     """The Cassandra table of a view's speed rows: named per pipeline, so two pipelines may each
     have a view called ``hourly``, and told apart from the batch table by its suffix. A ``latest``
-    view's table holds candidates in the latest rule's order (:data:`lambdalake.latest.CANDIDATE`):
-    a name of its own, since the tables it replaced (:func:`legacy_latest_tables`) had other
-    primary keys."""
-    if isinstance(view, LatestView):
-        return f"{pipeline.name}__{view.name}__speed_latest"
-    return f"{pipeline.name}__{view.name}__speed"
-
-
-def legacy_latest_tables(pipeline: Pipeline, view: LatestView) -> tuple[str, str]:
-    """The speed tables a ``latest`` view had before, oldest first: one row per key with the rank as
-    its write timestamp (``__speed``), then ranked candidates with a 64-bit rank
-    (``__speed_ranked``, :data:`lambdalake.latest.LEGACY_RANK`)."""
-    return f"{pipeline.name}__{view.name}__speed", f"{pipeline.name}__{view.name}__speed_ranked"
+    view's table holds candidates in the latest rule's order (:data:`lambdalake.latest.CANDIDATE`),
+    under a suffix of its own."""
+    return layout.speed_table(pipeline.name, view.name, latest=isinstance(view, LatestView))
 
 
 def batch_table(pipeline: Pipeline, view: LatestView | WindowedView, generation: int) -> str:
@@ -202,7 +192,7 @@ def batch_table(pipeline: Pipeline, view: LatestView | WindowedView, generation:
     generation (a table beside the active one, dropped whole once retired); an incremental run adds
     the cells it changed to its base's generation, each row marked with its version
     (:data:`CELL_VERSION`)."""
-    return f"{pipeline.name}__{view.name}__b{generation}"
+    return layout.batch_table(pipeline.name, view.name, generation)
 
 
 #: The batch rows' column holding the batch version that wrote the cell: a reader of version ``N``

@@ -2,9 +2,9 @@
 
 The tasks that decode records need one call of the registry (``GET /schemas/ids/{id}``) per writer
 schema they meet. confluent-kafka's ``SchemaRegistryClient`` answers it too, but importing it brings
-httpx and authlib into every Python worker: 18 MB resident and 0.2-0.5 s of CPU per worker (measured
-in the speed job's workers), for one GET. The rest of the platform (registering, compatibility) keeps
-using confluent-kafka's client (:mod:`lambdalake.registry`).
+httpx and authlib into every Python worker, with their memory and import time, for one GET. The
+rest of the platform (registering, compatibility) keeps using confluent-kafka's client
+(:mod:`lambdalake.registry`).
 
 Credentials are taken as confluent-kafka's client takes them: ``basic.auth.user.info`` when given,
 else the URL's user info.

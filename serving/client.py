@@ -30,7 +30,7 @@ from lambdalake.cassandra.session import await_schema_agreement, connect
 from lambdalake.cassandra.tables import TableDef, read_stored, speed_table_def
 from lambdalake.errors import ConfigurationError, LambdalakeError, ServiceUnavailable
 from lambdalake.event_schema import event_schema
-from lambdalake.latest import CANDIDATE, LEGACY_RANK, RANK, from_legacy_rank, rank, timestamp_version
+from lambdalake.latest import CANDIDATE, RANK, rank
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView, configured_pipeline, list_pipelines
 from lambdalake.serving.answers import Answer, LatestRow, Provenance
 from lambdalake.serving.contract import EARLIEST_MS, LATEST_MS
@@ -51,14 +51,11 @@ from lambdalake.views import (
 RANKED_COLUMN = "_ingest_ts"
 
 
-def _batch_rank(data: dict[str, Any], *, in_ms: bool) -> int:
-    """A batch row's rank (:mod:`lambdalake.latest`): its own; one of the 64-bit layout converted
-    (``in_ms``: the version is a timestamp, which that layout counted in milliseconds); a row
-    published before null versions had one ranks as a null version does now."""
+def _batch_rank(data: dict[str, Any]) -> int:
+    """A batch row's rank (:mod:`lambdalake.latest`): its own; a row without one ranks as a null
+    version does."""
     if data.get(RANK) is not None:
         return int(data[RANK])
-    if data.get(LEGACY_RANK) is not None:
-        return from_legacy_rank(int(data[LEGACY_RANK]), timestamp_version=in_ms)
     ingest = aware_utc(data[RANKED_COLUMN])
     return rank(None, math.floor(ingest.timestamp()))
 
@@ -128,7 +125,6 @@ class ServingClient:
         self._meta: dict[str, tuple[float, PipelineMeta]] = {}
         self._prepared: dict[str, PreparedStatement] = {}
         self._tables: dict[tuple[str, str, str], TableDef] = {}
-        self._timestamp_versions: dict[tuple[str, str, str], bool] = {}
         self._lock = threading.Lock()
         self._profile: ExecutionProfile | None = None
 
@@ -386,8 +382,8 @@ class ServingClient:
             for data in newest_rows(batch_rows, active):
                 read_stored(data, table)
                 batch = LatestRow(
-                    {k: x for k, x in data.items() if k not in (RANK, LEGACY_RANK, CELL_VERSION)},
-                    _batch_rank(data, in_ms=self._in_ms(p, v)),
+                    {k: x for k, x in data.items() if k not in (RANK, CELL_VERSION)},
+                    _batch_rank(data),
                     "batch",
                 )
             winner = pick_latest(batch, speed)
@@ -416,14 +412,6 @@ class ServingClient:
         found = self._tables.get(key)
         if found is None:
             found = self._tables[key] = speed_table_def(p, v)
-        return found
-
-    def _in_ms(self, p: Pipeline, v: LatestView) -> bool:
-        """Whether the view's version is a timestamp (computed once per pipeline, view and schema)."""
-        key = (p.name, v.name, p.schema_.versions[-1])
-        found = self._timestamp_versions.get(key)
-        if found is None:
-            found = self._timestamp_versions[key] = timestamp_version(p, v)
         return found
 
     def _statement(

@@ -15,12 +15,10 @@ the watermark is archived, but dropped from the windowed views and left to the b
 counts the drop (``dropped_behind_watermark`` in the status file) after its partial aggregation:
 groups, not events.
 
-The checkpoint's Spark state is made for the windowed views it started with. When they change (a
-view added, a version built or retired, a widening held), the main query moves to a new checkpoint
-that starts one deduplication window before the oldest epoch it must count whole (the oldest open
-one, or an older one the old checkpoint had not finished); records bronze holds are neither archived
-nor dead-lettered again, and every epoch it counts is counted whole, so the absolute upserts are
-exact.
+The checkpoint's Spark state is made for the windowed views it started with: when they change, the
+main query moves to a new checkpoint (:mod:`lambdalake.speed.starts`). Running the job, restarts and
+failures are :mod:`lambdalake.speed.supervisor`'s; its files beside the checkpoints,
+:mod:`lambdalake.speed.checkpoints`'.
 
 Progress lives in each query's checkpoint; results are durable before Spark commits an offset, and
 every write is idempotent, so a batch replayed after a crash leaves the same views and bronze.
@@ -28,337 +26,42 @@ every write is idempotent, so a batch replayed after a crash leaves the same vie
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
-import signal
-import threading
 import time
-import uuid
-from dataclasses import dataclass, field
-from typing import Any
 
 from py4j.protocol import Py4JError
-from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
-from lambdalake.cassandra.legacy_latest import adopt_legacy_latest
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import TableDef, deploy_speed_tables, speed_table_def
-from lambdalake.compaction import CompactionPolicy, Compactor
-from lambdalake.grants import refused
-from lambdalake.errors import ConfigurationError, LambdalakeError
+from lambdalake.compaction import Compactor
 from lambdalake.kafka.admin import require_log_append_time
-from lambdalake.kafka.offsets import offset_consumer, offsets_at, record_time, watermarks
+from lambdalake.layout import speed_status_file
 from lambdalake.master import bronze_of
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
-from lambdalake.procs import TreeMemory, tree_memory
 from lambdalake.registry import subject_schemas
 from lambdalake.settings import Settings
-from lambdalake.spark.decode import REGISTRY_PATIENCE_S, DecodeSpec
-from lambdalake.spark.kafka import Offsets, source_options
-from lambdalake.spark.realtime import start_latest_query, unknown_schema_id
+from lambdalake.spark.decode import DecodeSpec
+from lambdalake.spark.kafka import source_options
+from lambdalake.spark.realtime import start_latest_query
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.sinks import upsert_views
 from lambdalake.spark.stopping import interruptible, stop_quietly
 from lambdalake.spark.views import INGEST_TS, together_column, together_row, windowed, windowed_together
+from lambdalake.speed.checkpoints import Checkpoints, offset_ranges
 from lambdalake.speed.dedup import DedupLog
-from lambdalake.speed.last_read import LastReadCheck, LastRecords, lost_tail, offset_changed
+from lambdalake.speed.last_read import LastReadCheck, LastRecords, lost_tail
+from lambdalake.speed.options import SpeedOptions, runs_realtime_query
+from lambdalake.speed.progress import ProgressLog
 from lambdalake.speed.sinks import ArchiveSink, FileSet, LatestSink, PartitionProgress, RecordCounts, drain
-from lambdalake.status import speed_status_file
-from lambdalake.storage import delete_file, list_files, read_text, write_text
+from lambdalake.speed.starts import choose_main, latest_start
 from lambdalake.views import windowed_inputs
-from lambdalake.writer_schemas import SchemaIdNotFound, fetcher
 
 log = logging.getLogger("lambdalake.speed")
-
-#: Spark's error class for a checkpoint whose stateful operators differ from the query's.
-_PLAN_CHANGED = "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA"
-
-
-@dataclass(frozen=True)
-class SpeedOptions:
-    """Tuning of the speed job.
-
-    Args:
-        trigger_seconds: Micro-batch interval; 0 starts the next batch as soon as one ends. Default 0.
-        max_offsets_per_trigger: Records per micro-batch at most (bounds catch-up batches). Default 200k.
-        starting_offsets: Where a query without a checkpoint starts. Default ``earliest``.
-        broker_wait_s: How long the Kafka source retries a broker that does not answer (a restart)
-            before the job stops with an error naming the broker. Default 120 s.
-        fail_on_data_loss: Stop with an error naming the offsets when the broker lost records the
-            job had read (default True); False goes on past them with a warning.
-
-    Each Kafka partition's share of a micro-batch is read whole by one task (Spark's Kafka source
-    without ``minPartitions`` or ``maxRecordsPerPartition``): deduplication needs a partition's
-    records in one task, and each task has a fixed cost here (about 0.3 s: a warm 198k-record batch
-    ran 7.2 s in 3 tasks and 8.7 s in 9). Raise the topic's partitions to use more cores.
-    """
-
-    trigger_seconds: float = 0.0
-    max_offsets_per_trigger: int = 200_000
-    starting_offsets: str = "earliest"
-    broker_wait_s: float = 120.0
-    fail_on_data_loss: bool = True
-
-
-def _compactor(settings: Settings, path: str, *, staging_prefix: str) -> Compactor | None:
-    """Bronze's compaction on a thread of the job (None when ``bronze.compact`` is off); what a
-    killed round staged starts with ``staging_prefix``, which the job's next start clears."""
-    bronze = settings.bronze
-    if not bronze.compact:
-        return None
-    return Compactor(
-        path, policy=CompactionPolicy.of(bronze), every_commits=bronze.compact_every_commits,
-        staging_prefix=staging_prefix, vacuum_retention_hours=bronze.vacuum_retention_hours,
-    )  # fmt: skip
-
-
-def checkpoints_path(storage_root: str, pipeline: str) -> str:
-    """The folder of a pipeline's streaming checkpoints (one per query)."""
-    return f"{storage_root.rstrip('/')}/checkpoints/{pipeline}"
-
-
-#: Written by ``speed reset`` beside the checkpoints: the starting offsets of the rebuilt queries.
-RESET_FILE = "starting-offsets.json"
-#: Written by ``speed reset`` too: the ingest time (the oldest open epoch's start) from which the
-#: rebuilt windowed queries count; they start one deduplication window before it.
-RESET_FROM_FILE = "counting-from.json"
-#: Beside the checkpoints: the main query's checkpoint folder and the windowed views it aggregates.
-MAIN_FILE = "lambdalake-main.json"
-#: In a windowed view's folder beside the checkpoints, for a view first counted on a live pipeline:
-#: the epoch from which the main query counts it (the view build recomputes the ones before).
-START_FILE = "lambdalake-start.json"
-
-
-def view_signature(view: WindowedView) -> str:
-    """What a windowed view's Spark state depends on: its definition and the types it holds."""
-    text = view.model_dump_json() + json.dumps(sorted(view.stored_types.items()))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _source_offsets(entry: str | None) -> Offsets | None:
-    """The Kafka source's offsets in a checkpoint's offset log entry (``v1``, the batch's metadata,
-    then the source's line) or in its initial offsets (a NUL byte, ``v1``, then the offsets)."""
-    if entry is None:
-        return None
-    return json.loads(entry.strip("\x00").splitlines()[-1])
-
-
-def _per_partition(offsets: str | Offsets | None) -> dict[tuple[str, str], int]:
-    """A Kafka source's offsets in a query's progress (JSON text or parsed) per (topic, partition)."""
-    parsed = json.loads(offsets) if isinstance(offsets, str) else offsets
-    return {(t, str(p)): int(off) for t, parts in (parsed or {}).items() for p, off in parts.items()}
-
-
-def _progress_end(progress: Any) -> dict[tuple[str, str], int]:
-    """Where a query's reported batch ended, per (topic, partition), over its sources."""
-    return {tp: off for source in progress.sources for tp, off in _per_partition(source.endOffset).items()}
-
-
-def _ranges(start: Offsets, end: Offsets) -> dict[str, list[tuple[int, int]]]:
-    """The offsets ``[start, end)`` per ``"topic/partition"`` with records between the two."""
-    return {
-        f"{topic}/{p}": [(int(start.get(topic, {}).get(p, 0)), int(until))]
-        for topic, ps in end.items()
-        for p, until in ps.items()
-        if int(until) > int(start.get(topic, {}).get(p, 0))
-    }
-
-
-def _read_by_twin(folder: str) -> bool:
-    """Whether a checkpoint's offsets were logged by the Python Kafka source lambdalake had before
-    Spark's own (its entries carry keys of its own, starting with ``$``)."""
-    entries = [u for u in list_files(f"{folder}/offsets") if u.rsplit("/", 1)[1].isdigit()]
-    last = max(entries, key=lambda u: int(u.rsplit("/", 1)[1]), default=None)
-    offsets = _source_offsets(read_text(last)) if last else None
-    return any(key.startswith("$") for key in offsets or {})
-
-
-def drop_unlogged_batch(folder: str) -> list[str]:
-    """Remove what a checkpoint's first batch left half-written, when its offset log has no entry;
-    returns the files removed.
-
-    A Real-time query killed in its first batch can leave a temporary file of its first offset log
-    entry, or of its first commit, and no offset log entry; Spark then refuses that checkpoint for
-    good ("should be empty on batch 0"). Such a checkpoint has committed nothing; its initial offsets
-    (``sources/0/0``) stay, so the query runs its first batch again from where it was meant to
-    start."""
-    offsets = list_files(f"{folder}/offsets")
-    if any(u.rsplit("/", 1)[1].isdigit() for u in offsets):
-        return []
-    stray = [*offsets, *list_files(f"{folder}/commits")]
-    for uri in stray:
-        delete_file(uri)
-    return stray
-
-
-def _has_checkpoint(folder: str) -> bool:
-    """Whether a streaming query has run with this checkpoint (Spark writes ``metadata`` first)."""
-    return read_text(f"{folder}/metadata") is not None
-
-
-@dataclass
-class QueryStats:
-    batches: int = 0
-    rows: int = 0
-    #: Rows Spark's state operators dropped as late: partially aggregated (key, window) groups.
-    dropped_behind_watermark: int = 0
-    last_batch: dict[str, Any] = field(default_factory=dict)
-    #: The checkpoint's query id: batch ids start over when a checkpoint is rebuilt.
-    query_id: str = ""
-    #: The highest batch id whose rows are counted.
-    counted: int = -1
-
-
-class ProgressLog:
-    """Logs every micro-batch (rows, lag, duration) and keeps a status file per pipeline.
-
-    A thread polls the queries (:meth:`follow`) rather than a listener being called: a Python
-    ``StreamingQueryListener`` is called back through py4j on every event, which cost a quarter of a
-    core here.
-    """
-
-    def __init__(self, status_file: str, *, interval_s: float = 0.25) -> None:
-        self.status_file = status_file
-        self.interval_s = interval_s
-        # The counts go on from the previous run's (a restart resumes the checkpoint's batch ids);
-        # batches up to the last one recorded are not counted again.
-        previous = json.loads(read_text(status_file) or "{}")
-        self.stats: dict[str, QueryStats] = {
-            name: QueryStats(**{"counted": s.get("last_batch", {}).get("batch_id", -1), **s})
-            for name, s in previous.items()
-        }
-        self._seen: dict[str, tuple[int, str]] = {
-            name: (s.last_batch["batch_id"], s.last_batch.get("at", ""))
-            for name, s in self.stats.items()
-            if "batch_id" in s.last_batch
-        }
-        #: Records read per (query, batch id) where Spark's input row count is not that: the main
-        #: query's source yields what the archive pass passes on (:meth:`records_read`).
-        self._read: dict[tuple[str, int], int] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def follow(self, queries: list[StreamingQuery]) -> None:
-        """Poll ``queries`` in the background until :meth:`close`."""
-        self._stop.clear()
-        with self._lock:  # queries of an earlier job's plan (a query per windowed view) are gone
-            running = {q.name for q in queries}
-            self.stats = {name: s for name, s in self.stats.items() if name in running}
-
-        def run() -> None:
-            while not self._stop.wait(self.interval_s):
-                try:
-                    self.poll(queries)
-                except Exception as exc:  # a query being torn down; the next poll or close() catches up
-                    log.debug("progress poll failed: %r", exc)
-
-        self._thread = threading.Thread(target=run, name="lambdalake-progress", daemon=True)
-        self._thread.start()
-
-    def close(self, queries: list[StreamingQuery]) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        self.poll(queries)
-
-    def records_read(self, query: str, batch_id: int, records: int) -> None:
-        """Count ``records`` as what batch ``batch_id`` of ``query`` read (called before Spark
-        reports the batch's progress: from the batch's sink)."""
-        with self._lock:
-            self._read = {k: v for k, v in self._read.items() if k[1] > batch_id - 100}
-            self._read[query, batch_id] = records
-
-    def poll(self, queries: list[StreamingQuery]) -> None:
-        """Record the progress of every batch the queries finished since the last poll."""
-        with self._lock:
-            changed = False
-            for q in queries:
-                recorded = self.stats.get(q.name)
-                if recorded is not None and recorded.query_id not in ("", str(q.id)):
-                    self.stats[q.name] = QueryStats()  # a new checkpoint: a new history
-                    self._seen.pop(q.name, None)
-                last = q.lastProgress
-                if last is None or self._seen.get(q.name) == (last.batchId, last.timestamp):
-                    continue
-                counted = self.stats.setdefault(q.name, QueryStats()).counted
-                # More than one batch since the last poll: read the ones in between too.
-                events = q.recentProgress if last.batchId > counted + 1 else [last]
-                # The job's every process (driver, JVM, Python workers), as `speed status` shows.
-                memory = tree_memory(os.getpid())
-                for p in events:
-                    # Spark reports idle triggers too (every 10 s without new records), under the id
-                    # of the batch to come: only a batch that ran counts, once.
-                    new = "addBatch" in p.durationMs and p.batchId > counted
-                    if new or p is events[-1]:
-                        self._record(p, new_batch=new, memory=memory)
-                        counted = max(counted, p.batchId) if new else counted
-                self._seen[q.name] = (last.batchId, last.timestamp)
-                changed = True
-            if changed:
-                self._write()
-
-    def _record(self, p: Any, *, new_batch: bool, memory: TreeMemory) -> None:
-        lag = 0
-        for source in p.sources:
-            end = _per_partition(source.endOffset)
-            lag += sum(
-                max(0, off - end.get(tp, 0)) for tp, off in _per_partition(source.latestOffset).items()
-            )
-        dropped = sum(op.numRowsDroppedByWatermark for op in p.stateOperators) if new_batch else 0
-        rows = self._read.get((p.name, p.batchId), p.numInputRows)
-        stats = self.stats.setdefault(p.name, QueryStats())
-        stats.query_id = str(p.id)
-        if new_batch:
-            stats.batches += 1
-            stats.rows += rows
-            stats.counted = p.batchId
-            stats.dropped_behind_watermark += dropped
-        stats.last_batch = {
-            "batch_id": p.batchId,
-            "rows": rows,
-            "lag": lag,
-            "duration_ms": p.durationMs.get("triggerExecution"),
-            "at": p.timestamp,
-            "job_rss_mb": memory.rss_mb,
-            "job_processes": memory.processes,
-        }
-        if new_batch:
-            log.debug("%s batch %d phases (ms): %s", p.name, p.batchId, p.durationMs)
-        if new_batch and (rows or dropped):
-            log.info(
-                "%s batch %d: %d rows, lag %d, %d ms%s",
-                p.name,
-                p.batchId,
-                rows,
-                lag,
-                p.durationMs.get("triggerExecution", 0),
-                f", {dropped} behind the watermark (left to the batch layer)" if dropped else "",
-            )
-
-    def _write(self) -> None:
-        write_text(self.status_file, json.dumps({name: vars(s) for name, s in self.stats.items()}, indent=2))
-
-
-#: Restarts of the queries after a failure of no known cause before the job gives up and exits
-#: (its supervisor, or `lambdalake deploy`, starts it again): at most this many within the window,
-#: the first after RESTART_DELAY_S, each later one after twice the wait before it.
-RESTARTS = 5
-RESTART_WINDOW_S = 600.0
-RESTART_DELAY_S = 5.0
-
-
-def runs_realtime_query(settings: Settings, pipeline: Pipeline) -> bool:
-    """Whether a speed job of ``pipeline`` writes its latest views from a Real-time query of their
-    own (``<pipeline>-latest``) beside the main one: ``speed.latest`` is ``realtime`` and it has one."""
-    return settings.speed.latest == "realtime" and any(isinstance(v, LatestView) for v in pipeline.views)
 
 
 class SpeedJob:
@@ -392,14 +95,15 @@ class SpeedJob:
         self.spec = DecodeSpec.of(pipeline, settings)
         self.master = bronze_of(settings, pipeline)
         self.compactor: Compactor | None = None
-        self.checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
+        self.checkpoints = Checkpoints(settings.storage_root, pipeline.name)
         self.progress = ProgressLog(speed_status_file(settings.storage_root, pipeline.name))
         self.queries: list[StreamingQuery] = []
         self.windowed_views = [v for v in pipeline.views if isinstance(v, WindowedView)]
         #: The windowed views the main query aggregates, in its checkpoint's order (:meth:`_choose_main`).
         self.counted: list[WindowedView] = list(self.windowed_views)
-        #: The main query's checkpoint folder (:meth:`_choose_main`).
-        self.main_dir = f"{self.checkpoints}/main"
+        #: The main query's checkpoint folder, its name and path (:meth:`_choose_main`).
+        self.main_name = "main"
+        self.main_dir = self.checkpoints.folder(self.main_name)
         self._main_offsets: str | None = None
         #: The ingest time from which the main query's checkpoint counts (None: every record it reads).
         self._from_ms: int | None = None
@@ -422,12 +126,8 @@ class SpeedJob:
     # --- building blocks ----------------------------------------------------------------------
 
     def deploy(self) -> None:
-        """Create the pipeline's Cassandra tables (idempotent DDL); a ``latest`` view's rows of the
-        old speed table layout are adopted and that table dropped (the job holds its lease: no other
-        speed job writes it)."""
-        session = connect(self.settings.cassandra)
-        deploy_speed_tables(session, self.settings.cassandra, self.pipeline)
-        adopt_legacy_latest(session, self.settings.cassandra, self.pipeline, drop=True)
+        """Create the pipeline's Cassandra tables (idempotent: a table deploy made takes no DDL)."""
+        deploy_speed_tables(connect(self.settings.cassandra), self.settings.cassandra, self.pipeline)
 
     def _archived(self) -> dict[int, int]:
         """Per partition, the highest offset before which bronze has covered every offset (what a
@@ -436,29 +136,16 @@ class SpeedJob:
         every = self.master.read_progress()
         return {int(k.rsplit("/", 1)[1]): v for k, v in every.items() if k.rsplit("/", 1)[0] == topic}
 
-    def batch_offsets(self, batch_id: int) -> tuple[Offsets, Offsets]:
-        """Where micro-batch ``batch_id`` of the main query starts and ends, per topic and partition,
-        from the checkpoint: its offset log entry (written before the batch runs) holds its end, the
-        entry before it its start, and a checkpoint's first batch starts at the initial offsets
-        Spark's Kafka source keeps under ``sources/0/0``."""
-        end = _source_offsets(read_text(f"{self.main_dir}/offsets/{batch_id}"))
-        if end is None:
-            raise RuntimeError(f"no offset log entry for batch {batch_id} under {self.main_dir}")
-        start = _source_offsets(read_text(f"{self.main_dir}/offsets/{batch_id - 1}")) if batch_id else None
-        if start is None:
-            start = _source_offsets(read_text(f"{self.main_dir}/sources/0/0")) or {}
-        return start, end
-
     def _reset_from_ms(self) -> int | None:
         """Where ``speed reset`` left the windowed views to count from (None: no reset)."""
-        text = read_text(f"{self.checkpoints}/{RESET_FROM_FILE}")
-        return int(json.loads(text)["from_ms"]) if text else None
+        reset = self.checkpoints.reset()
+        return reset.from_ms if reset is not None else None
 
     def starting_offsets(self) -> str:
         """Where queries without a checkpoint start: ``speed reset`` leaves its choice beside the
         checkpoints; otherwise the options' (default ``earliest``)."""
-        chosen = read_text(f"{self.checkpoints}/{RESET_FILE}")
-        return chosen.strip() if chosen else self.options.starting_offsets
+        reset = self.checkpoints.reset()
+        return json.dumps(reset.offsets) if reset is not None else self.options.starting_offsets
 
     def records(self, *, starting: str | None = None, bounded: bool = True) -> DataFrame:
         """The pipeline's topic as a stream of Kafka records, read by Spark's own Kafka source;
@@ -489,7 +176,7 @@ class SpeedJob:
     def _dedup(self, query: str) -> DedupLog:
         """How a query tells first deliveries from repeats (segment files beside its checkpoint)."""
         return DedupLog(
-            root=f"{self.checkpoints}/{query}/lambdalake-dedup",
+            root=self.checkpoints.dedup_root(query),
             identity=tuple(self.pipeline.event.identity),
             window_us=self.pipeline.layers.dedup_delay_seconds * 1_000_000,
         )
@@ -510,113 +197,18 @@ class SpeedJob:
             return windowed(events, self.pipeline, views[0], epoch=epoch)
         return windowed_together(events, self.pipeline, views, epoch=epoch)
 
-    def _run_id(self) -> str:
-        """This checkpoint's run id: names its master files and Delta app id, so a fresh checkpoint
-        (a replay of old offsets) never collides with what an earlier run committed."""
-        # Kept beside the checkpoint, on the same filesystem (an object store on clusters): a driver
-        # restarted on another host must find it, or its replay would commit under a new app id.
-        uri = f"{self.main_dir}/lambdalake-run-id"
-        existing = read_text(uri)
-        if existing is not None:
-            return existing.strip()
-        run_id = uuid.uuid4().hex[:12]
-        write_text(uri, run_id)
-        return run_id
-
     def _choose_main(self) -> None:
-        """The main query's checkpoint and the windowed views it aggregates (its stateful step).
-
-        A checkpoint keeps the views it started with: others would not match Spark's state. While
-        they are the deployed windowed views (by :func:`view_signature`), it resumes. Otherwise the
-        main query moves to a new checkpoint folder (:meth:`_move`). ``speed reset`` starts afresh.
-        """
-        record_uri = f"{self.checkpoints}/{MAIN_FILE}"
-        record = json.loads(read_text(record_uri) or "null")
-        wanted = {v.name: view_signature(v) for v in self.windowed_views}
-        if record is None:  # a new pipeline, a reset one, or one that ran before this file existed
-            record = {"dir": "main", "views": list(wanted.items()), "from_ms": self._reset_from_ms()}
-        else:
-            if "views" not in record:  # written when the main query aggregated one view at most
-                record["views"] = [[record.pop("primary"), None]] if record.get("primary") else []
-            held = {name: signature for name, signature in record["views"]}
-            same = held.keys() == wanted.keys() and all(s in (None, wanted[n]) for n, s in held.items())
-            folder = f"{self.checkpoints}/{record['dir']}"
-            if same and _read_by_twin(folder):
-                why = "lambdalake's former Kafka source logged its offsets: Spark's cannot resume them"
-                record = self._move(record, wanted, why=why)
-            elif same:
-                record["views"] = [[n, wanted[n]] for n in held]  # its order: the state's
-            elif not _has_checkpoint(folder):
-                # Never ran (a move, then a stop before its first batch): it starts with these views,
-                # from where the move put it.
-                self._mark_starts(set(held), wanted, record.get("from_ms"))
-                record["views"] = list(wanted.items())
-            else:
-                record = self._move(record, wanted)
-        write_text(record_uri, json.dumps(record))
-        self.main_dir = f"{self.checkpoints}/{record['dir']}"
-        by_name = {v.name: v for v in self.windowed_views}
-        self.counted = [by_name[n] for n, _ in record["views"]]
-        self._from_ms = record.get("from_ms")
-        if record.get("offsets") and not _has_checkpoint(self.main_dir):
-            self._main_offsets = json.dumps(record["offsets"])
-        # Decided before the main query starts (it writes its checkpoint then).
-        self._main_fresh_start = (
-            None if _has_checkpoint(self.main_dir) else self._main_offsets or self.starting_offsets()
-        )
-
-    def _move(self, record: dict[str, Any], wanted: dict[str, str], *, why: str = "") -> dict[str, Any]:
-        """A new checkpoint for the main query, whose windowed views changed.
-
-        Without windowed views it starts where bronze has archived every offset. With them, it
-        counts every epoch from the oldest one not yet counted whole (the oldest open one, or the
-        epoch of the first record the old checkpoint had not read), reading from one deduplication
-        window before it: the epochs it recounts are counted whole again from the topic (whose
-        compaction lag outlasts archiving), and what bronze holds is not archived again. A view new
-        to the main query, never counted anywhere, records that epoch (:data:`START_FILE`): the view
-        build recomputes the closed ones before it from bronze.
-        """
-        generation = int(record.get("generation", 0)) + 1
-        topic = self.pipeline.topic.name
-        layers = self.pipeline.layers
-        archived = self._archived()
-        from_ms = None
-        with offset_consumer(self.settings) as consumer:
-            ends = watermarks(consumer, topic)
-            unread = {p: max(archived.get(p, -1) + 1, low) for p, (low, _) in ends.items()}
-            offsets = dict(unread)
-            if wanted:
-                now_ms = int(time.time() * 1000)
-                from_ms = (now_ms - layers.grace_seconds * 1000) // layers.epoch_ms * layers.epoch_ms
-                for p, (_, high) in ends.items():
-                    if unread[p] < high:
-                        first = record_time(consumer, topic, p, unread[p])
-                        from_ms = min(from_ms, first // layers.epoch_ms * layers.epoch_ms)
-                early = offsets_at(consumer, topic, from_ms - layers.dedup_delay_seconds * 1000)
-                offsets = {p: max(min(early[p], unread[p]), ends[p][0]) for p in ends}
-        held = {name for name, _ in record["views"]}
-        self._mark_starts(held, wanted, from_ms)
-        why = why or f"its windowed views changed ({sorted(held)} to {sorted(wanted)})"
-        log.info("the main query moves to checkpoint main-g%d at %s, counting from %s: %s",
-                 generation, offsets, from_ms, why)  # fmt: skip
-        return {
-            "dir": f"main-g{generation}", "views": list(wanted.items()), "generation": generation,
-            "offsets": {topic: {str(p): o for p, o in offsets.items()}}, "from_ms": from_ms,
-        }  # fmt: skip
-
-    def _mark_starts(self, held: set[str], wanted: dict[str, str], from_ms: int | None) -> None:
-        """Record ``from_ms``'s epoch as the start of each view of ``wanted`` a checkpoint counting
-        from ``from_ms`` has that was never counted before (neither by ``held``, the views of the
-        checkpoint it follows, nor by a query of its own): the view build recomputes the epochs
-        before it from bronze."""
-        if from_ms is None:
-            return
-        for name in wanted:
-            folder = f"{self.checkpoints}/{name}"
-            counted_before = name in held or any(read_text(f"{folder}/{f}") for f in (START_FILE, "metadata"))
-            if not counted_before:
-                start = {"epoch": from_ms // self.pipeline.layers.epoch_ms, "from_ms": from_ms}
-                write_text(f"{folder}/{START_FILE}", json.dumps(start))
+        """The main query's checkpoint and the windowed views it aggregates (:func:`choose_main`)."""
+        chosen = choose_main(
+            self.settings, self.pipeline, self.checkpoints, self.windowed_views,
+            archived=self._archived, reset_from_ms=self._reset_from_ms(), default=self.starting_offsets(),
+        )  # fmt: skip
+        self.main_name = chosen.record.dir
+        self.main_dir = self.checkpoints.folder(chosen.record.dir)
+        self.counted = chosen.counted
+        self._from_ms = chosen.record.from_ms
+        self._main_offsets = chosen.offsets
+        self._main_fresh_start = chosen.fresh_start
 
     def main_stream(self) -> DataFrame:
         """The main query's plan: the archive pass (decoding included), then the windowed views."""
@@ -643,7 +235,7 @@ class SpeedJob:
             progress=self.read_progress,
             read=self.records_read,
             passthrough=tuple(self._windowed_inputs(self.counted)) if self.counted else (),
-            dedup=self._dedup(self.main_dir.rsplit("/", 1)[1]) if self.counted else None,
+            dedup=self._dedup(self.main_name) if self.counted else None,
             archived=self._archived(),
             last_read=self.last_read,
         )
@@ -662,7 +254,7 @@ class SpeedJob:
 
     def _main_batch(self, df: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
-        start, end = self.batch_offsets(batch_id)
+        start, end = self.checkpoints.batch_offsets(self.main_name, batch_id)
         behind = [
             (t, int(p), int(start[t][p]), int(o))
             for t, ps in end.items() for p, o in ps.items() if int(o) < int(start.get(t, {}).get(p, o))
@@ -671,7 +263,7 @@ class SpeedJob:
             # Spark's source told to go on (failOnDataLoss false) plans from a log's end that went
             # behind the checkpoint: the next batches would read offsets the broker handed out again.
             raise lost_tail(*behind[0])
-        ranges = _ranges(start, end)
+        ranges = offset_ranges(start, end)
         assert self.reads_check is not None
         self.reads_check.check(list(ranges))
         self.files.value = frozenset()
@@ -700,8 +292,6 @@ class SpeedJob:
         log.debug("main batch %d: pass %.2fs, commit %.2fs (%d files)", batch_id, t1 - t0,
                   time.monotonic() - t1, len(files))  # fmt: skip
 
-    # --- running ------------------------------------------------------------------------------
-
     def start(self) -> list[StreamingQuery]:
         self.master.check_layers(self.pipeline.layers, pipeline=self.pipeline.name)
         require_log_append_time(self.settings, self.pipeline)
@@ -710,9 +300,12 @@ class SpeedJob:
         self.reads_check = LastReadCheck(
             settings=self.settings, checkpoint=self.main_dir, fail=self.options.fail_on_data_loss
         )
-        self.run_id = self._run_id()
+        self.run_id = self.checkpoints.run_id(self.main_name)
         self.master.clear_staging(f"{self.run_id}-")
-        self.compactor = _compactor(self.settings, self.master.path, staging_prefix=f"{self.run_id}-")
+        # What a killed round staged carries the run id: this start clears it (above).
+        self.compactor = Compactor.of(
+            self.settings.bronze, self.master.path, staging_prefix=f"{self.run_id}-"
+        )
         trigger = {"processingTime": f"{self.options.trigger_seconds} seconds"}
         name = self.pipeline.name
         main = self.main_stream().writeStream.queryName(f"{name}-main")
@@ -733,7 +326,7 @@ class SpeedJob:
     def _start_latest(self) -> StreamingQuery:
         """Start the latest views' Real-time query (:mod:`lambdalake.spark.realtime`) from its
         checkpoint, decoding the writer schemas known so far."""
-        stray = drop_unlogged_batch(self._latest_dir())
+        stray = self.checkpoints.drop_unlogged_batch(self._latest_name())
         if stray:
             names = ", ".join(u.rsplit("/", 1)[1] for u in stray)
             log.warning(
@@ -743,145 +336,34 @@ class SpeedJob:
         query = start_latest_query(
             self.spark, self.settings, self.pipeline,
             self.records(starting=self._latest_start(), bounded=False),
-            checkpoint=self._latest_dir(), writers=self._writers, missing=frozenset(self._missing),
+            checkpoint=self.checkpoints.folder(self._latest_name()), writers=self._writers,
+            missing=frozenset(self._missing),
         )  # fmt: skip
         self.latest_query = query
         return query
 
-    def _latest_dir(self) -> str:
-        """The Real-time query's checkpoint, one per set of latest view versions it writes."""
-        tables = sorted(speed_table_def(self.pipeline, v).name for v in self.pipeline.views
-                        if isinstance(v, LatestView))  # fmt: skip
-        return f"{self.checkpoints}/latest-{hashlib.sha256(json.dumps(tables).encode()).hexdigest()[:12]}"
-
-    def _latest_start(self) -> str:
-        """Where a new Real-time checkpoint starts: where bronze's coverage ends, when bronze has any,
-        or where a main query without a checkpoint starts, where that is earlier.
-
-        The Real-time query reads ahead of bronze, and a view version built beside the old one is
-        recomputed from bronze (:mod:`lambdalake.control.view_build`): starting at the checkpoint it
-        had would leave the records between the two out of the new version. After ``speed reset``
-        (its latest rows emptied, the epochs before its start recomputed from bronze) the main query
-        starts afresh where the reset chose, and the records from there on are the Real-time
-        query's to write, though bronze may hold them already."""
-        archived = self._archived()
-        if not archived:
-            return self._main_fresh_start or self.starting_offsets()
-        # Bronze's coverage only grows: read before the query starts, it can only make the query
-        # re-read (idempotently) what bronze took meanwhile, never skip it. A partition bronze holds
-        # nothing of (one the topic gained) starts at its earliest offset (-2).
-        topic = self.pipeline.topic.name
-        partitions = sorted({*archived, *range(self.pipeline.topic.partitions)})
-        start = {p: archived.get(p, -2) for p in partitions}
-        main = self._main_fresh_start
-        if main == "earliest":
-            return main
-        if main and main != "latest":
-            for p, offset in json.loads(main).get(topic, {}).items():
-                here = start.get(int(p), -2)
-                # -2 is the log's start, earlier than any offset; -1 its end, never earlier.
-                if here != -2 and offset != -1 and (offset == -2 or offset < here):
-                    start[int(p)] = offset
-        return json.dumps({topic: {str(p): o for p, o in start.items()}})
-
-    def _learn_writer_schema(self, query: StreamingQuery, error: BaseException | None) -> bool:
-        """If the Real-time query stopped on a writer schema id it did not know: learn it (or that
-        the registry does not hold it: such records are the main query's dead letters) and start
-        the query again from its checkpoint. Returns whether it did."""
-        found = unknown_schema_id(error) if query is self.latest_query else None
-        if found is None:
-            return False
-        try:
-            registry = self.settings.registry.client_config()
-            self._writers[found] = fetcher(registry, patience_s=REGISTRY_PATIENCE_S)(found)
-        except SchemaIdNotFound:
-            self._missing.add(found)
-        log.info("the latest views' query met writer schema id %d; starting it again with it", found)
-        self.queries.remove(query)
+    def restart_latest(self, writer_id: int, schema: str | None) -> None:
+        """Start the Real-time query again from its checkpoint, knowing writer schema ``writer_id``
+        (its text; None: the registry does not hold it, such records are the main query's dead letters)."""
+        if schema is None:
+            self._missing.add(writer_id)
+        else:
+            self._writers[writer_id] = schema
+        if self.latest_query in self.queries:
+            self.queries.remove(self.latest_query)
         self.queries.append(self._start_latest())
         self.progress.follow(self.queries)
-        return True
 
-    def catch_up(self) -> None:
-        """Process everything available now (tests and backfills)."""
-        for q in list(self.queries):
-            while True:
-                try:
-                    q.processAllAvailable()
-                    break
-                except StreamingQueryException as exc:
-                    if not self._learn_writer_schema(q, exc):
-                        raise self._failure(q, exc) from exc
-                    q = self.queries[-1]
-        if self.realtime:
-            self._await_latest_progress()
-        self.progress.poll(self.queries)  # the status is complete when this returns
+    def _latest_name(self) -> str:  # one checkpoint per set of latest view versions written
+        return self.checkpoints.latest_dir(
+            [speed_table_def(self.pipeline, v).name for v in self.pipeline.views if isinstance(v, LatestView)]
+        )
 
-    def _await_latest_progress(self) -> None:
-        """Wait until the Real-time query has reported a batch that read as far as the main query
-        (caught up just before): its rows are written as it reads, but its progress, which the
-        status counts, comes only at the end of each batch (``speed.realtime_batch_s``)."""
-        main = self.queries[0].lastProgress
-        want = _progress_end(main) if main is not None else {}
-        deadline = time.monotonic() + 3 * self.settings.speed.realtime_batch_s + 60
-        while True:
-            q = self.latest_query
-            last = q.lastProgress
-            got = _progress_end(last) if last is not None else {}
-            if all(got.get(tp, -1) >= off for tp, off in want.items()):
-                return
-            failed = q.exception()
-            if failed is not None:
-                if not self._learn_writer_schema(q, failed):
-                    raise self._failure(q, failed)
-                continue
-            if time.monotonic() > deadline:
-                raise LambdalakeError(
-                    f"query {q.name} reported no batch that read as far as {want} in "
-                    f"{3 * self.settings.speed.realtime_batch_s + 60}s (its last: {got})",
-                    fix="see the speed job's log for the query's error; it resumes from its checkpoint",
-                )
-            time.sleep(0.2)
-
-    def _failure(self, query: StreamingQuery, exc: BaseException | None) -> Exception:
-        """The error to show for a failed query, naming the fix where there is a known one."""
-        if _PLAN_CHANGED in str(exc):
-            return ConfigurationError(
-                f"query {query.name} cannot resume its checkpoint under {self.checkpoints}: it was written "
-                "by a speed job with other stateful steps (a lambdalake before deduplication left "
-                "Spark state, or a pipeline whose windowed views changed)",
-                fix=(
-                    f"stop the job and run `lambdalake speed reset {self.pipeline.name}`: it rebuilds "
-                    "the speed rows from the master dataset (kept: it may hold records compaction "
-                    "removed from the topic) and starts new checkpoints at the oldest open epoch"
-                ),
-            )
-        text = str(exc)
-        refused_right = refused(text, self.settings)
-        if refused_right is not None:  # a person grants it: restarting would be refused again
-            return ConfigurationError(
-                f"query {query.name} stopped: {refused_right.message}", fix=refused_right.fix
-            )
-        lost = offset_changed(text)
-        if lost is not None:
-            return LambdalakeError(f"query {query.name} stopped: {lost.message}", fix=lost.fix)
-        if "org.apache.kafka.common.errors.TimeoutException" in text:
-            return LambdalakeError(
-                f"query {query.name} stopped: the Kafka broker at {self.settings.kafka.bootstrap_servers} "
-                f"did not answer within {self.options.broker_wait_s:.0f}s",
-                fix="start the broker (`lambdalake up`), or raise `speed run --broker-wait`; the job "
-                "resumes from its checkpoint",
-            )
-        # Errors whose own message names the partition, offsets, broker or table, and the fix.
-        for marker in ("DATA LOSS", "Cassandra refused writes"):
-            if marker in text:
-                detail = text[text.index(marker) :]
-                message, _, fix = detail.replace("\n  fix: ", " Fix: ").partition(" Fix: ")
-                return LambdalakeError(
-                    f"query {query.name} stopped: {message.splitlines()[0]}",
-                    fix=fix.splitlines()[0] if fix else None,
-                )
-        return RuntimeError(f"query {query.name} stopped: {exc}")
+    def _latest_start(self) -> str:
+        """Where a new Real-time checkpoint starts (:func:`latest_start`)."""
+        fresh = self._main_fresh_start
+        default = fresh or self.starting_offsets()
+        return latest_start(self.pipeline, self._archived(), default, main_fresh=fresh)
 
     def stop(self) -> None:
         for q in self.queries:
@@ -907,52 +389,3 @@ class SpeedJob:
         self.stop()
         if self._owns_spark:
             self.spark.stop()
-
-    def run_until_stopped(self, *, lost: threading.Event | None = None) -> None:
-        """Run until SIGTERM/SIGINT; then stop the queries (every write is idempotent, so stopping
-        mid-batch is safe: the batch is replayed from the checkpoint next time).
-
-        Args:
-            lost: Set when this job's lease was lost (:mod:`lambdalake.lease`): the job stops with
-                an error, since another job may now write the same checkpoint and views.
-        """
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-        self.start()
-        failures: list[float] = []
-        try:
-            while not stop.is_set():
-                failed = next((q for q in self.queries if not q.isActive), None)
-                if failed is not None and self._learn_writer_schema(failed, failed.exception()):
-                    continue
-                if failed is not None:
-                    error = self._failure(failed, failed.exception())
-                    now = time.monotonic()
-                    failures = [t for t in failures if t > now - RESTART_WINDOW_S] + [now]
-                    # A definition or checkpoint that cannot run, and lost records, need a person;
-                    # anything else (a Python worker that did not connect back on a loaded machine,
-                    # a service down longer than the writers wait) may pass, and every write is
-                    # idempotent, so the queries start again from their checkpoints.
-                    needs_person = isinstance(error, ConfigurationError) or "DATA LOSS" in str(error)
-                    if needs_person or len(failures) > RESTARTS:
-                        raise error
-                    delay = RESTART_DELAY_S * 2 ** (len(failures) - 1)
-                    log.warning("%s; restarting the queries from their checkpoints in %.0f s (restart %d "
-                                "of at most %d within %.0f s)", error, delay, len(failures), RESTARTS,
-                                RESTART_WINDOW_S)  # fmt: skip
-                    self.stop()
-                    if stop.wait(delay):
-                        break
-                    self.start()
-                    continue
-                if lost is not None and lost.is_set():
-                    raise LambdalakeError(
-                        f"the speed job of {self.pipeline.name!r} lost its lease (not renewed in time): "
-                        "another job may be running, so this one stops",
-                        fix="check `lambdalake status`; start it again once no other speed job runs",
-                    )
-                stop.wait(0.5)
-        finally:
-            log.info("stopping %s", ", ".join(q.name for q in self.queries))
-            self.close()

@@ -19,22 +19,19 @@ epochs after the horizon are recomputed from bronze. The next ``speed run`` (or 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
 from lambdalake.cassandra.active import active_batch
-from lambdalake.cassandra.legacy_latest import adopt_legacy_latest
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import deploy_speed_tables
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, watermarks
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
-from lambdalake.speed.job import RESET_FILE, RESET_FROM_FILE, checkpoints_path
+from lambdalake.speed.checkpoints import Checkpoints, Reset
 from lambdalake.speed.replay import Replayer, ReplayPlan
-from lambdalake.storage import delete_folder, write_text
 
 
 @dataclass
@@ -67,14 +64,10 @@ def reset_speed(
         early = offsets_at(consumer, topic, first_open * layers.epoch_ms - layers.dedup_delay_seconds * 1000)
         lows = {p: low for p, (low, _) in watermarks(consumer, topic).items()}
     tables = deploy_speed_tables(session, settings.cassandra, pipeline)
-    adopt_legacy_latest(session, settings.cassandra, pipeline, drop=True)  # emptied below anyway
     for table in tables:
         session.execute(f'TRUNCATE "{settings.cassandra.keyspace}"."{table.name}"', timeout=120)
-    checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
-    delete_folder(checkpoints)
     offsets = {pipeline.topic.name: {str(p): o for p, o in early.items()}}
-    write_text(f"{checkpoints}/{RESET_FILE}", json.dumps(offsets))
-    write_text(f"{checkpoints}/{RESET_FROM_FILE}", json.dumps({"from_ms": first_open * layers.epoch_ms}))
+    Checkpoints(settings.storage_root, pipeline.name).start_over(Reset(offsets, first_open * layers.epoch_ms))
     result = ResetResult(horizon, first_open, starts)
     replayer = Replayer(settings=settings, pipeline=pipeline, spark=spark)
     # The new checkpoints start at the oldest open epoch: what bronze has not read before that (the

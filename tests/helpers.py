@@ -22,8 +22,8 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from lambdalake.infra.process import port_open
 from lambdalake.kafka.offsets import offset_consumer, watermarks
+from lambdalake.layout import master_path
 from lambdalake.master import MasterDataset
-from lambdalake.master_files import table_path
 from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.settings import PROJECT_ROOT, Settings
 
@@ -78,12 +78,14 @@ def send_generated(producer: Any, kind: str, n: int, *, seed: int, mix: Any) -> 
 
 def run_speed_once(settings: Settings, pipeline: Pipeline, spark: Any, **options: Any) -> None:
     """Run the pipeline's speed job in-process until it has processed what the topic holds."""
-    from lambdalake.speed.job import SpeedJob, SpeedOptions
+    from lambdalake.speed.job import SpeedJob
+    from lambdalake.speed.options import SpeedOptions
+    from lambdalake.speed.supervisor import Supervisor
 
     job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark, options=SpeedOptions(**options))
     job.start()
     try:
-        job.catch_up()
+        Supervisor(job).catch_up()
     finally:
         job.stop()
 
@@ -137,7 +139,7 @@ def _holds_version_above(session: Any, table: str, version: int) -> bool:
 
 def bronze_coordinates(settings: Settings, pipeline: Pipeline) -> list[tuple[int, int]]:
     """(partition, offset) of every row of the pipeline's master dataset ([] before its first commit)."""
-    bronze = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    bronze = MasterDataset(master_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
     try:
         table = bronze.read()
     except FileNotFoundError:

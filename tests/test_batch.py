@@ -20,18 +20,21 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from lambdalake.avro import WireEncoder, parse_schema
-from lambdalake.batch.job import BatchJob, views_path
-from lambdalake.batch.run import RUN_ID, identities_path
+from lambdalake.batch.job import BatchJob
+from lambdalake.batch.run import RUN_ID
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import batch_table_def
 from lambdalake.delta import commit_metadata
 from lambdalake.errors import ConfigurationError
+from lambdalake.layout import identities_path, views_path
 from lambdalake.pipeline import Pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
-from lambdalake.speed.job import SpeedJob, SpeedOptions
+from lambdalake.speed.job import SpeedJob
+from lambdalake.speed.options import SpeedOptions
+from lambdalake.speed.supervisor import Supervisor
 from tests.conftest import env_for, isolated, pipeline_named
 from tests.helpers import kill_publish_half_way, pipelines_folder
 from tests.reference import batch_differences, batch_rows, batch_views, topic_events
@@ -126,7 +129,7 @@ def archived(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory
         settings=settings, pipeline=pipeline, spark=spark, options=SpeedOptions(max_offsets_per_trigger=400)
     )
     job.start()
-    job.catch_up()
+    Supervisor(job).catch_up()
     dropped = sum(s.dropped_behind_watermark for s in job.progress.stats.values())
     # Spark counts after its partial aggregation: (merchant, hour, epoch) groups of stragglers.
     assert dropped > 0, job.progress.stats  # the stragglers the speed layer left to the batch
@@ -137,7 +140,7 @@ def archived(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory
     for r in generate("offers", 500, seed=32, mix=Mix(duplicates=0.05, invalid=0.0, late=0.1)):
         producer.send(dict(r))
     assert producer.flush().unacknowledged == 0
-    job.catch_up()
+    Supervisor(job).catch_up()
     yield {"settings": settings, "pipeline": pipeline, "job": job, "second_wave_ms": second_wave_ms}
     job.stop()
 
@@ -263,14 +266,15 @@ def test_a_planted_fault_fails_the_gate_and_serving_keeps_the_previous_version(a
     checks): the run stops naming the expectation, and the active batch version does not move.
     Last in the module: it leaves bronze faulty."""
     from lambdalake.batch.quality import QualityGateFailed
+    from lambdalake.layout import master_path
     from lambdalake.master import MasterDataset
-    from lambdalake.master_files import table_path, write_event_files
+    from lambdalake.master_files import write_event_files
 
     settings, pipeline = archived["settings"], archived["pipeline"]
     session = connect(settings.cassandra)
     before = active_batch(session, settings.cassandra.keyspace, pipeline.name)
     assert before is not None
-    bronze = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    bronze = MasterDataset(master_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
     existing = bronze.read().drop_columns(["event_date"])
     row = existing.slice(0, 1).to_pylist()[0]
     epoch_ms = pipeline.layers.epoch_seconds * 1000

@@ -78,7 +78,7 @@ class SharedJob:
     checkpoints: Path = field(init=False)
 
     def __post_init__(self) -> None:
-        from lambdalake.speed.job import checkpoints_path
+        from lambdalake.layout import checkpoints_path
 
         self.checkpoints = Path(checkpoints_path(self.settings.storage_root, self.pipeline.name))
 
@@ -207,7 +207,7 @@ def test_a_replay_of_a_range_while_a_broker_is_down(cluster: Settings, tmp_path:
     job, which took a share of the cores while idling beside it."""
     from deltalake import DeltaTable
 
-    from lambdalake.master_files import table_path
+    from lambdalake.layout import master_path
     from lambdalake.views import speed_table
     from tests.helpers import bronze_coordinates, pipelines_folder
 
@@ -230,7 +230,7 @@ def test_a_replay_of_a_range_while_a_broker_is_down(cluster: Settings, tmp_path:
     epochs = sorted(set(events["_ts"] // pipeline.layers.epoch_ms))
     assert len(epochs) >= 2, epochs
     # Lost: an epoch of bronze, and every windowed speed row.
-    DeltaTable(table_path(settings.storage_root, pipeline.name)).delete(f"_epoch = {epochs[0]}")
+    DeltaTable(master_path(settings.storage_root, pipeline.name)).delete(f"_epoch = {epochs[0]}")
     windowed = pipeline.model_copy(
         update={"views": [v for v in pipeline.views if isinstance(v, WindowedView)]}
     )
@@ -375,12 +375,15 @@ class BatchRuns:
         return seen
 
     def start(self) -> None:
-        self._thread.start()
+        """Start the runs (again: nothing)."""
+        if self._thread.ident is None:
+            self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        self._thread.join(1200)
+        if self._thread.ident is not None:
+            self._thread.join(1200)
 
     def wait_for_one_without(self, host: str, seen: int, timeout: float = 1200) -> None:
         """Wait until a run after the first ``seen`` publishes while ``host`` is down, and check that
@@ -405,11 +408,12 @@ CHURN_SEED = int(os.environ.get("LAMBDALAKE_CHURN_SEED") or random.randrange(1 <
 def test_a_churn_soak_answers_every_query_without_a_server_error_and_exactly(offers: SharedJob) -> None:
     """CHURN_S seconds of churn on the three-node cluster: a producer at a steady rate (acks=all,
     idempotent), the speed job, a batch run every few minutes and 20 HTTP clients querying every
-    key of every view. Meanwhile, in a random order that has each at least once: a partition
-    leader killed with -9 and restarted, a Cassandra node killed with -9 and restarted, another
-    killed while a batch publishes (the batch says so in `status`) and returning after it, the Spark
-    worker running the job's executor killed with -9 (the master gives the application a new one on
-    the other worker), and the brokers restarted in turn as an operator rolls them.
+    key of every view. Meanwhile: first a Cassandra node killed with -9 as the batch runs begin,
+    returning after the first one published without it (the batch says so in `status`); then, in a
+    random order that has each at least once, a partition leader killed with -9 and restarted, a
+    Cassandra node killed with -9 and restarted, the Spark worker running the job's executor killed
+    with -9 (the master gives the application a new one on the other worker), and the brokers
+    restarted in turn as an operator rolls them.
 
     No query is answered 5xx (a quorum of each service is up all through). Afterwards every
     acknowledged record is in the topic once (kcat), and every rejected one in the dead-letter topic;
@@ -477,6 +481,7 @@ def churn(
         # Killed between two runs, so the next one runs, and publishes, without it from its start
         # (a run the kill met half way may have looked before it and publish as if all were up).
         seen = batches.between_runs(lambda: kill_minus_nine(victim))
+        batches.start()  # the soak's first action: its first run is the one without the node
         try:
             batches.wait_for_one_without(victim.host, seen)
         finally:  # the module's next tests need the node, whatever failed here
@@ -514,14 +519,17 @@ def churn(
         time.sleep(30)  # queries without churn first: the latency to compare with
         quiet = len(answers.latencies)
         t0 = time.monotonic()
-        order = list(range(len(actions)))
-        batches.start()  # one after another, beside the churn: a batch here takes minutes
+        # The batch runs go one after another beside the churn (a batch here takes minutes). The
+        # first is the one that publishes with a Cassandra node down, from its start: so no run is
+        # waited for before the kill; then every other action in a random order.
+        order = [actions.index(kill_cassandra_while_a_batch_publishes)]
+        order += rng.sample([i for i in range(len(actions)) if i not in order], len(actions) - 1)
         try:
             while order:  # a round of every action at least, then more while time is left
-                actions[order.pop(rng.randrange(len(order)))]()
+                actions[order.pop(0)]()
                 time.sleep(rng.uniform(5, 20))
                 if not order and time.monotonic() - t0 < CHURN_S:
-                    order = list(range(len(actions)))
+                    order = rng.sample(range(len(actions)), len(actions))
         finally:  # the module's next tests want the cluster to themselves
             batches.stop()
         churned = time.monotonic() - t0

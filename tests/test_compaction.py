@@ -409,14 +409,14 @@ def test_events_without_a_date_are_compacted_in_their_own_partition(tmp_path: Pa
 
 
 def test_the_command_compacts_a_pipelines_bronze_and_says_what_it_did(tmp_path: Path) -> None:
-    from lambdalake.master_files import table_path
+    from lambdalake.layout import master_path
     from lambdalake.settings import BronzeSettings, Settings
     from tests.conftest import run_cli
 
     settings = Settings(storage_root=str(tmp_path / "storage"), bronze=BronzeSettings(compact_fan_in=3))
     missing = run_cli(settings, "bronze", "compact", "offers", timeout=120)
     assert missing.returncode == 2 and "run the speed job first" in missing.stderr.decode()
-    bronze = bronze_of(Path(table_path(settings.storage_root, "offers")), 4)
+    bronze = bronze_of(Path(master_path(settings.storage_root, "offers")), 4)
     before = rows(bronze)
     dry = run_cli(settings, "bronze", "compact", "offers", "--dry-run", timeout=120)
     assert dry.returncode == 0, dry.stderr.decode()

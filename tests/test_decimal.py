@@ -15,12 +15,13 @@ from deltalake import DeltaTable
 
 from lambdalake.cassandra.session import connect
 from lambdalake.errors import ConfigurationError
-from lambdalake.master_files import table_path
+from lambdalake.layout import master_path
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.serving import ServingClient
 from lambdalake.settings import Settings
 from lambdalake.speed.job import SpeedJob
+from lambdalake.speed.supervisor import Supervisor
 from lambdalake.views import speed_table
 from tests.conftest import isolated
 from tests.helpers import consume_all, offers_with_field
@@ -68,11 +69,11 @@ def test_a_decimal_field_is_exact_from_json_to_bronze_and_the_latest_view(
     job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
     job.start()
     try:
-        job.catch_up()
+        Supervisor(job).catch_up()
     finally:
         job.stop()
 
-    bronze = DeltaTable(table_path(settings.storage_root, pipeline.name)).to_pyarrow_table()
+    bronze = DeltaTable(master_path(settings.storage_root, pipeline.name)).to_pyarrow_table()
     assert str(bronze.schema.field("discount").type) == "decimal128(9, 2)"
     stored = dict(
         zip(bronze.column("offer_id").to_pylist(), bronze.column("discount").to_pylist(), strict=True)

@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import create_keyspace, ensure_table, speed_table_def
-from lambdalake.control.deploy import scheduler_process, serving_process, speed_process
+from lambdalake.control.processes import scheduler_process, serving_process, speed_process
 from lambdalake.lease import LEASES, Lease
 from lambdalake.produce.generator import Mix
 from lambdalake.produce.producer import EventProducer

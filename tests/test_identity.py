@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lambdalake.identity import ENCODING, arrow_hashes, canonical_part, spark_hashes, value_hashes
+from lambdalake.identity import arrow_hashes, canonical_part, spark_hashes, value_hashes
 
 EXAMPLES = int(os.environ.get("LAMBDALAKE_PROPERTY_EXAMPLES", "40"))
 
@@ -140,50 +140,3 @@ def test_every_value_has_one_canonical_part() -> None:
     assert canonical_part(datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=3)) == (6, 3)
     with pytest.raises(TypeError):
         canonical_part(object())
-
-
-def test_an_index_of_the_encoding_before_reads_as_encoding_1(spark, tmp_path) -> None:
-    """The identity index as the code before this encoding wrote it (each layer's own hashes, no
-    encoding in its commit) reads as encoding 1, which an incremental run does not compare with
-    today's hashes (tests/test_one_identity.py runs one on it); today's index names its encoding."""
-    import json
-
-    from lambdalake.batch.identities import IdentityIndex
-    from lambdalake.batch.run import RUN_ID, BatchRun
-    from lambdalake.pipeline import load
-    from lambdalake.settings import Settings
-    from lambdalake.spark.delta import write_table
-    from tests.test_latest_rule import SCHEMA, TOML
-
-    (tmp_path / "readings.avsc").write_text(json.dumps(SCHEMA))
-    (tmp_path / "readings.toml").write_text(TOML)
-    pipeline = load(tmp_path / "readings.toml", schemas_dir=tmp_path)
-    index = IdentityIndex(Settings(storage_root=str(tmp_path / "lake")), pipeline)
-    rows = spark.createDataFrame(
-        [("d", "e1", "t", 0, 0, datetime(2026, 1, 1, tzinfo=UTC))],
-        "device string, id string, _topic string, _partition int, _offset long, _ingest_ts timestamp",
-    )
-    write_table(old_index_rows(rows, pipeline.event.identity), index.path, mode="overwrite",
-                metadata={RUN_ID: "old-run", "lambdalake.horizon": "0"})  # fmt: skip
-    assert index.encoding() == 1
-    index.write(rows, BatchRun(pipeline="readings", run_id="new-run", horizon=0), mode="overwrite")
-    assert index.encoding() == ENCODING and index.run_id() == "new-run"
-
-
-def old_index_rows(rows, identity: list[str]):
-    """Index rows as the code before wrote them: xxhash64 of (null flag, value) per part, text as
-    bytes and integers as longs."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType
-
-    from lambdalake.batch.identities import COORDINATE, HASHES
-
-    def value(c: str):
-        return F.col(c).cast("binary" if isinstance(rows.schema[c].dataType, StringType) else "long")
-
-    parts = [p for c in identity for p in (F.col(c).isNull(), value(c))]
-    return rows.select(
-        F.xxhash64(*parts).alias(HASHES[0]),
-        F.xxhash64(F.lit("lambdalake-id"), *parts).alias(HASHES[1]),
-        *COORDINATE,
-    )

@@ -25,11 +25,10 @@ from hypothesis import strategies as st
 
 from lambdalake.batch.job import BatchJob
 from lambdalake.batch.restore import restore
-from lambdalake.batch.run import views_path
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.delta import commit_metadata
-from lambdalake.master_files import table_path
+from lambdalake.layout import master_path, views_path
 from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
@@ -136,8 +135,8 @@ def full_rebuild(world: World, spark: Any, horizon: int) -> dict[str, list[tuple
     """The views a full run computes over a copy of the same bronze (to the same horizon), beside
     the pipeline's own storage: nothing of the incremental chain is touched."""
     other = world.settings.model_copy(update={"storage_root": str(world.root / f"full-{time.time_ns()}")})
-    shutil.copytree(table_path(world.settings.storage_root, world.pipeline.name),
-                    table_path(other.storage_root, world.pipeline.name))  # fmt: skip
+    shutil.copytree(master_path(world.settings.storage_root, world.pipeline.name),
+                    master_path(other.storage_root, world.pipeline.name))  # fmt: skip
     run = BatchJob(settings=other, pipeline=world.pipeline, spark=spark).run(
         full=True, horizon=horizon, publish=False
     )

@@ -16,15 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lambdalake.cassandra.legacy_latest import adopt_legacy_latest
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import deploy_speed_tables, speed_table_def
 from lambdalake.cassandra.writer import upsert_arrow
-from lambdalake.latest import RANK, arrow_winners, latest_tiebreak, rank_array
+from lambdalake.latest import RANK, arrow_winners, rank_array
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.serving import ServingClient
 from lambdalake.settings import Settings
-from lambdalake.views import legacy_latest_tables
 from tests.conftest import isolated
 from tests.test_latest_rule import BASE_S, SCHEMA, TOML, _table, plain_rule
 
@@ -105,70 +103,3 @@ def test_tied_deliveries_across_micro_batches_and_tasks_keep_one_whole_winner(
         assert answer is not None, device
         got[device] = {c: answer.values.get(c) for c in COLUMNS}
     assert got == want
-
-
-def _legacy_rank(rev: int | None, seconds: int) -> int:
-    """A rank of the 64-bit layout: versions within 2^43, a null version at -2^43 + 1."""
-    return (-(1 << 43) + 1 if rev is None else rev) * 2**20 + latest_tiebreak(seconds)
-
-
-def test_old_layout_speed_tables_are_adopted_with_their_ranks(readings: Settings) -> None:
-    """Rows of both tables before (rank = write timestamp; candidates under a 64-bit ``_rank``) answer
-    as before once adopted; a higher-ranked delivery written after still wins, a lower one does not;
-    an old table is dropped only when asked."""
-    pipeline = configured_pipeline("readings", readings)
-    view = pipeline.views[0]
-    ks = readings.cassandra.keyspace
-    session = connect(readings.cassandra)
-    first, ranked = legacy_latest_tables(pipeline, view)
-    session.execute(
-        f'CREATE TABLE "{ks}"."{first}" (device text PRIMARY KEY, level int, note text, rev bigint, id text, '
-        '"_ingest_ts" timestamp, "_epoch" bigint)'
-    )
-    session.execute(
-        f'CREATE TABLE "{ks}"."{ranked}" (device text, level int, note text, rev bigint, id text, '
-        '"_ingest_ts" timestamp, "_epoch" bigint, "_rank" bigint, "_partition" int, "_offset" bigint, '
-        'PRIMARY KEY (device, "_rank", "_partition", "_offset")) WITH CLUSTERING ORDER BY ("_rank" DESC, '
-        '"_partition" ASC, "_offset" ASC)'
-    )
-    at = datetime.fromtimestamp(BASE_S, UTC)
-    for device, rev in (("old-1", 5), ("old-2", None), ("old-3", 2)):
-        session.execute(
-            f'INSERT INTO "{ks}"."{first}" (device, level, note, rev, id, "_ingest_ts", "_epoch") '
-            f"VALUES (%s, 1, 'kept', %s, 'o', %s, 0) USING TIMESTAMP {_legacy_rank(rev, BASE_S)}",
-            [device, rev, at],
-        )
-    for device, rev in (("ranked-1", 5), ("ranked-2", None)):
-        session.execute(
-            f'INSERT INTO "{ks}"."{ranked}" (device, level, note, rev, id, "_ingest_ts", "_epoch", "_rank", '
-            "\"_partition\", \"_offset\") VALUES (%s, 1, 'kept', %s, 'o', %s, 0, %s, 1, 7)",
-            [device, rev, at, _legacy_rank(rev, BASE_S)],
-        )
-    session.cluster.refresh_schema_metadata()
-    assert adopt_legacy_latest(session, readings.cassandra, pipeline, drop=False) == {first: 3, ranked: 2}
-    table = speed_table_def(pipeline, view)
-    later = [
-        {"device": "old-1", "rev": 4, "level": 9, "note": "lower version", "id": "n1"},
-        {"device": "old-3", "rev": 3, "level": 9, "note": "higher version", "id": "n3"},
-        {"device": "ranked-1", "rev": 4, "level": 9, "note": "lower version", "id": "n4"},
-        {"device": "ranked-2", "rev": -(2**62), "level": 9, "note": "any version", "id": "n5"},
-    ]
-    at_5 = datetime.fromtimestamp(BASE_S + 5, UTC)
-    data = _table([
-        {**r, "_ingest_ts": at_5, "_offset": i, "_partition": 0, "_epoch": 0} for i, r in enumerate(later)
-    ])  # fmt: skip
-    best, ranks = arrow_winners(data, [(d,) for d in data.column("device").to_pylist()], "rev")
-    upsert_arrow(data.take(pa.array(best)).append_column(RANK, rank_array(ranks)), table=table,
-                 settings=readings.cassandra)  # fmt: skip
-    client = ServingClient(settings=readings, meta_ttl_s=0)
-    keys = ("old-1", "old-2", "old-3", "ranked-1", "ranked-2")
-    notes = {d: client.query("readings", view.name, d).latest.values["note"] for d in keys}
-    assert notes == {
-        "old-1": "kept", "old-2": "kept", "old-3": "higher version", "ranked-1": "kept",
-        "ranked-2": "any version",
-    }  # fmt: skip
-    session.cluster.refresh_schema_metadata()
-    assert {first, ranked} <= set(session.cluster.metadata.keyspaces[ks].tables)
-    adopt_legacy_latest(session, readings.cassandra, pipeline, drop=True)
-    session.cluster.refresh_schema_metadata()
-    assert not {first, ranked} & set(session.cluster.metadata.keyspaces[ks].tables)

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from lambdalake.latest import (
     TIEBREAK_BITS,
     arrow_winners,
-    from_legacy_rank,
     latest_tiebreak,
     rank,
     winner_key,
@@ -198,34 +197,3 @@ def test_any_long_version_ranks_exactly_and_a_null_version_below_all() -> None:
     assert rank(2**60, 0) < rank(2**60 + 1, 0)
     assert rank(7, BASE_S) > rank(7, BASE_S + 1)
     assert latest_tiebreak(BASE_S) == (1 << TIEBREAK_BITS) - 1 - BASE_S % (1 << TIEBREAK_BITS)
-
-
-def test_a_rank_of_the_64_bit_layout_reads_as_todays() -> None:
-    """The layout before (versions within 2^43, timestamps in milliseconds, a null version at
-    -2^43 + 1) converts exactly: the same version and tiebreak, a timestamp in microseconds."""
-    tiebreak = latest_tiebreak(BASE_S)
-    old_null = -(1 << 43) + 1
-    for version in (-(2**43) + 2, -1, 0, 5, 2**43 - 1):
-        assert from_legacy_rank(version * 2**20 + tiebreak, timestamp_version=False) == rank(version, BASE_S)
-    ms = 1_800_000_000_123
-    assert from_legacy_rank(ms * 2**20 + tiebreak, timestamp_version=True) == rank(ms * 1000, BASE_S)
-    assert from_legacy_rank(old_null * 2**20 + tiebreak, timestamp_version=True) == rank(None, BASE_S)
-
-
-def test_spark_reads_a_rank_of_the_64_bit_layout_as_python_does(spark) -> None:
-    """A Delta view written before today's ranks (a restore of an older run) is converted in Spark
-    exactly as serving converts a batch row of that layout."""
-    from pyspark.sql import functions as F
-
-    from lambdalake.latest import spark_from_legacy_rank
-
-    tiebreak = latest_tiebreak(BASE_S)
-    old_null = -(1 << 43) + 1
-    olds = [v * 2**20 + tiebreak for v in (old_null, -(2**43) + 2, -1, 0, 5, 1_800_000_000_123, 2**43 - 1)]
-    df = spark.createDataFrame([(o,) for o in olds], "r long")
-    for in_ms in (False, True):
-        got = [
-            int(r[0])
-            for r in df.select(spark_from_legacy_rank(F.col("r"), timestamp_version=in_ms)).collect()
-        ]
-        assert got == [from_legacy_rank(o, timestamp_version=in_ms) for o in olds]

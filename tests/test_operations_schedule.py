@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from lambdalake.batch.job import BatchJob, views_path
+from lambdalake.batch.job import BatchJob
 from lambdalake.batch.restore import restore
 from lambdalake.errors import ConfigurationError
+from lambdalake.layout import views_path
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.serving import ServingClient

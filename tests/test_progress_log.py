@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from lambdalake.speed.job import ProgressLog
+from lambdalake.speed.progress import ProgressLog
 
 
 def progress(batch_id: int, rows: int, *, ran: bool, at: str) -> SimpleNamespace:

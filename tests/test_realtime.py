@@ -338,27 +338,29 @@ def test_a_checkpoint_killed_in_its_first_batch_loses_only_its_stray_files(tmp_p
     offset log entry; killed while it wrote its first offset log entry, a temporary offsets file
     (both seen under make test-realtime; Spark then refuses the checkpoint for good): those files
     go, the initial offsets stay. A checkpoint with a logged batch is left alone."""
-    from lambdalake.speed.job import drop_unlogged_batch
+    from lambdalake.speed.checkpoints import Checkpoints
 
+    checkpoints = Checkpoints(str(tmp_path), "p")
     # Kills in the first commit, then in the first offset log entry.
     for log_dir, uuid in (("commits", "365e3a65"), ("offsets", "f31406b6")):
-        killed = tmp_path / f"killed-in-{log_dir}"
+        name = f"killed-in-{log_dir}"
+        killed = Path(checkpoints.folder(name))
         for sub in ("commits", "offsets", "sources/0"):
             (killed / sub).mkdir(parents=True)
         (killed / log_dir / f".0.{uuid}.tmp").write_text("v1\n{}")
         (killed / log_dir / f"..0.{uuid}.tmp.crc").write_text("crc")
         (killed / "sources" / "0" / "0").write_text('v1\n{"t":{"0":274}}')
-        dropped = drop_unlogged_batch(str(killed))
+        dropped = checkpoints.drop_unlogged_batch(name)
         assert sorted(Path(u).name for u in dropped) == [f"..0.{uuid}.tmp.crc", f".0.{uuid}.tmp"]
         assert list((killed / log_dir).iterdir()) == []
         assert (killed / "sources" / "0" / "0").exists()
 
-    running = tmp_path / "running"
+    running = Path(checkpoints.folder("running"))
     for sub in ("commits", "offsets"):
         (running / sub).mkdir(parents=True)
     (running / "offsets" / "0").write_text("v1")
     (running / "commits" / ".1.abc.tmp").write_text("v1")
-    assert drop_unlogged_batch(str(running)) == []
+    assert checkpoints.drop_unlogged_batch("running") == []
     assert (running / "commits" / ".1.abc.tmp").exists()
 
 

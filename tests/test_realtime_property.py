@@ -33,6 +33,7 @@ from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.registry import subject_schemas
 from lambdalake.settings import Settings
 from lambdalake.speed.job import SpeedJob
+from lambdalake.speed.supervisor import Supervisor
 from tests.conftest import isolated, run_cli
 from tests.helpers import stop_job
 from tests.realtime_pipeline import SCHEMA_V1, SCHEMA_V2, kinds_records, write_kinds
@@ -213,9 +214,9 @@ def test_both_paths_leave_the_same_rows_for_any_stream(
     cut = min(cut, len(frames))
     # Two micro-batches of the micro-batch job at a drawn point of the stream.
     _send_to(paths, frames[:cut])
-    paths.microbatch.catch_up()
+    Supervisor(paths.microbatch).catch_up()
     _send_to(paths, frames[cut:])
-    paths.microbatch.catch_up()
+    Supervisor(paths.microbatch).catch_up()
 
     kinds, micro = paths.kinds, paths.microbatch
     want = _mine(_rows(micro.settings, micro.pipeline), micro.pipeline, prefix)

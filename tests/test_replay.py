@@ -16,13 +16,14 @@ from deltalake import DeltaTable
 
 from lambdalake.batch.job import BatchJob
 from lambdalake.cassandra.session import connect
-from lambdalake.master_files import table_path
+from lambdalake.layout import master_path
 from lambdalake.pipeline import LatestView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.serving import ServingClient
 from lambdalake.settings import Settings
 from lambdalake.speed.job import SpeedJob
+from lambdalake.speed.supervisor import Supervisor
 from lambdalake.views import speed_table
 from tests.conftest import isolated, pipeline_named, run_cli
 from tests.helpers import bronze_coordinates, pipelines_folder, run_speed_once
@@ -71,7 +72,7 @@ def replayed(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory
             producer.send(r)
         assert producer.flush().unacknowledged == 0
         assert int(time.time() * 1000 // epoch_ms) == epoch, "a wave spilled into the next epoch"
-        job.catch_up()
+        Supervisor(job).catch_up()
         return epoch
 
     first = wave(1200, 81, 0)
@@ -86,7 +87,7 @@ def replayed(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory
 
 
 def bronze_version(settings: Settings, pipeline) -> int:
-    return DeltaTable(table_path(settings.storage_root, pipeline.name)).version()
+    return DeltaTable(master_path(settings.storage_root, pipeline.name)).version()
 
 
 def test_replay_restores_a_deleted_slice_and_is_idempotent(replayed: Any) -> None:
@@ -99,7 +100,7 @@ def test_replay_restores_a_deleted_slice_and_is_idempotent(replayed: Any) -> Non
 
     # Lose a slice: bronze of both waves' epochs (one covered by the batch, one after it) and the
     # speed rows of the later one.
-    DeltaTable(table_path(settings.storage_root, pipeline.name)).delete(
+    DeltaTable(master_path(settings.storage_root, pipeline.name)).delete(
         f"_epoch = {first} OR _epoch = {second}"
     )
     session = connect(settings.cassandra)

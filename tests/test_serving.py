@@ -25,6 +25,7 @@ from lambdalake.produce.producer import EventProducer
 from lambdalake.serving import ServingClient
 from lambdalake.settings import PROJECT_ROOT, Settings
 from lambdalake.speed.job import SpeedJob
+from lambdalake.speed.supervisor import Supervisor
 from tests.conftest import env_for, isolated, pipeline_named, run_cli
 from tests.helpers import (
     assert_schemathesis_passes,
@@ -140,7 +141,7 @@ def served(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory) 
 
     def catch_up() -> None:
         for job in jobs.values():
-            job.catch_up()
+            Supervisor(job).catch_up()
 
     for job in jobs.values():
         job.start()

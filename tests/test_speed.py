@@ -17,13 +17,14 @@ from pyspark.sql import functions as F
 from lambdalake.avro import HEADER, MAGIC, WireEncoder, parse_schema
 from lambdalake.errors import ConfigurationError
 from lambdalake.kafka import dlq
+from lambdalake.layout import master_path
 from lambdalake.master import MasterDataset
-from lambdalake.master_files import table_path
 from lambdalake.pipeline import Pipeline, WindowedView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from lambdalake.speed.job import SpeedJob
+from lambdalake.speed.supervisor import Supervisor
 from lambdalake.views import speed_table
 from tests.conftest import isolated, pipeline_named
 from tests.helpers import bronze_coordinates, consume_all, run_speed_once, send_generated
@@ -108,7 +109,7 @@ def speed_run(services: Settings, spark, tmp_path_factory) -> dict:
     for job in jobs.values():
         job.start()
     for job in jobs.values():
-        job.catch_up()
+        Supervisor(job).catch_up()
     elapsed = time.monotonic() - t0
     yield {"settings": settings, "pipelines": pipelines, "jobs": jobs, "elapsed": elapsed}
     for job in jobs.values():
@@ -128,7 +129,7 @@ def test_views_equal_reference(speed_run: dict, name: str) -> None:
 def test_master_dataset_holds_each_valid_event_once(speed_run: dict, name: str) -> None:
     settings, pipeline = speed_run["settings"], speed_run["pipelines"][name]
     events, _ = topic_events(settings, pipeline)
-    bronze = MasterDataset(table_path(settings.storage_root, name), event_time=pipeline.event.time).read()
+    bronze = MasterDataset(master_path(settings.storage_root, name), event_time=pipeline.event.time).read()
     coords = list(
         zip(bronze.column("_partition").to_pylist(), bronze.column("_offset").to_pylist(), strict=True)
     )
@@ -172,7 +173,7 @@ def test_days_late_event_counts_at_once_in_current_epoch(speed_run: dict) -> Non
     producer = EventProducer(settings=settings, pipeline=pipeline, prepare=False)
     assert producer.send(late) is None and producer.flush().acked == 1
     msg = next(m for m in consume_all(settings, pipeline.topic.name) if m.key() == b"late-offer")
-    job.catch_up()
+    Supervisor(job).catch_up()
     rows = [
         r
         for r in cassandra_rows(settings, speed_table(pipeline, pipeline.view("merchant_offers_hourly")))
@@ -212,8 +213,8 @@ def test_a_record_with_an_old_create_time_lands_in_the_current_ingest_epoch(spee
     )
     assert raw.flush(10) == 0
     after = int(time.time() * 1000)
-    job.catch_up()
-    bronze = MasterDataset(table_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    Supervisor(job).catch_up()
+    bronze = MasterDataset(master_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
     table = bronze.read().to_pylist()
     (row,) = [r for r in table if r["offer_id"] == "offer-from-2001"]
     ingest_ms = int(row["_ingest_ts"].timestamp() * 1000)
@@ -224,7 +225,7 @@ def test_a_record_with_an_old_create_time_lands_in_the_current_ingest_epoch(spee
 def query_names(settings: Settings, pipeline: Pipeline) -> list[str]:
     """The streaming queries a speed job of ``pipeline`` runs: the main one, and the latest views'
     Real-time query when ``speed.latest`` is ``realtime``."""
-    from lambdalake.speed.job import runs_realtime_query
+    from lambdalake.speed.options import runs_realtime_query
 
     realtime = runs_realtime_query(settings, pipeline)
     return [f"{pipeline.name}-main", *([f"{pipeline.name}-latest"] if realtime else [])]
@@ -273,7 +274,7 @@ def test_every_windowed_view_is_counted_by_the_one_read_of_the_topic(
     job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
     job.start()
     try:
-        job.catch_up()
+        Supervisor(job).catch_up()
         assert [q.name for q in job.queries] == query_names(settings, pipeline)
         assert len([v for v in pipeline.views if isinstance(v, WindowedView)]) == 3
         events, _ = topic_events(settings, pipeline)
@@ -292,7 +293,7 @@ def test_windowed_views_added_and_removed_on_a_live_pipeline_move_the_one_query_
     the new checkpoint recounts from the epoch of the first one: the view kept equals the reference
     in every epoch, the views added equal it from the epoch they start at (the view build
     recomputes the ones before), and bronze holds each valid event once."""
-    from lambdalake.speed.job import MAIN_FILE, START_FILE
+    from lambdalake.speed.checkpoints import MAIN_FILE, START_FILE
 
     unique = os.urandom(4).hex()
     settings = isolated(services, tmp_path, unique)
@@ -347,7 +348,7 @@ def test_windowed_views_added_and_removed_on_a_live_pipeline_move_the_one_query_
         want = {k: v for k, v in windowed_view(events, full, view, 5).items() if k[-1] >= start_epoch}
         rows = [r for r in cassandra_rows(settings, speed_table(full, view)) if r["epoch"] >= start_epoch]
         assert want and compare(full, view, want, rows, epoch=True) == [], view.name
-    bronze = MasterDataset(table_path(settings.storage_root, full.name), event_time=full.event.time).read()
+    bronze = MasterDataset(master_path(settings.storage_root, full.name), event_time=full.event.time).read()
     coordinates = list(zip(bronze["_partition"].to_pylist(), bronze["_offset"].to_pylist(), strict=True))
     assert len(coordinates) == len(set(coordinates)) == len(events)
     assert set(coordinates) == set(zip(events["_partition"], events["_offset"], strict=True))
@@ -359,7 +360,8 @@ def test_a_view_added_before_a_moved_checkpoint_first_ran_records_where_it_start
     """A move left a checkpoint counting from an open epoch, and the job stopped before its first
     batch; a view added meanwhile starts with that checkpoint, so it records the epoch it is counted
     from (the view build recomputes the closed ones before it), as a view added at a move does."""
-    from lambdalake.speed.job import MAIN_FILE, START_FILE, view_signature
+    from lambdalake.speed.checkpoints import MAIN_FILE, START_FILE
+    from lambdalake.speed.starts import view_signature
 
     unique = os.urandom(4).hex()
     settings = isolated(services, tmp_path, unique)
@@ -397,7 +399,7 @@ def test_a_checkpoint_with_other_stateful_steps_fails_naming_the_rebuild(
     )  # fmt: skip
     query = (
         earlier.writeStream.queryName("telemetry_old-earlier").outputMode("update")
-        .option("checkpointLocation", f"{job.checkpoints}/main")
+        .option("checkpointLocation", job.checkpoints.folder("main"))
         .foreachBatch(lambda df, _i: df.collect()).start()
     )  # fmt: skip
     query.processAllAvailable()
@@ -408,7 +410,7 @@ def test_a_checkpoint_with_other_stateful_steps_fails_naming_the_rebuild(
     job.start()
     try:
         with pytest.raises(ConfigurationError, match="cannot resume its checkpoint") as failure:
-            job.catch_up()
+            Supervisor(job).catch_up()
         fix = failure.value.fix or ""
         # The rebuild keeps the master dataset (it may hold records compaction removed from the topic).
         assert f"lambdalake speed reset {pipeline.name}" in fix and "master dataset" in fix
@@ -445,32 +447,6 @@ def test_small_micro_batches_give_the_same_views_bronze_and_dead_letters(
 
     events, invalid = topic_events(settings, pipeline)
     assert invalid == bad and len(events) > 2800
-    assert differences(settings, pipeline, events) == []
-    coords = bronze_coordinates(settings, pipeline)
-    assert len(coords) == len(set(coords)) == len(events)
-
-
-def test_a_checkpoint_of_the_former_kafka_source_moves_once_and_stays_exact(
-    services: Settings, spark, tmp_path: Path
-) -> None:
-    """A main checkpoint whose offsets the Python Kafka source lambdalake had before logged (keys of
-    its own beside the offsets) cannot be resumed by Spark's source: the job moves it once to a new
-    checkpoint, archives nothing twice and counts every view exactly."""
-    settings, pipeline = own_pipeline(services, tmp_path, "offers", "offers_former", epoch="10 seconds")
-    producer = EventProducer(settings=settings, pipeline=pipeline)
-    send_generated(producer, "offers", 1500, seed=43, mix=Mix(duplicates=0.05, invalid=0, late=0.03))
-    run_speed_once(settings, pipeline, spark)
-    job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
-    entries = sorted(Path(job.checkpoints, "main", "offsets").glob("[0-9]*"), key=lambda p: int(p.name))
-    lines = entries[-1].read_text().splitlines()
-    former = {**json.loads(lines[-1]), "$lambdalake.check": {}, "$lambdalake.from": {}}
-    entries[-1].write_text("\n".join([*lines[:-1], json.dumps(former)]))
-    send_generated(producer, "offers", 1500, seed=44, mix=Mix(duplicates=0.05, invalid=0, late=0.03))
-    run_speed_once(settings, pipeline, spark)
-
-    record = json.loads(Path(job.checkpoints, "lambdalake-main.json").read_text())
-    assert record["dir"] == "main-g1", record
-    events, _ = topic_events(settings, pipeline)
     assert differences(settings, pipeline, events) == []
     coords = bronze_coordinates(settings, pipeline)
     assert len(coords) == len(set(coords)) == len(events)

@@ -17,11 +17,12 @@ from deltalake.exceptions import TableNotFoundError
 
 from lambdalake.compaction import OPERATION
 from lambdalake.infra.services import CassandraService
-from lambdalake.master_files import table_path
+from lambdalake.layout import master_path
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, BronzeSettings, Settings
 from lambdalake.speed.job import SpeedJob
+from lambdalake.speed.supervisor import Supervisor
 from tests.conftest import env_for, isolated, pipeline_named
 from tests.helpers import bronze_coordinates, stop_job
 from tests.reference import differences, topic_events
@@ -140,14 +141,14 @@ def test_kill_minus_nine_three_times(services: Settings, tmp_path: Path, unique:
     assert job.returncode == 0, f"graceful stop failed; log: {log.read_text()[-2000:]}"
     assert log.read_text().count("offers-main started") == 4  # one start and three restarts
     # A kill mid-write leaves a half-written file in _staging/; the next start clears it.
-    staging = Path(table_path(settings.storage_root, pipeline.name)) / "_staging"
+    staging = Path(master_path(settings.storage_root, pipeline.name)) / "_staging"
     assert not staging.exists() or sorted(staging.iterdir()) == []
     assert compaction_rounds(settings, pipeline) >= 3, "bronze was not compacted"
 
 
 def compaction_rounds(settings: Settings, pipeline) -> int:
     try:
-        history = DeltaTable(table_path(settings.storage_root, pipeline.name)).history()
+        history = DeltaTable(master_path(settings.storage_root, pipeline.name)).history()
     except TableNotFoundError:  # no micro-batch committed yet
         return 0
     return sum(1 for e in history if e.get(OPERATION) == "compact")
@@ -169,7 +170,7 @@ def test_cassandra_stopped_for_30s(services: Settings, spark, tmp_path: Path, un
         cassandra.start()
         producer.join(120)
         assert not producer.is_alive() and not producer.errors, producer.errors
-        job.catch_up()
+        Supervisor(job).catch_up()
         assert wait_equal(settings, pipeline, timeout=120) == []
     finally:
         job.stop()

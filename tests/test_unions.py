@@ -19,11 +19,12 @@ from lambdalake.batch.job import BatchJob
 from lambdalake.cassandra.session import connect
 from lambdalake.cassandra.tables import speed_table_def
 from lambdalake.errors import ConfigurationError
-from lambdalake.master_files import table_path
+from lambdalake.layout import master_path
 from lambdalake.pipeline import configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from lambdalake.speed.job import SpeedJob
+from lambdalake.speed.supervisor import Supervisor
 from lambdalake.views import speed_table
 from tests.conftest import isolated
 from tests.helpers import consume_all, offers_with_field
@@ -101,8 +102,8 @@ def test_a_general_union_goes_from_producers_to_bronze_and_both_layers(
     job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
     job.start()
     try:
-        job.catch_up()
-        bronze = DeltaTable(table_path(settings.storage_root, pipeline.name)).to_pyarrow_table()
+        Supervisor(job).catch_up()
+        bronze = DeltaTable(master_path(settings.storage_root, pipeline.name)).to_pyarrow_table()
         assert bronze.schema.field("ref").type == shape
         offers = bronze.column("offer_id").to_pylist()
         assert dict(zip(offers, bronze.column("ref").to_pylist(), strict=True)) == want
@@ -121,7 +122,7 @@ def test_a_general_union_goes_from_producers_to_bronze_and_both_layers(
         as_of = int(time.time() * 1000)
         producer.send(offer(12, "later", as_of))
         assert producer.flush().unacknowledged == 0
-        job.catch_up()
+        Supervisor(job).catch_up()
     finally:
         job.stop()
     run = BatchJob(settings=settings, pipeline=pipeline, spark=spark).run(as_of_ms=as_of)

@@ -125,7 +125,7 @@ def test_a_decimal_too_wide_to_sum_is_refused_when_the_pipeline_loads(tmp_path: 
 def test_a_decimal_sum_beyond_its_type_fails_the_query_never_a_null(spark, tmp_path: Path) -> None:
     """A window whose sum outgrows ``decimal(p + 10, s)`` (10^10 events of the largest amount) is
     made here with amounts as wide as the sum: the view's query fails naming the overflow, where
-    Spark's legacy arithmetic would have stored a null."""
+    Spark's non-ANSI arithmetic would have stored a null."""
     from pyspark.sql import functions as F
 
     from lambdalake.spark.views import windowed
@@ -160,7 +160,7 @@ def test_a_field_added_on_a_live_pipeline_reaches_bronze_the_batch_and_serving(
     the batch reads bronze of both shapes, and every answer gives old events the defaults."""
     from deltalake import DeltaTable
 
-    from lambdalake.master_files import table_path
+    from lambdalake.layout import master_path
 
     unique = os.urandom(4).hex()
     base = isolated(services, tmp_path, unique)
@@ -184,7 +184,7 @@ def test_a_field_added_on_a_live_pipeline_reaches_bronze_the_batch_and_serving(
     send(old_producer, wave_c)
     run_speed_once(new, v2, spark)
 
-    bronze = DeltaTable(table_path(new.storage_root, "payments"))
+    bronze = DeltaTable(master_path(new.storage_root, "payments"))
     assert {"channel", "source"} <= {f.name for f in bronze.schema().fields}
     stored = bronze.to_pyarrow_table(columns=["payment_id", "channel", "source"]).to_pylist()
     by_id = {r["payment_id"]: r for r in stored}
@@ -382,17 +382,17 @@ def test_promoted_fields_an_enum_symbol_and_a_removed_field_on_a_live_pipeline(
 ) -> None:
     """v2 promotes ``score`` from int to long and ``rate`` from float to double (both summed by the
     windowed view), ``hits`` from int to double and ``ref`` from string to bytes (kept out of the
-    views), adds the status ``REFUNDED`` and removes ``legacy`` (it had a default): deploy accepts
+    views), adds the status ``REFUNDED`` and removes ``obsolete`` (it had a default): deploy accepts
     it, v1 and v2 producers both send, the batch over bronze of both shapes sums exactly what the
     reference does, the latest view answers the new symbol, and bronze reads every row as v2's types."""
     from lambdalake.evolution import unappliable_changes
-    from lambdalake.master_files import table_path
+    from lambdalake.layout import master_path
     from lambdalake.spark.bronze import read_events
     from tests.conftest import run_cli
 
-    legacy = {"name": "legacy", "type": ["null", "string"], "default": None}
+    obsolete = {"name": "obsolete", "type": ["null", "string"], "default": None}
     v1_extra = [{"name": "score", "type": "int"}, {"name": "rate", "type": "float"},
-                {"name": "hits", "type": "int"}, {"name": "ref", "type": "string"}, legacy]  # fmt: skip
+                {"name": "hits", "type": "int"}, {"name": "ref", "type": "string"}, obsolete]  # fmt: skip
     v1_schema = {**SCHEMA_V1, "fields": [*SCHEMA_V1["fields"], *v1_extra]}
     refunded = {"type": "enum", "name": "Status", "symbols": [*STATUSES, "REFUNDED"]}
     v2_extra = [{"name": "score", "type": "long"}, {"name": "rate", "type": "double"},
@@ -408,7 +408,7 @@ def test_promoted_fields_an_enum_symbol_and_a_removed_field_on_a_live_pipeline(
     old_producer = EventProducer(settings=old, pipeline=v1)
 
     def v1_fields(i: int) -> dict[str, Any]:  # rates in quarters: exact in a float and in any sum
-        return {"score": i % 1000, "rate": (i % 40) / 4, "hits": i % 7, "ref": f"r{i}", "legacy": "x"}
+        return {"score": i % 1000, "rate": (i % 40) / 4, "hits": i % 7, "ref": f"r{i}", "obsolete": "x"}
 
     send(old_producer, [{**p, **v1_fields(i)} for i, p in enumerate(payments(500, seed=21))])
     run_speed_once(old, v1, spark)
@@ -428,7 +428,7 @@ def test_promoted_fields_an_enum_symbol_and_a_removed_field_on_a_live_pipeline(
     send(EventProducer(settings=new, pipeline=v2), big)
     send(
         old_producer,
-        [{**p, **v1_fields(i), "legacy": "y"} for i, p in enumerate(payments(200, seed=23, start=50_000))],
+        [{**p, **v1_fields(i), "obsolete": "y"} for i, p in enumerate(payments(200, seed=23, start=50_000))],
     )
     run_speed_once(new, v2, spark)
     assert merged_problems(new, v2, sums=sums) == []
@@ -445,7 +445,7 @@ def test_promoted_fields_an_enum_symbol_and_a_removed_field_on_a_live_pipeline(
 
     from deltalake import DeltaTable
 
-    rows = read_events(spark, DeltaTable(table_path(new.storage_root, "payments")).file_uris(), v2)
+    rows = read_events(spark, DeltaTable(master_path(new.storage_root, "payments")).file_uris(), v2)
     by_id = {r["payment_id"]: r for r in rows.select("payment_id", "hits", "ref", "rate").collect()}
     assert len(by_id) == 1200
     first = by_id["pay-000001"]  # a v1 event, read as v2's types

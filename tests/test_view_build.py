@@ -55,7 +55,6 @@ def test_dropping_retired_versions_is_bounded(losing: list[int], monkeypatch: py
     registry.retired = ["old__v1"]
     meta = PipelineMeta(batch=None, registry=registry, row_version=1, views_text=registry.to_text())
     monkeypatch.setattr(view_build, "read_meta", lambda *_: meta)
-    monkeypatch.setattr(view_build, "read_text", lambda _path: None)
     monkeypatch.setattr(view_build, "delete_folder", lambda _path: False)
     session = SimpleNamespace(
         cluster=SimpleNamespace(

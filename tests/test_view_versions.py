@@ -21,7 +21,6 @@ import pytest
 
 from lambdalake.cassandra.active import read_meta
 from lambdalake.cassandra.session import connect
-from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import Pipeline, configured_pipeline
 from lambdalake.produce.producer import EventProducer
 from lambdalake.serving import ServingClient
@@ -120,31 +119,6 @@ def test_deploy_plans_versions_for_changed_added_and_removed_views(
     assert quiet.active("region_status_1m") is None and quiet.views["region_status_1m"].building
 
 
-def test_a_distinct_view_made_before_the_identity_hash_is_rebuilt_on_it(
-    settings: Settings, tmp_path: Path
-) -> None:
-    """A version whose ``distinct`` sketches counted the typed values (recorded before versions
-    recorded their sketch input) does not unite with sketches of identity hashes: deploy plans a new
-    version of the same definition on today's input; a view without a sketch is left alone."""
-    base = write_pipeline(settings, tmp_path / "d", "payments-sketch", [SCHEMA_V1], distincts=("region",))
-    pipeline = configured_pipeline("payments", base)
-    registry, _ = plan(pipeline, Registry())
-    text = registry.to_text()
-    assert '"sketch_input": 2' in text
-    assert plan(pipeline, Registry.parse(text))[1] == []
-    before = Registry.parse(text.replace('"sketch_input": 2', '"sketch_input": 1'))
-    assert before.active("account_region_5m").definition.sketch_input == 1
-    legacy = text.replace(', "sketch_input": 2', "").replace('"sketch_input": 2, ', "")
-    assert "sketch_input" not in legacy
-    for old in (before, Registry.parse(legacy)):
-        rebuilt, changes = plan(pipeline, old)
-        assert [(c.view, c.kind, c.version) for c in changes] == [("account_region_5m", "changed", 2)]
-        assert rebuilt.views["account_region_5m"].building.definition.sketch_input == 2
-        assert rebuilt.active("account_region_5m").definition.sketch_input == 1  # serving until switched
-        jobs = deployed_pipeline(pipeline, rebuilt)
-        assert [v.sketch_input for v in jobs.views if v.name.startswith("account_region_5m")] == [1, 2]
-
-
 #: A windowed view of the payments pipeline keyed by an int, with the min/max of one and the sum of
 #: another: a schema version widening them (int to long, int to double) changes its table and state.
 BRANCH_VIEW = """
@@ -222,16 +196,6 @@ def test_a_widening_of_what_a_windowed_view_stores_plans_a_version_made_with_the
         ("account_region_5m", "reverted"), ("branch_5m", "reverted")
     ]  # fmt: skip
     assert back.views["branch_5m"].building is None
-
-    # A version recorded before versions recorded types: as the registered schema has them.
-    legacy = Registry.parse(registry.to_text().replace('"types"', '"untyped"'))
-    assert legacy.active("branch_5m").types == {}
-    _, changes = plan(v2, legacy, deployed_types={f.name: f.type for f in event_schema(BRANCH_V1)})
-    assert sorted((c.view, c.kind) for c in changes) == [
-        ("account_region_5m", "changed"),
-        ("branch_5m", "changed"),
-    ]
-    assert plan(v2, legacy)[1] == []  # registered already as v2: nothing widens
 
 
 # --- the whole path -------------------------------------------------------------------------

@@ -135,22 +135,36 @@ def make_app(
     (403, 40301, as Confluent's registry with access rules answers). None: every user may."""
     app = FastAPI(title="lambdalake schema registry", docs_url=None, redoc_url=None, openapi_url=None)
     if users:
-        allowed = {name: password.encode() for name, password in users.items()}
+        _add_basic_auth(app, users, writers)
+    _add_error_handlers(app)
+    _add_schema_routes(app, store)
+    _add_subject_routes(app, store)
+    _add_compatibility_and_config_routes(app, store)
+    return app
 
-        @app.middleware("http")
-        async def basic_auth(request: Request, call_next: Any) -> Any:
-            user = _authenticated(request.headers.get("authorization", ""), allowed)
-            if user is None:
-                response = _error(401, 40101, "Unauthorized: a valid login is required (HTTP basic auth)")
-                response.headers["WWW-Authenticate"] = 'Basic realm="lambdalake schema registry"'
-                return response
-            if writers is not None and user not in writers and _writes(request.method, request.url.path):
-                return _error(
-                    403, 40301,
-                    f"User {user} is denied operation Write on {request.url.path}: only "
-                    f"{', '.join(sorted(writers))} may register or change schemas",
-                )  # fmt: skip
-            return await call_next(request)
+
+def _add_basic_auth(app: FastAPI, users: dict[str, str], writers: frozenset[str] | None) -> None:
+    """HTTP basic auth on every route (401, 40101), and writes for ``writers`` only (403, 40301)."""
+    allowed = {name: password.encode() for name, password in users.items()}
+
+    @app.middleware("http")
+    async def basic_auth(request: Request, call_next: Any) -> Any:
+        user = _authenticated(request.headers.get("authorization", ""), allowed)
+        if user is None:
+            response = _error(401, 40101, "Unauthorized: a valid login is required (HTTP basic auth)")
+            response.headers["WWW-Authenticate"] = 'Basic realm="lambdalake schema registry"'
+            return response
+        if writers is not None and user not in writers and _writes(request.method, request.url.path):
+            return _error(
+                403, 40301,
+                f"User {user} is denied operation Write on {request.url.path}: only "
+                f"{', '.join(sorted(writers))} may register or change schemas",
+            )  # fmt: skip
+        return await call_next(request)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as Confluent's registry answers it: ``{"error_code", "message"}``."""
 
     @app.exception_handler(RegistryError)
     async def registry_error(_request: Request, exc: RegistryError) -> RegistryResponse:
@@ -172,21 +186,27 @@ def make_app(
         log.exception("internal error on %s %s", request.method, request.url.path)
         return _error(500, 50001, f"internal error: {type(exc).__name__}")
 
-    ok = {"response_class": RegistryResponse}
 
-    @app.get("/", **ok)
+#: Every route answers JSON with the registry's media type.
+OK: dict[str, Any] = {"response_class": RegistryResponse}
+
+
+def _add_schema_routes(app: FastAPI, store: KafkaBackedStore) -> None:
+    """``/``, ``/schemas/...``: schemas by id, and where each is used."""
+
+    @app.get("/", **OK)
     def root() -> Any:
         return {}
 
-    @app.get("/schemas/types", **ok)
+    @app.get("/schemas/types", **OK)
     def schema_types() -> Any:
         return ["AVRO"]
 
-    @app.get("/schemas/ids/{sid}", **ok)
+    @app.get("/schemas/ids/{sid}", **OK)
     def schema_by_id(sid: int) -> Any:
         return {"schema": store.schema(sid)}
 
-    @app.get("/schemas/ids/{sid}/schema", **ok)
+    @app.get("/schemas/ids/{sid}/schema", **OK)
     def raw_schema_by_id(sid: int) -> Any:
         return json.loads(store.schema(sid))
 
@@ -199,51 +219,59 @@ def make_app(
             if ver.id == sid and (deleted or not ver.deleted)
         ]
 
-    @app.get("/schemas/ids/{sid}/subjects", **ok)
+    @app.get("/schemas/ids/{sid}/subjects", **OK)
     def subjects_of_id(sid: int, deleted: bool = False) -> Any:
         return sorted({s for s, _ in usages(sid, deleted)})
 
-    @app.get("/schemas/ids/{sid}/versions", **ok)
+    @app.get("/schemas/ids/{sid}/versions", **OK)
     def versions_of_id(sid: int, deleted: bool = False) -> Any:
         return [{"subject": s, "version": v} for s, v in usages(sid, deleted)]
 
-    @app.get("/subjects", **ok)
+
+def _add_subject_routes(app: FastAPI, store: KafkaBackedStore) -> None:
+    """``/subjects/...``: versions, registering, looking up, deleting."""
+
+    @app.get("/subjects", **OK)
     def subjects(deleted: bool = False) -> Any:
         return store.subjects(include_deleted=deleted)
 
-    @app.get("/subjects/{subject}/versions", **ok)
+    @app.get("/subjects/{subject}/versions", **OK)
     def versions(subject: str, deleted: bool = False) -> Any:
         return list(store.live_versions(check_subject(subject), include_deleted=deleted))
 
-    @app.get("/subjects/{subject}/versions/{version}", **ok)
+    @app.get("/subjects/{subject}/versions/{version}", **OK)
     def get_version(subject: str, version: str, deleted: bool = False) -> Any:
         v, ver = store.version(check_subject(subject), version, include_deleted=deleted)
         return registered(subject, v, ver.id, ver.schema)
 
-    @app.get("/subjects/{subject}/versions/{version}/schema", **ok)
+    @app.get("/subjects/{subject}/versions/{version}/schema", **OK)
     def get_version_schema(subject: str, version: str) -> Any:
         return json.loads(store.version(check_subject(subject), version)[1].schema)
 
-    @app.post("/subjects/{subject}/versions", **ok)
+    @app.post("/subjects/{subject}/versions", **OK)
     def register(subject: str, body: Body) -> Any:
         schema = schema_str(body)
         sid, version = store.register(check_subject(subject), schema)
         log.info("registered %s version %d as id %d", subject, version, sid)
         return registered(subject, version, sid, schema)
 
-    @app.post("/subjects/{subject}", **ok)
+    @app.post("/subjects/{subject}", **OK)
     def lookup(subject: str, body: Body) -> Any:
         schema = schema_str(body)
         v, ver = store.lookup(check_subject(subject), schema)
         return registered(subject, v, ver.id, ver.schema)
 
-    @app.delete("/subjects/{subject}", **ok)
+    @app.delete("/subjects/{subject}", **OK)
     def delete_subject(subject: str, permanent: bool = False) -> Any:
         return store.delete_subject(check_subject(subject), permanent=permanent)
 
-    @app.delete("/subjects/{subject}/versions/{version}", **ok)
+    @app.delete("/subjects/{subject}/versions/{version}", **OK)
     def delete_version(subject: str, version: str, permanent: bool = False) -> Any:
         return store.delete_version(check_subject(subject), version, permanent=permanent)
+
+
+def _add_compatibility_and_config_routes(app: FastAPI, store: KafkaBackedStore) -> None:
+    """``/compatibility/...``, ``/config/...`` and ``/mode``."""
 
     def compatibility(subject: str, version: str | None, body: Any, verbose: bool) -> Any:
         schema = schema_str(body)
@@ -256,25 +284,25 @@ def make_app(
             answer["messages"] = reasons
         return answer
 
-    @app.post("/compatibility/subjects/{subject}/versions", **ok)
+    @app.post("/compatibility/subjects/{subject}/versions", **OK)
     def test_compatibility_all(subject: str, body: Body, verbose: bool = False) -> Any:
         return compatibility(subject, None, body, verbose)
 
-    @app.post("/compatibility/subjects/{subject}/versions/{version}", **ok)
+    @app.post("/compatibility/subjects/{subject}/versions/{version}", **OK)
     def test_compatibility(subject: str, version: str, body: Body, verbose: bool = False) -> Any:
         return compatibility(subject, version, body, verbose)
 
-    @app.get("/config", **ok)
+    @app.get("/config", **OK)
     def get_global_config() -> Any:
         return {"compatibilityLevel": store.level(None)}
 
-    @app.put("/config", **ok)
+    @app.put("/config", **OK)
     def put_global_config(body: Body) -> Any:
         level = level_of(body)
         store.set_level(None, level)
         return {"compatibility": level.upper()}
 
-    @app.get("/config/{subject}", **ok)
+    @app.get("/config/{subject}", **OK)
     def get_subject_config(subject: str, defaultToGlobal: bool = False) -> Any:
         if check_subject(subject) not in store.state.configs and not defaultToGlobal:
             raise RegistryError(
@@ -282,21 +310,19 @@ def make_app(
             )
         return {"compatibilityLevel": store.level(subject)}
 
-    @app.put("/config/{subject}", **ok)
+    @app.put("/config/{subject}", **OK)
     def put_subject_config(subject: str, body: Body) -> Any:
         level = level_of(body)
         store.set_level(check_subject(subject), level)
         return {"compatibility": level.upper()}
 
-    @app.delete("/config/{subject}", **ok)
+    @app.delete("/config/{subject}", **OK)
     def delete_subject_config(subject: str) -> Any:
         return {"compatibilityLevel": store.delete_level(check_subject(subject))}
 
-    @app.get("/mode", **ok)
+    @app.get("/mode", **OK)
     def get_mode() -> Any:
         return {"mode": "READWRITE"}
-
-    return app
 
 
 def _authenticated(header: str, allowed: dict[str, bytes]) -> str | None:

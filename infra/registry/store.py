@@ -97,7 +97,7 @@ class KafkaBackedStore:
     Confluent's registry: a write is complete only when the registry's own reader has consumed it.
     Between reads the partition is paused, so an idle registry sends the broker no fetch requests
     (the embedded broker answers fetches at once rather than long-polling: a consumer left running
-    cost it and the registry about 0.8 of a core, measured).
+    kept it and the registry busy).
 
     Delivery guarantee: an id or version is answered only after its record is acknowledged by the
     broker (``acks=all``, idempotent producer) and applied from the log; since the first record for

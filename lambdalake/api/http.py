@@ -12,6 +12,7 @@ import gc
 import hmac
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from cassandra import (
@@ -73,6 +74,41 @@ def unavailable_detail(exc: BaseException) -> str:
 UNAVAILABLE = (ServiceUnavailable, NoHostAvailable, OperationTimedOut, Unavailable, ReadTimeout, ReadFailure)
 
 
+def _failure(exc: Exception, pipeline: str, view: str) -> JSONResponse | None:
+    """The answer to a query that failed with ``exc`` (None: not a failure the API answers, raised
+    on): a 4xx for the client's mistakes, a 503 naming the cause for the store's, never a 500."""
+    if isinstance(exc, NotFound):
+        return _error(404, exc)
+    if isinstance(exc, BadQuery):
+        return _error(422, exc)
+    if isinstance(exc, (NotDeployed, SchemaCatchingUp)):
+        return _error(503, exc, headers={"Retry-After": str(RETRY_AFTER_S)})
+    if isinstance(exc, UNAVAILABLE):
+        log.warning("query of %s/%s: Cassandra unavailable: %s", pipeline, view, exc)
+        return JSONResponse(
+            {"detail": unavailable_detail(exc), "fix": "retry later; bring the Cassandra nodes that are "
+             "down back up"},
+            status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
+        )  # fmt: skip
+    if isinstance(exc, Unauthorized):
+        right = refused(exc)  # serving's principal lacks SELECT: an operator's grant is the fix
+        log.warning("query of %s/%s: Cassandra refused the read: %s", pipeline, view, exc)
+        return JSONResponse(
+            {"detail": right.message if right else str(exc), "fix": right.fix if right else None},
+            status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
+        )  # fmt: skip
+    if isinstance(exc, (DriverException, ConnectionException)):
+        # Any other error of the store's client (a connection reset by a node going down, a
+        # request the coordinator failed): the store's trouble, not the server's, and logged whole.
+        log.warning("query of %s/%s: Cassandra failed the read: %r", pipeline, view, exc)
+        return JSONResponse(
+            {"detail": f"the view store (Cassandra) failed the read ({type(exc).__name__}); no partial "
+             "answer is given", "fix": "retry later"},
+            status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
+        )  # fmt: skip
+    return None
+
+
 def make_app(settings: Settings, *, client: ServingClient | None = None) -> FastAPI:
     """The API for ``settings`` (``client``: a :class:`ServingClient` to share; default a new one)."""
     client = client or ServingClient(settings=settings, meta_ttl_s=settings.serving.meta_ttl_s)
@@ -85,54 +121,12 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
         version="1",
     )
 
-    # async: a plain `def` dependency would hop to the threadpool on every request.
-    async def authorized(
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    ) -> None:
-        if token is None:
-            return
-        given = credentials.credentials.encode() if credentials is not None else b""
-        if credentials is None or not hmac.compare_digest(given, token):
-            raise _Unauthorized()
-
-    @app.exception_handler(_Unauthorized)
-    async def _unauthorized(_request: Request, _exc: _Unauthorized) -> JSONResponse:
-        return JSONResponse(
-            {"detail": "a valid bearer token is required (Authorization: Bearer <token>)"},
-            status_code=401, headers={"WWW-Authenticate": "Bearer"},
-        )  # fmt: skip
-
+    authorized = _bearer_auth(app, token)
     app.add_middleware(_Timed, latency=latency)
     names = client.pipeline_names()
     views = sorted({v.name for name in names for v in client.pipeline(name).views})
 
-    @app.get(
-        "/health", summary="Liveness and Cassandra reachability (open: no token needed)",
-        response_model=HealthBody,
-        responses={503: {"description": "Cassandra is unreachable", "model": HealthBody,
-                         "headers": {"Retry-After": {"schema": {"type": "integer"}}}}},
-    )  # fmt: skip
-    def health() -> JSONResponse:
-        try:
-            client.session.execute("SELECT release_version FROM system.local", timeout=5)
-        except Exception as exc:  # unhealthy, not an error page
-            # The driver's text names hosts and internals: logged for operators, not shown to anyone.
-            log.warning("health check: Cassandra unreachable: %s", exc)
-            return JSONResponse(
-                {"status": "unavailable", "detail": "Cassandra is unreachable"},
-                status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
-            )  # fmt: skip
-        return JSONResponse({"status": "ok"})
-
-    @app.get(
-        "/metrics", summary="Prometheus metrics", dependencies=[Depends(authorized)],
-        response_class=PlainTextResponse,
-        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                         "description": "Prometheus text exposition format"},
-                   **answers(401, media_type="application/json")},
-    )  # fmt: skip
-    def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    _add_operations(app, client, registry, authorized)
 
     @app.get(
         QUERY_PATH,
@@ -176,35 +170,11 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
                 return JSONResponse({"detail": f"from ({start}) is after to ({end})"}, status_code=400)
             wanted = quantile_list(q) if q else None
             answer = await client.aquery(pipeline, view, key, start=start, end=end, quantiles=wanted)
-        except NotFound as exc:
-            return _error(404, exc)
-        except BadQuery as exc:
-            return _error(422, exc)
-        except (NotDeployed, SchemaCatchingUp) as exc:
-            return _error(503, exc, headers={"Retry-After": str(RETRY_AFTER_S)})
-        except UNAVAILABLE as exc:
-            log.warning("query of %s/%s: Cassandra unavailable: %s", pipeline, view, exc)
-            return JSONResponse(
-                {"detail": unavailable_detail(exc), "fix": "retry later; bring the Cassandra nodes that are "
-                 "down back up"},
-                status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
-            )  # fmt: skip
-        except Unauthorized as exc:
-            right = refused(exc)  # serving's principal lacks SELECT: an operator's grant is the fix
-            log.warning("query of %s/%s: Cassandra refused the read: %s", pipeline, view, exc)
-            return JSONResponse(
-                {"detail": right.message if right else str(exc), "fix": right.fix if right else None},
-                status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
-            )  # fmt: skip
-        except (DriverException, ConnectionException) as exc:
-            # Any other error of the store's client (a connection reset by a node going down, a
-            # request the coordinator failed): the store's trouble, not the server's, and logged whole.
-            log.warning("query of %s/%s: Cassandra failed the read: %r", pipeline, view, exc)
-            return JSONResponse(
-                {"detail": f"the view store (Cassandra) failed the read ({type(exc).__name__}); no partial "
-                 "answer is given", "fix": "retry later"},
-                status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
-            )  # fmt: skip
+        except Exception as exc:
+            failed = _failure(exc, pipeline, view)
+            if failed is None:
+                raise
+            return failed
         if not answer.found:
             return JSONResponse(
                 {
@@ -215,10 +185,73 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
             )
         return Response(answer.to_json(), media_type="application/json")
 
+    _with_enums(app, names, views)
+    return app
+
+
+def _bearer_auth(app: FastAPI, token: bytes | None) -> Callable[..., Awaitable[None]]:
+    """The dependency that requires ``token`` as a bearer token (none: every request passes), and
+    the 401 it answers otherwise."""
+
+    # async: a plain `def` dependency would hop to the threadpool on every request.
+    async def authorized(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> None:
+        if token is None:
+            return
+        given = credentials.credentials.encode() if credentials is not None else b""
+        if credentials is None or not hmac.compare_digest(given, token):
+            raise _Unauthorized()
+
+    @app.exception_handler(_Unauthorized)
+    async def _unauthorized(_request: Request, _exc: _Unauthorized) -> JSONResponse:
+        return JSONResponse(
+            {"detail": "a valid bearer token is required (Authorization: Bearer <token>)"},
+            status_code=401, headers={"WWW-Authenticate": "Bearer"},
+        )  # fmt: skip
+
+    return authorized
+
+
+def _add_operations(
+    app: FastAPI, client: ServingClient, registry: Any, authorized: Callable[..., Awaitable[None]]
+) -> None:
+    """``/health`` (open) and ``/metrics`` (behind the token)."""
+
+    @app.get(
+        "/health", summary="Liveness and Cassandra reachability (open: no token needed)",
+        response_model=HealthBody,
+        responses={503: {"description": "Cassandra is unreachable", "model": HealthBody,
+                         "headers": {"Retry-After": {"schema": {"type": "integer"}}}}},
+    )  # fmt: skip
+    def health() -> JSONResponse:
+        try:
+            client.session.execute("SELECT release_version FROM system.local", timeout=5)
+        except Exception as exc:  # unhealthy, not an error page
+            # The driver's text names hosts and internals: logged for operators, not shown to anyone.
+            log.warning("health check: Cassandra unreachable: %s", exc)
+            return JSONResponse(
+                {"status": "unavailable", "detail": "Cassandra is unreachable"},
+                status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)},
+            )  # fmt: skip
+        return JSONResponse({"status": "ok"})
+
+    @app.get(
+        "/metrics", summary="Prometheus metrics", dependencies=[Depends(authorized)],
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                         "description": "Prometheus text exposition format"},
+                   **answers(401, media_type="application/json")},
+    )  # fmt: skip
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _with_enums(app: FastAPI, names: list[str], views: list[str]) -> None:
+    """The generated document, with the pipelines and views this server knows as enums."""
     document = app.openapi
 
     def openapi() -> dict[str, Any]:
-        """The generated document, with the pipelines and views this server knows as enums."""
         if app.openapi_schema is None:
             spec = document()
             for parameter in spec["paths"][QUERY_PATH]["get"]["parameters"]:
@@ -228,7 +261,6 @@ def make_app(settings: Settings, *, client: ServingClient | None = None) -> Fast
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    return app
 
 
 def create_app() -> FastAPI:

@@ -42,12 +42,8 @@ class ActiveBatch:
     epoch_ms: int
     bronze_version: int
     views: dict[str, int]
-    published_at_ms: int = 0
-    generation: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.generation:  # a row written before generations: its tables are its own
-            object.__setattr__(self, "generation", self.version)
+    published_at_ms: int
+    generation: int
 
 
 @dataclass(frozen=True)
@@ -74,14 +70,14 @@ def read_meta(session: Session, keyspace: str, pipeline: str) -> PipelineMeta:
         raise
     if row is None:
         return PipelineMeta(None)
-    text = getattr(row, "view_versions", None)
+    text = row.view_versions
     batch = None
     if row.version:
         published = row.published_at
         batch = ActiveBatch(
             row.version, row.horizon, row.epoch_ms, row.bronze_version, json.loads(row.views),
             int(published.timestamp() * 1000) if published is not None else 0,
-            getattr(row, "generation", None) or row.version,
+            row.generation,
         )  # fmt: skip
     return PipelineMeta(batch, Registry.parse(text), row.version or 0, text)
 

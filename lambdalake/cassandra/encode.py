@@ -1,7 +1,7 @@
 """Column values serialized for Cassandra's native protocol, a whole Arrow column at a time.
 
-The driver binds a prepared statement value by value in Python (about 1 µs a value, 12 µs for a
-13-column row, measured here): in a bulk publish that cost more than Cassandra's own work. The
+The driver binds a prepared statement value by value in Python: in a bulk publish that cost more
+than Cassandra's own work. The
 encodings of the CQL types views use are fixed by the protocol (big-endian integers and IEEE
 floats, UTF-8 text, raw blobs, a decimal's scale and varint; a null is sent as no value), the same
 in protocol versions 3 and 4, so they are produced here with Arrow and NumPy per column (decimals

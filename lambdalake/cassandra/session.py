@@ -14,6 +14,7 @@ from cassandra.policies import ConstantReconnectionPolicy
 
 from lambdalake.cassandra.routing import SchemaLagPolicy
 from lambdalake.errors import ConfigurationError, ServiceUnavailable
+from lambdalake.secure import certificate_fault
 from lambdalake.settings import CassandraSettings
 
 # The driver warns about system tables it cannot describe: noise, not a problem.
@@ -88,19 +89,20 @@ def refusal(exc: BaseException, settings: CassandraSettings) -> ConfigurationErr
             fix="set LAMBDALAKE_CASSANDRA__USERNAME and LAMBDALAKE_CASSANDRA__PASSWORD to a role of "
             "the cluster",
         )
-    if "mismatch" in lowered and ("hostname" in lowered or "ip address" in lowered):
+    fault = certificate_fault(lowered)
+    if fault == "names another host":
         return ConfigurationError(
             "a Cassandra node's certificate does not name the address it was reached at "
             f"({', '.join(settings.contact_points)})",
             fix="use contact points the certificates name, or reissue them with those names; only for "
             "certificates without names, set LAMBDALAKE_CASSANDRA__SSL_CHECK_HOSTNAME=false",
         )
-    if "expired" in lowered and "certificate" in lowered:
+    if fault == "expired":
         return ConfigurationError(
             "a Cassandra node's certificate has expired",
             fix="reissue the nodes' certificates (the embedded ones: `lambdalake up --secure` renews them)",
         )
-    if "certificate verify failed" in lowered:
+    if fault == "untrusted":
         return ConfigurationError(
             f"a Cassandra node's certificate is not signed by the CA in {settings.ssl_ca_location}",
             fix="set LAMBDALAKE_CASSANDRA__SSL_CA_LOCATION to the PEM file of the CA that signed the "

@@ -18,6 +18,7 @@ from lambdalake.cassandra.session import execute_ddl, refresh_metadata
 from lambdalake.errors import ConfigurationError
 from lambdalake.event_schema import event_schema
 from lambdalake.latest import CANDIDATE, CANDIDATE_ORDER, RANK, RANK_CQL
+from lambdalake.layout import BATCH_CLAIMS_TABLE, BATCH_META_TABLE
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import CassandraSettings
 from lambdalake.view_types import held_types
@@ -263,7 +264,7 @@ def batch_table_def(pipeline: Pipeline, view: LatestView | WindowedView, generat
 #: new version first, then this one row: the swap is a single-partition write, so atomic. Version 0:
 #: no batch published yet.
 BATCH_META = TableDef(
-    "lambdalake_batch",
+    BATCH_META_TABLE,
     (
         ("pipeline", "text"), ("version", "bigint"), ("horizon", "bigint"), ("epoch_ms", "bigint"),
         ("bronze_version", "bigint"), ("views", "text"), ("published_at", "timestamp"),
@@ -276,7 +277,7 @@ BATCH_META = TableDef(
 #: Batch versions claimed by publishes (``INSERT ... IF NOT EXISTS``): two runs never write one
 #: version's tables, whatever they saw of each other.
 BATCH_CLAIMS = TableDef(
-    "lambdalake_batch_claims",
+    BATCH_CLAIMS_TABLE,
     (("pipeline", "text"), ("version", "bigint"), ("run_id", "text"), ("claimed_at", "timestamp")),
     ("pipeline",),
     ("version",),

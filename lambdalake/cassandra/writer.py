@@ -75,7 +75,7 @@ def _prepare(session: Session, cql: str) -> PreparedStatement:
 def bulk_options(settings: CassandraSettings) -> dict[str, int]:
     """``batch_rows`` and ``concurrency`` for bulk writes (a batch publish, a replay's rewrite of
     whole epochs), as opposed to the speed layer's small micro-batches: larger batches and fewer
-    requests in flight (measured on 2 cores: 100 rows x 8 requests ~1.5x the rate of 32 x 16)."""
+    requests in flight (faster on few cores; docs/benchmarks-log.md)."""
     return {"batch_rows": settings.publish_batch_rows, "concurrency": 8}
 
 

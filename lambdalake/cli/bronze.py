@@ -25,10 +25,10 @@ STAGING_PREFIX = "compact-cli-"
 def _master_dataset(name: str, settings: Settings) -> tuple[Pipeline, str, DeltaTable]:
     """The pipeline, its master dataset's location and newest snapshot; refused when there is none."""
     from lambdalake.delta import open_table
-    from lambdalake.master_files import table_path
+    from lambdalake.layout import master_path
 
     p = pipeline_of(name, settings)
-    path = table_path(settings.storage_root, p.name)
+    path = master_path(settings.storage_root, p.name)
     table = open_table(path)
     if table is None:
         raise LambdalakeError(

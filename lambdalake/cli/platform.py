@@ -120,7 +120,7 @@ def install() -> None:
 def down(only: OnlyOpt = None) -> None:
     """Stop the deployed jobs, then the embedded services, by their PID files (data is kept under the
     state folder; `up` then `deploy` resume where they stopped)."""
-    from lambdalake.control.deploy import deployed_pipelines, undeploy
+    from lambdalake.control.processes import deployed_pipelines, undeploy
     from lambdalake.infra.services import select, stop_all
 
     settings = get_settings()
@@ -315,8 +315,8 @@ def undeploy(
 ) -> None:
     """Stop the deployed speed jobs (and the batch scheduler once no pipeline is left). Topics,
     tables, the master dataset and checkpoints are kept: `deploy` resumes where the jobs stopped."""
-    from lambdalake.control.deploy import deployed_pipelines
-    from lambdalake.control.deploy import undeploy as stop
+    from lambdalake.control.processes import deployed_pipelines
+    from lambdalake.control.processes import undeploy as stop
 
     settings = get_settings()
     with console.status("stopping jobs..."):

@@ -23,6 +23,8 @@ from lambdalake.settings import get_settings
 if TYPE_CHECKING:
     from typing import TextIO
 
+    from lambdalake.pipeline import Pipeline
+    from lambdalake.produce.generator import Mix
     from lambdalake.produce.producer import EventProducer, ProduceStats
 
 
@@ -95,9 +97,7 @@ def produce(
     Exits non-zero if any record was not acknowledged by the broker.
     """
     from lambdalake.produce.generator import Mix
-    from lambdalake.produce.generator import generate as generate_records
-    from lambdalake.produce.producer import EventProducer, ProducerFailed
-    from lambdalake.produce.reader import format_of
+    from lambdalake.produce.producer import EventProducer
 
     if (file is None) == (generate is None):
         raise LambdalakeError(
@@ -107,38 +107,81 @@ def produce(
     p = pipeline_of(pipeline, settings)
     with console.status("connecting, creating topics, registering schemas..."):
         producer = EventProducer(settings=settings, pipeline=p, schema_version=schema_version)
+    mix = Mix(duplicates=duplicates, invalid=invalid, late=late)
+    records, kind, total = _input(p, file, fmt, generate, seed=seed, mix=mix)
+    saved = open(save, "w") if save else None  # noqa: SIM115
+    try:
+        stats, count, elapsed, failure = _send(
+            producer, records, file, kind, rate, saved, total, p.topic.name
+        )
+    finally:
+        if saved:
+            saved.close()
+    _produce_summary(stats, count, elapsed)
+    if stats.fatal and failure is None:
+        failure = f"the Kafka producer failed fatally: {stats.fatal}"
+    right = refused(failure, settings) if failure else None
+    if right is not None:  # the principal lacks a right: nothing was acknowledged, a grant is the fix
+        raise right
+    if failure:
+        console.print(f"[red]✘ {escape(failure)}[/]")
+        console.print(
+            "[yellow]fix:[/] check the broker (`lambdalake status`), then produce the records not "
+            "acknowledged again: the topic's readers deduplicate by identity"
+        )
+    if stats.unacknowledged or failure:
+        if stats.unacknowledged:
+            console.print(f"[red]✘ {stats.unacknowledged} record(s) were not acknowledged by the broker[/]")
+        raise typer.Exit(1)
+
+
+def _input(
+    p: Pipeline, file: Path | None, fmt: str | None, generate: int | None, *, seed: int, mix: Mix
+) -> tuple[Iterator[dict] | None, str, int | None]:
+    """What to produce: generated records (an iterator, ``json``, their number), or a file's
+    format (None: ``_units`` reads the file)."""
+    from lambdalake.produce.generator import generate as generate_records
+    from lambdalake.produce.reader import format_of
 
     if generate is not None:
-        mix = Mix(duplicates=duplicates, invalid=invalid, late=late)
         if p.generator is not None:
-            records = generate_records(p.generator.kind, generate, seed=seed, mix=mix)
-        else:  # a pipeline of the user's own: records drawn from its schema and rules
-            from lambdalake.produce.schema_stream import SchemaStream
+            return generate_records(p.generator.kind, generate, seed=seed, mix=mix), "json", generate
+        # A pipeline of the user's own: records drawn from its schema and rules.
+        from lambdalake.produce.schema_stream import SchemaStream
 
-            records = iter(SchemaStream(generate, seed=seed, mix=mix, clock=time.time, pipeline=p))
-        kind = "json"
-        total: int | None = generate
-    else:
-        if str(file) != "-" and not Path(file).is_file():
-            raise LambdalakeError(
-                f"input file {file} does not exist or is not a file",
-                fix="check the path given to --file (or use '-' to read standard input)",
-            )
-        if fmt not in (None, "json", "csv", "parquet"):
-            raise LambdalakeError(f"unknown --format {fmt!r}", fix="use json, csv or parquet")
-        kind = format_of(file, fmt)  # type: ignore[arg-type]
-        if kind != "json" and str(file) == "-":
-            raise LambdalakeError(
-                "standard input is read as JSON lines", fix="give a file for CSV or Parquet"
-            )
-        records = None
-        total = None
+        return iter(SchemaStream(generate, seed=seed, mix=mix, clock=time.time, pipeline=p)), "json", generate
+    assert file is not None
+    if str(file) != "-" and not Path(file).is_file():
+        raise LambdalakeError(
+            f"input file {file} does not exist or is not a file",
+            fix="check the path given to --file (or use '-' to read standard input)",
+        )
+    if fmt not in (None, "json", "csv", "parquet"):
+        raise LambdalakeError(f"unknown --format {fmt!r}", fix="use json, csv or parquet")
+    kind = format_of(file, fmt)  # type: ignore[arg-type]
+    if kind != "json" and str(file) == "-":
+        raise LambdalakeError("standard input is read as JSON lines", fix="give a file for CSV or Parquet")
+    return None, kind, None
 
-    saved = open(save, "w") if save else None  # noqa: SIM115
+
+def _send(
+    producer: EventProducer,
+    records: Iterator[dict] | None,
+    file: Path | None,
+    kind: str,
+    rate: float | None,
+    saved: TextIO | None,
+    total: int | None,
+    topic: str,
+) -> tuple[ProduceStats, int, float, str | None]:
+    """Send every record (at ``rate`` per second at most), showing progress; Ctrl-C flushes what is
+    in flight. Returns the producer's stats, the records sent, the seconds taken and a failure."""
+    from lambdalake.produce.producer import ProducerFailed
+
     t0 = time.monotonic()
     count = 0
     progress = Progress(
-        TextColumn(f"[bold]{p.topic.name}[/]"), BarColumn(), MofNCompleteColumn(),
+        TextColumn(f"[bold]{topic}[/]"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[rate]:>9,.0f} ev/s"), TimeElapsedColumn(),
         console=console, transient=True, disable=not console.is_terminal,
     )  # fmt: skip
@@ -164,25 +207,7 @@ def produce(
         except OSError as exc:
             failure = f"reading the input failed: {exc}"
         stats = producer.flush()
-    if saved:
-        saved.close()
-    elapsed = time.monotonic() - t0
-    _produce_summary(stats, count, elapsed)
-    if stats.fatal and failure is None:
-        failure = f"the Kafka producer failed fatally: {stats.fatal}"
-    right = refused(failure, settings) if failure else None
-    if right is not None:  # the principal lacks a right: nothing was acknowledged, a grant is the fix
-        raise right
-    if failure:
-        console.print(f"[red]✘ {escape(failure)}[/]")
-        console.print(
-            "[yellow]fix:[/] check the broker (`lambdalake status`), then produce the records not "
-            "acknowledged again: the topic's readers deduplicate by identity"
-        )
-    if stats.unacknowledged or failure:
-        if stats.unacknowledged:
-            console.print(f"[red]✘ {stats.unacknowledged} record(s) were not acknowledged by the broker[/]")
-        raise typer.Exit(1)
+    return stats, count, time.monotonic() - t0, failure
 
 
 def _units(

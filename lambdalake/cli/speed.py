@@ -65,7 +65,9 @@ def speed_run(
     One speed job per pipeline runs at a time, on every host: a second one refuses (exit 2)."""
     import logging
 
-    from lambdalake.speed.job import SpeedJob, SpeedOptions
+    from lambdalake.speed.job import SpeedJob
+    from lambdalake.speed.options import SpeedOptions
+    from lambdalake.speed.supervisor import Supervisor
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("lambdalake").setLevel(log_level.value)
@@ -84,13 +86,13 @@ def speed_run(
     with writer_lease(settings, p.name, "speed job", wait_s=lease_wait) as lease:
         job = SpeedJob(settings=settings, pipeline=p, options=options)
         if not once:
-            job.run_until_stopped(lost=lease.lost)
+            Supervisor(job).run_until_stopped(lost=lease.lost)
             return
         t0 = time.monotonic()
         with console.status("processing what the topic holds..."):
             job.start()
             try:
-                job.catch_up()
+                Supervisor(job).catch_up()
             finally:
                 job.close()
     for name, stats in job.progress.stats.items():
@@ -110,10 +112,11 @@ def speed_status(
     """Progress of every speed job under the storage root: rows, last batch, lag, events behind the
     watermark (left to the batch layer), and the resident memory of all the job's processes (driver,
     JVM, Python workers) at its last batch."""
+    from lambdalake.layout import SPEED_STATUS_PREFIX, status_folder
     from lambdalake.storage import list_files, read_text
 
     settings = get_settings()
-    files = list_files(f"{settings.storage_root.rstrip('/')}/status", prefix="speed-", suffix=".json")
+    files = list_files(status_folder(settings.storage_root), prefix=SPEED_STATUS_PREFIX, suffix=".json")
     queries = {name: stats for f in files for name, stats in json.loads(read_text(f) or "{}").items()}
     if as_json:
         out.print_json(json.dumps(queries))

@@ -33,7 +33,7 @@ def reset_speed(settings: Settings, pipeline: str) -> ResetResult:
 
 def refuse_running_job(settings: Settings, pipeline: str, action: str) -> None:
     """Refuse ``action`` while the pipeline's managed speed job runs on this machine."""
-    from lambdalake.control.deploy import speed_process
+    from lambdalake.control.processes import speed_process
 
     pid = speed_process(settings, pipeline).pid()
     if pid is not None:

@@ -23,8 +23,6 @@ checkpoint are then dropped.
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from collections.abc import Callable
 
@@ -32,12 +30,14 @@ from pyspark.sql import SparkSession
 
 from lambdalake.cassandra.active import PipelineMeta, read_meta, swap_until_applied, with_deployed_views
 from lambdalake.cassandra.session import connect, execute_ddl
-from lambdalake.control.deploy import Change, Deployer
+from lambdalake.control.changes import Change
+from lambdalake.control.processes import Processes
+from lambdalake.control.resources import Resources
 from lambdalake.errors import LambdalakeError, NothingToCover
 from lambdalake.lease import writer_lease
 from lambdalake.pipeline import Pipeline, WindowedView
 from lambdalake.settings import Settings
-from lambdalake.storage import delete_folder, read_text
+from lambdalake.storage import delete_folder
 from lambdalake.view_versions import Registry, ViewVersion, retype_pending
 
 Progress = Callable[[str], None]
@@ -47,7 +47,7 @@ WAIT_S = 300.0
 
 
 def build_views(
-    settings: Settings, pipeline: Pipeline, deployer: Deployer, progress: Progress
+    settings: Settings, pipeline: Pipeline, resources: Resources, processes: Processes, progress: Progress
 ) -> list[Change]:
     """Build every building version of ``pipeline``'s views and switch serving to them; then drop
     the retired versions. Needs the speed job running with the building versions (deploy started it).
@@ -79,9 +79,9 @@ def build_views(
             changes.append(Change(f"view {pipeline.name}.{version.view}", "updated",
                                   f"v{version.version} active (serving switched)"))  # fmt: skip
         if held:  # the schema versions that widen their stored types, held back until now
-            changes += deployer.register_schemas(pipeline)
+            changes += resources.register_schemas(pipeline)
         progress("restarting the speed job without the versions replaced")
-        changes.append(deployer.ensure_speed_job(with_deployed_views(session, keyspace, pipeline)))
+        changes.append(processes.ensure_speed_job(with_deployed_views(session, keyspace, pipeline)))
     changes += drop_retired(settings, pipeline, progress)
     return changes
 
@@ -92,24 +92,22 @@ def _recompute(
     """Step 2: the closed epochs after the horizon the speed job's query does not count."""
     from lambdalake.batch.horizon import boundaries
     from lambdalake.master import bronze_of
-    from lambdalake.speed.job import MAIN_FILE, START_FILE, checkpoints_path
+    from lambdalake.speed.checkpoints import Checkpoints
     from lambdalake.speed.replay import Replayer
 
-    checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
-    folder = f"{checkpoints}/{version.name}"
+    checkpoints = Checkpoints(settings.storage_root, pipeline.name)
     first_open = None
     if isinstance(version.definition, WindowedView):
         progress(f"{version.name}: waiting for the speed job's query")
 
-        def started() -> bool:
-            main = json.loads(read_text(f"{checkpoints}/{MAIN_FILE}") or "{}")
-            return version.name in {name for name, _ in main.get("views", [])}
-
-        _wait(started, f"the speed job of {pipeline.name!r} to start the query of {version.name}")
-        start = read_text(f"{folder}/{START_FILE}")
+        _wait(
+            lambda: checkpoints.main_counts(version.name),
+            f"the speed job of {pipeline.name!r} to start the query of {version.name}",
+        )
+        start = checkpoints.view_start(version.name)
         if start is None:  # counted with the job's first checkpoint (a new pipeline, a reset): all counted
             return 0
-        first_open = int(json.loads(start)["epoch"])
+        first_open = start.epoch
         bronze = bronze_of(settings, pipeline)
         needed = boundaries(settings, pipeline, first_open * pipeline.layers.epoch_ms)
         progress(f"{version.name}: waiting for bronze to archive every epoch before {first_open}")
@@ -189,18 +187,17 @@ def _switch(settings: Settings, pipeline: str, names: set[str]) -> list[ViewVers
 def drop_retired(settings: Settings, pipeline: Pipeline, progress: Progress) -> list[Change]:
     """Drop the tables, Delta views and checkpoints of retired versions (the jobs no longer run
     them), and the main query's checkpoints that a move left behind."""
-    from lambdalake.batch.run import views_path
-    from lambdalake.speed.job import MAIN_FILE, checkpoints_path
+    from lambdalake.layout import view_tables, views_path
+    from lambdalake.speed.checkpoints import Checkpoints
 
     session = connect(settings.cassandra)
     keyspace = settings.cassandra.keyspace
-    checkpoints = checkpoints_path(settings.storage_root, pipeline.name)
+    checkpoints = Checkpoints(settings.storage_root, pipeline.name)
     changes = []
-    main = json.loads(read_text(f"{checkpoints}/{MAIN_FILE}") or "null")
-    if main is not None and main["dir"] != "main":
-        for generation in range(int(main.get("generation", 0))):
-            old = "main" if generation == 0 else f"main-g{generation}"
-            if delete_folder(f"{checkpoints}/{old}"):
+    main = checkpoints.main()
+    if main is not None:
+        for old in main.earlier_dirs():
+            if delete_folder(checkpoints.folder(old)):
                 changes.append(Change(f"checkpoint {pipeline.name}/{old}", "removed", "the main query moved"))
     meta = read_meta(session, keyspace, pipeline.name)
     retired = [n for n in meta.registry.retired if n not in {v.name for v in meta.registry.deployed()}]
@@ -210,12 +207,10 @@ def drop_retired(settings: Settings, pipeline: Pipeline, progress: Progress) -> 
     tables = set(session.cluster.metadata.keyspaces[keyspace].tables)
     for name in retired:
         progress(f"dropping version {name}")
-        pattern = re.compile(
-            rf"^{re.escape(pipeline.name)}__{re.escape(name)}__(speed|speed_ranked|speed_latest|b\d+)$"
-        )
+        pattern = view_tables(pipeline.name, name)
         for table in sorted(t for t in tables if pattern.match(t)):
             execute_ddl(session, f'DROP TABLE IF EXISTS "{keyspace}"."{table}"', timeout=120)
-        delete_folder(f"{checkpoints}/{name}")
+        delete_folder(checkpoints.folder(name))
         delete_folder(views_path(settings.storage_root, pipeline.name, name))
         changes.append(
             Change(f"view version {pipeline.name}.{name}", "removed", "tables, Delta view, checkpoint")

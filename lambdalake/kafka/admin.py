@@ -10,6 +10,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from lambdalake.errors import ConfigurationError, ServiceUnavailable
 from lambdalake.pipeline import LOG_APPEND_TIME, TIMESTAMP_TYPE, Pipeline
+from lambdalake.secure import certificate_fault
 from lambdalake.settings import Settings
 
 
@@ -30,7 +31,20 @@ def refusal(settings: Settings, errors: list[KafkaError]) -> ConfigurationError 
             fix="set LAMBDALAKE_KAFKA__SASL_USERNAME and LAMBDALAKE_KAFKA__SASL_PASSWORD to a user of the "
             "cluster (and LAMBDALAKE_KAFKA__SASL_MECHANISM to its mechanism)",
         )
-    if "certificate verify failed" in text:
+    fault = certificate_fault(text)
+    if fault == "names another host":
+        return ConfigurationError(
+            "a Kafka broker's certificate does not name the address it was reached at "
+            f"({kafka.bootstrap_servers})",
+            fix="set LAMBDALAKE_KAFKA__BOOTSTRAP_SERVERS to names its certificates hold (and the brokers' "
+            "advertised listeners to them), or reissue the certificates",
+        )
+    if fault == "expired":
+        return ConfigurationError(
+            "a Kafka broker's certificate has expired",
+            fix="reissue the brokers' certificates (the embedded ones: `lambdalake up --secure` renews them)",
+        )
+    if fault == "untrusted":
         return ConfigurationError(
             "a Kafka broker's certificate is not signed by the CA in "
             f"{kafka.ssl_ca_location or 'the system store'}",

@@ -24,7 +24,7 @@ LOG4J = Path(__file__).with_name("log4j2.properties")
 SPARK_DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
     # ANSI arithmetic (Spark 4's default, pinned here): a decimal sum beyond its type fails the
-    # query naming the overflow, where the legacy mode would store a silent null.
+    # query naming the overflow, where the non-ANSI mode would store a silent null.
     "spark.sql.ansi.enabled": "true",
     # Few, larger tasks: each shuffle partition of a stateful query is a state store to commit per
     # micro-batch. One instead of two: fresher (latest p50 0.75-0.83 s against 0.89-0.98, p99
@@ -39,8 +39,8 @@ SPARK_DEFAULTS = {
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
     ),
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-    # Counting the store's rows costs a RocksDB read before every write (measured: 1.5-2.5 s of CPU
-    # per 200k-event micro-batch); its only use is the numRowsTotal metric, which nothing here reads.
+    # Counting the store's rows costs a RocksDB read before every write; its only use is the
+    # numRowsTotal metric, which nothing here reads.
     "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
@@ -106,7 +106,7 @@ def driver_java_options(settings: Settings, workload: Workload, *, events: int |
         opts += [*QUICK_JIT, "-XX:+UseSerialGC"]
     elif workload == "stream" and local:
         # Every micro-batch runs freshly generated code, and with the C2 compiler on, JIT compiling it
-        # took a third of the JVM's CPU time on a 2-core machine (measured: C2 thread 30 s of 80 s).
+        # took a large share of the JVM's CPU time on a 2-core machine.
         # C1 alone compiles far cheaper; on other machines' clusters the driver keeps the JVM's default.
         opts += QUICK_JIT
         # The serial collector: a micro-batch's garbage is young and small, and G1's remembered sets

@@ -16,7 +16,7 @@ from pyspark.sql.types import DataType, StructType
 
 from lambdalake.identity import spark_value_hash
 from lambdalake.latest import RANK, spark_order, spark_rank
-from lambdalake.pipeline import LEGACY_SKETCH_INPUT, LatestView, Pipeline, WindowedView
+from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.spark.filters import column as filter_column
 from lambdalake.view_types import held_types, spark_type
 from lambdalake.views import (
@@ -67,49 +67,18 @@ def only_kept(df: DataFrame, pipeline: Pipeline, view: LatestView | WindowedView
     return df if node is None else df.filter(filter_column(node))
 
 
-#: Types Spark's ``hll_sketch_agg`` took as they were, in the sketch input before the identity hash
-#: (``sketch_input`` 1); of any other type it counted the values' text.
-_HLL_TYPES = ("int", "bigint", "string", "binary")
-
-
-def _component(
-    c: Component, col: Column, kind: DataType | None, once_integers: frozenset[str], *, sketch_input: int
-) -> Column:
+def _component(c: Component, col: Column, kind: DataType | None) -> Column:
     """Component ``c`` of a windowed view over ``col`` (its source's values, or a count's ones)
-    whose Spark type is ``kind`` (None without a source); ``sketch_input``: the view version's
-    (:attr:`lambdalake.pipeline.WindowedView.sketch_input`)."""
+    whose Spark type is ``kind`` (None without a source)."""
     if c.fn == "count":
         return F.count(col).cast("long").alias(c.column)
     if c.fn == "hll":
         assert kind is not None
-        if sketch_input != LEGACY_SKETCH_INPUT:
-            # Each value as its identity hash: equal values across promotions are one item.
-            return F.hll_sketch_agg(spark_value_hash(col, kind), c.size).alias(c.column)
-        return F.hll_sketch_agg(
-            _legacy_sketch_input(c, col, kind.simpleString(), once_integers), c.size
-        ).alias(c.column)
+        # Each value as its identity hash: equal values across promotions are one item.
+        return F.hll_sketch_agg(spark_value_hash(col, kind), c.size).alias(c.column)
     if c.fn == "kll":
         return F.kll_sketch_agg_double(col.cast("double"), c.size).alias(c.column)
     return {"sum": F.sum, "min": F.min, "max": F.max}[c.fn](col).alias(c.column)
-
-
-def _legacy_sketch_input(c: Component, col: Column, kind: str, once_integers: frozenset[str]) -> Column:
-    """What a ``distinct`` sketch of a version made before the identity hash counts (so the
-    version's sketches keep uniting until a version on today's input replaces it)."""
-    if kind in ("float", "double") and c.source in once_integers:
-        # Promoted from an integer: a whole number as the long it was hashed as before (5.0 is
-        # 5), any other value as a 64-bit hash of its text, so old and new sketches unite exactly.
-        d = col.cast("double")
-        whole = (d == F.floor(d)) & (F.abs(d) < F.lit(2.0**63))
-        return F.when(whole, d.cast("long")).otherwise(F.xxhash64(d.cast("string")))
-    if kind.startswith("timestamp"):
-        return F.unix_micros(col)  # not its text, which depends on the session's time zone
-    if kind == "date":
-        return F.unix_date(col)
-    if kind == "float":
-        # As the double it widens to: a float field promoted to double keeps its values' text.
-        return col.cast("double").cast("string")
-    return col if kind in _HLL_TYPES else col.cast("string")
 
 
 def _source(c: Component) -> Column:
@@ -131,8 +100,7 @@ def windowed(
     df = as_recorded(only_kept(df, pipeline, view), pipeline, view)
     types = {f.name: f.dataType for f in df.schema}
     out = df.groupBy(*_cell(pipeline, view, epoch)).agg(*[
-        _component(c, _source(c), types.get(c.source or ""), pipeline.once_integers,
-                   sketch_input=view.sketch_input)
+        _component(c, _source(c), types.get(c.source or ""))
         for c in view_components(view)
     ])  # fmt: skip
     return _epoch_number(out) if epoch is not None else out
@@ -196,8 +164,7 @@ def windowed_together(
         aggregates.append(F.count(F.when(mine, F.lit(1))).alias(f"_v{i}__n"))
         for c in view_components(view):
             source = typed[i][c.source] if c.source else F.lit(1)
-            agg = _component(c, F.when(mine, source), kinds[i].get(c.source or ""), pipeline.once_integers,
-                             sketch_input=view.sketch_input)  # fmt: skip
+            agg = _component(c, F.when(mine, source), kinds[i].get(c.source or ""))
             aggregates.append(agg.alias(together_column(i, c.column)))
     out = rows.groupBy(
         F.col("_cell"), *[F.col(f"_k{d}") for d in range(len(cells))], F.col(WINDOW_START),
