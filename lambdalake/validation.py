@@ -262,7 +262,7 @@ class _PerRecord:
     def finite(self, field: str) -> _Source:
         # The common cases at a fraction of a call's cost, per record (v - v is NaN for infinities
         # and NaN).
-        return _Source("(type(v) is int or (v - v == 0 if type(v) is float else _finite(v)))")
+        return _Source("(v - v == 0 if type(v) is float else type(v) is int or _finite(v))")
 
     def compare(self, field: str, op: BoundOp, bound: float) -> _Source:
         return _Source(f"v {op} {self._name(bound)}")
