@@ -23,7 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lambdalake.pipeline import AllowedRule, NotFutureRule, RangeRule, RequiredRule, Rule
+from lambdalake.edge_rules import BoundOp, passes
+from lambdalake.pipeline import Rule
 from lambdalake.validation import INT32
 
 #: Integers beyond this magnitude lose precision as doubles: comparisons with float bounds defer.
@@ -154,9 +155,9 @@ class ColumnarValidator:
         ok = np.ones(n, dtype=bool)
         for field in self._fields if self._check_shape else []:
             ok &= self._shape(field, table, n)
+        engine = _Columns(table, n, now)
         for rule in self._rules:
-            column = table.column(rule.field) if rule.field in table.column_names else None
-            ok &= self._rule(rule, column, n, now)
+            ok &= passes(rule, engine)
         return ~ok
 
     def _shape(self, field: FieldType, table: pa.Table, n: int) -> np.ndarray:
@@ -198,52 +199,84 @@ class ColumnarValidator:
             return _mask(pc.is_in(column, value_set=pa.array(avro["symbols"], pa.string())))
         return False  # bytes, fixed, records, arrays, maps, uuid strings, general unions
 
-    def _rule(
-        self, rule: Rule, column: pa.ChunkedArray | None, n: int, now: float | np.ndarray
-    ) -> np.ndarray:
-        if column is None or pa.types.is_null(column.type):
-            # Every value is None: the rules let None pass, except ``required``.
-            return np.full(n, not isinstance(rule, RequiredRule))
-        valid = _mask(pc.is_valid(column))
-        t = column.type
-        match rule:
-            case RequiredRule():
-                if pa.types.is_string(t) or pa.types.is_large_string(t):
-                    blank = pc.match_substring_regex(column, _BLANK_START)
-                    filled = pc.and_(pc.greater(pc.utf8_length(column), 0), pc.invert(blank))
-                    return valid & _mask(filled)
-                return valid
-            case RangeRule(min=lo, max=hi, max_inclusive=incl):
-                if not _is_number(t):
-                    return ~valid
-                inside = _finite_and_exact(column)
-                # As doubles: exact for the values cleared above, and a bound's rounding cannot move
-                # it across one of them.
-                number = pc.cast(column, pa.float64(), safe=False)
-                if lo is not None:
-                    inside &= _mask(pc.greater_equal(number, float(lo)))
-                if hi is not None:
-                    inside &= _mask(pc.less_equal(number, float(hi)) if incl else pc.less(number, float(hi)))
-                return ~valid | inside
-            case AllowedRule(values=values):
-                strings = all(isinstance(v, str) for v in values)
-                integers = all(type(v) is int for v in values)
-                if strings and pa.types.is_string(t):
-                    return ~valid | _mask(pc.is_in(column, value_set=pa.array(values, pa.string())))
-                if integers and _is_signed(t):
-                    return ~valid | _mask(pc.is_in(column, value_set=pa.array(values, pa.int64())))
-                return ~valid
-            case NotFutureRule(max_skew_s=skew):
-                if not _is_number(t):
-                    return ~valid
-                limit = (np.asarray(now, dtype=np.float64) + skew) * 1000
-                if limit.ndim == 0:
-                    if not math.isfinite(float(limit)):
-                        return ~valid
-                    bound: Any = float(limit)
-                else:
-                    bound = pa.array(limit)
-                    valid &= np.isfinite(limit)  # a row without a finite bound: per record
-                early = _mask(pc.less_equal(pc.cast(column, pa.float64(), safe=False), bound))
-                return ~_mask(pc.is_valid(column)) | (valid & _finite_and_exact(column) & early)
-        return ~valid
+
+class _Columns:
+    """The rules' primitives over one table (:class:`lambdalake.edge_rules.Engine`), as numpy masks
+    that err toward False: a row a primitive cannot vouch for is left to the per-record path. Only
+    ``is_null`` (exact) and ``blank`` (erring toward True) are ever negated by a rule."""
+
+    def __init__(self, table: pa.Table, n: int, now: float | np.ndarray) -> None:
+        self._table = table
+        self._n = n
+        self._now = now
+        self._exact: dict[str, np.ndarray] = {}
+
+    def _exactly(self, field: str, column: pa.ChunkedArray) -> np.ndarray:
+        """:func:`_finite_and_exact` once per field (a range checks it for each bound)."""
+        if field not in self._exact:
+            self._exact[field] = _finite_and_exact(column)
+        return self._exact[field]
+
+    def _column(self, field: str) -> pa.ChunkedArray | None:
+        """The field's column, or None where every value is None (no column, or a null one)."""
+        if field not in self._table.column_names:
+            return None
+        column = self._table.column(field)
+        return None if pa.types.is_null(column.type) else column
+
+    def _none(self) -> np.ndarray:
+        return np.zeros(self._n, dtype=bool)
+
+    def is_null(self, field: str) -> np.ndarray:
+        column = self._column(field)
+        return np.ones(self._n, dtype=bool) if column is None else ~_mask(pc.is_valid(column))
+
+    def blank(self, field: str) -> np.ndarray:
+        column = self._column(field)
+        if column is None or not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            return self._none()
+        # Empty, or starting with a space: a string with more after the space is a suspect.
+        blank = pc.or_(pc.equal(pc.utf8_length(column), 0), pc.match_substring_regex(column, _BLANK_START))
+        return _mask(blank)
+
+    def finite(self, field: str) -> np.ndarray:
+        column = self._column(field)
+        if column is None or not _is_number(column.type):
+            return self._none()
+        return self._exactly(field, column)
+
+    def compare(self, field: str, op: BoundOp, bound: float) -> np.ndarray:
+        column = self._column(field)
+        if column is None or not _is_number(column.type):
+            return self._none()
+        # As doubles: exact for the values a double holds exactly, and a bound's rounding cannot
+        # move it across one of them.
+        number = pc.cast(column, pa.float64(), safe=False)
+        compare = {">=": pc.greater_equal, "<=": pc.less_equal, "<": pc.less}[op]
+        return self._exactly(field, column) & _mask(compare(number, float(bound)))
+
+    def one_of(self, field: str, values: Sequence[str | int]) -> np.ndarray:
+        column = self._column(field)
+        if column is None:
+            return self._none()
+        if all(isinstance(v, str) for v in values) and pa.types.is_string(column.type):
+            return _mask(pc.is_in(column, value_set=pa.array(values, pa.string())))
+        if all(type(v) is int for v in values) and _is_signed(column.type):
+            return _mask(pc.is_in(column, value_set=pa.array(values, pa.int64())))
+        return self._none()
+
+    def not_after_now(self, field: str, skew_s: float) -> np.ndarray:
+        column = self._column(field)
+        if column is None or not _is_number(column.type):
+            return self._none()
+        limit = (np.asarray(self._now, dtype=np.float64) + skew_s) * 1000
+        if limit.ndim == 0:
+            if not math.isfinite(float(limit)):
+                return self._none()
+            bound: Any = float(limit)
+            bounded = np.ones(self._n, dtype=bool)
+        else:
+            bound = pa.array(limit)
+            bounded = np.isfinite(limit)  # a row without a finite bound: per record
+        early = _mask(pc.less_equal(pc.cast(column, pa.float64(), safe=False), bound))
+        return bounded & self._exactly(field, column) & early
