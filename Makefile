@@ -105,6 +105,7 @@ bench: setup
 	$(BIN)/python -m bench.produce
 	$(BIN)/python -m bench.produce_file
 	$(BIN)/python -m bench.decode
+	$(BIN)/python -m bench.rules
 	$(BIN)/python -m bench.speed
 # A speed micro-batch's bronze commit as bronze grows (Delta logs of 1k-150k files).
 	$(BIN)/python -m bench.bronze_commits
