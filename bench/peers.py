@@ -37,7 +37,8 @@ latest query alone, computing its candidates and writing none, then writing them
 The peer runs in its own virtualenv (``.lambdalake/peer-venv``: quix-streams 3.28.1 pins
 confluent-kafka below the version the project uses), made on first use.
 
-With ``--baseline DIR`` (a checkout of another revision) its speed job runs too, as a side of its own.
+With ``--baseline DIR`` (a checkout of another revision) its speed job runs too, as a side of its own
+(``lambdalake-realtime-baseline`` among the sides: with its latest views in Real-time Mode).
 
     python -m bench.peers [--events 300000] [--rounds 2] [--rate 1000] [--seconds 120] [--baseline DIR]
 """
@@ -81,7 +82,12 @@ SIDES = ("lambdalake", "quix-default", "quix-tuned")
 #: Sides run only when asked: the speed job with its latest views in Real-time Mode (speed.latest);
 #: the micro-batch speed job with a Kafka-to-Kafka Real-time query beside it through its freshness
 #: run (how much two cores shared with a micro-batch job cost a Real-time query's latency).
-OTHER_SIDES = ("lambdalake-realtime", "floor-beside-lambdalake", "lambdalake-baseline")
+OTHER_SIDES = (
+    "lambdalake-realtime",
+    "floor-beside-lambdalake",
+    "lambdalake-baseline",
+    "lambdalake-realtime-baseline",
+)
 
 
 def peer_python() -> Path:
@@ -355,6 +361,11 @@ def one_run(
         side = Lambdalake(realtime, pipeline, log)
     elif side_name == "lambdalake-baseline":
         side = Lambdalake(settings, pipeline, log, root=Path(args.baseline))
+    elif side_name == "lambdalake-realtime-baseline":
+        realtime = settings.model_copy(
+            update={"speed": settings.speed.model_copy(update={"latest": "realtime"})}
+        )
+        side = Lambdalake(realtime, pipeline, log, root=Path(args.baseline))
     else:
         interval = 5.0 if side_name == "quix-default" else args.tuned_commit
         side = Quix(side_name, settings, pipeline.topic.name, interval, work, log)
@@ -492,7 +503,10 @@ def main() -> None:
     records = list(generate("offers", args.events, seed=21, mix=Mix(invalid=0, duplicates=0.02, late=0)))
     want = reference(records)
     # --sides lambdalake-baseline,lambdalake puts the baseline first (the order rotates each round).
-    sides = list(dict.fromkeys(args.sides.split(",") + (["lambdalake-baseline"] if args.baseline else [])))
+    # A side of the baseline named already (lambdalake-realtime-baseline) stands for it.
+    named = any(s.endswith("-baseline") for s in args.sides.split(","))
+    extra = ["lambdalake-baseline"] if args.baseline and not named else []
+    sides = list(dict.fromkeys(args.sides.split(",") + extra))
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     floors: list[dict] = []
     drains: list[dict] = []

@@ -37,7 +37,7 @@ import org.apache.spark.sql.Row;
  * Writes the {@code latest} views' ranked candidates to Cassandra: per candidate the same two
  * statements as the micro-batch path's writer (lambdalake/cassandra/writer.py), an INSERT of the
  * candidate and a DELETE of the key's lower-ranked ones, in one unlogged batch of one partition, at
- * the settings' consistency.
+ * the settings' consistency; a candidate that a better one this task wrote beats is not written.
  *
  * <p>A row is a record: its first column holds a writer schema id the query could not decode (null
  * otherwise), and each later column one view's candidate (a struct of the view table's columns in
@@ -76,6 +76,12 @@ public final class CandidateWriter extends ForeachWriter<Row> {
   private transient ConsistencyLevel level;
   /** Per view, candidates waiting for a write slot: the best of each key (the latest rule). */
   private transient List<Map<List<Object>, Object[]>> waiting;
+  /**
+   * Per view, the best candidate of each key this task has written since it opened: a candidate it
+   * beats is never written (Cassandra holds the better one, or will when close() returns). Another
+   * task may write the key too (a view keyed otherwise than the topic); the read serves the best.
+   */
+  private transient List<Map<List<Object>, Object[]>> written;
   private transient int queued;
   private transient Object lock;
 
@@ -125,8 +131,10 @@ public final class CandidateWriter extends ForeachWriter<Row> {
     slots = new Semaphore(IN_FLIGHT);
     failed = new ConcurrentLinkedQueue<>();
     waiting = new ArrayList<>();
+    written = new ArrayList<>();
     for (int v = 0; v < inserts.length; v++) {
       waiting.add(new HashMap<>());
+      written.add(new HashMap<>());
     }
     queued = 0;
     lock = new Object();
@@ -156,12 +164,14 @@ public final class CandidateWriter extends ForeachWriter<Row> {
       Object[] next = null;
       synchronized (lock) {
         for (int v = 0; v < waiting.size() && next == null; v++) {
-          var entries = waiting.get(v).values().iterator();
+          var entries = waiting.get(v).entrySet().iterator();
           if (entries.hasNext()) {
+            var entry = entries.next();
             view = v;
-            next = entries.next();
+            next = entry.getValue();
             entries.remove();
             queued--;
+            written.get(v).put(entry.getKey(), next);
           }
         }
       }
@@ -190,18 +200,24 @@ public final class CandidateWriter extends ForeachWriter<Row> {
   /**
    * Writes a candidate now if a slot is free and none waits; otherwise keeps it, or the better of it
    * and the key's waiting one: under a backlog a key's candidates that can never win are not
-   * written at all, while a record that finds the writer idle is written as it arrives.
+   * written at all, while a record that finds the writer idle is written as it arrives. A candidate
+   * beaten by one this task wrote is dropped: only winners are written.
    */
   private void offer(int view, Object[] values) {
+    int[] at = deleteAts[view];
+    List<Object> key = new ArrayList<>(at.length - 1);
+    for (int i = 0; i < at.length - 1; i++) {
+      key.add(values[at[i]]);
+    }
     synchronized (lock) {
-      if (queued == 0 && slots.tryAcquire()) {
-        write(view, values);
+      Object[] best = written.get(view).get(key);
+      if (best != null && !better(view, values, best)) {
         return;
       }
-      int[] at = deleteAts[view];
-      List<Object> key = new ArrayList<>(at.length - 1);
-      for (int i = 0; i < at.length - 1; i++) {
-        key.add(values[at[i]]);
+      if (queued == 0 && slots.tryAcquire()) {
+        written.get(view).put(key, values);
+        write(view, values);
+        return;
       }
       Object[] held = waiting.get(view).get(key);
       if (held == null) {
@@ -219,12 +235,13 @@ public final class CandidateWriter extends ForeachWriter<Row> {
     synchronized (lock) {
       while (queued > 0 && slots.tryAcquire()) {
         for (int v = 0; v < waiting.size(); v++) {
-          var entries = waiting.get(v).values().iterator();
+          var entries = waiting.get(v).entrySet().iterator();
           if (entries.hasNext()) {
-            Object[] next = entries.next();
+            var entry = entries.next();
             entries.remove();
             queued--;
-            write(v, next);
+            written.get(v).put(entry.getKey(), entry.getValue());
+            write(v, entry.getValue());
             break;
           }
         }
