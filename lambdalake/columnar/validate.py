@@ -210,12 +210,19 @@ class _Columns:
         self._n = n
         self._now = now
         self._exact: dict[str, np.ndarray] = {}
+        self._doubles: dict[str, pa.ChunkedArray] = {}
 
     def _exactly(self, field: str, column: pa.ChunkedArray) -> np.ndarray:
         """:func:`_finite_and_exact` once per field (a range checks it for each bound)."""
         if field not in self._exact:
             self._exact[field] = _finite_and_exact(column)
         return self._exact[field]
+
+    def _as_doubles(self, field: str, column: pa.ChunkedArray) -> pa.ChunkedArray:
+        """The column cast to doubles once per field (a range compares it with each bound)."""
+        if field not in self._doubles:
+            self._doubles[field] = pc.cast(column, pa.float64(), safe=False)
+        return self._doubles[field]
 
     def _column(self, field: str) -> pa.ChunkedArray | None:
         """The field's column, or None where every value is None (no column, or a null one)."""
@@ -251,9 +258,8 @@ class _Columns:
             return self._none()
         # As doubles: exact for the values a double holds exactly, and a bound's rounding cannot
         # move it across one of them.
-        number = pc.cast(column, pa.float64(), safe=False)
         compare = {">=": pc.greater_equal, "<=": pc.less_equal, "<": pc.less}[op]
-        return self._exactly(field, column) & _mask(compare(number, float(bound)))
+        return self._exactly(field, column) & _mask(compare(self._as_doubles(field, column), float(bound)))
 
     def one_of(self, field: str, values: Sequence[str | int]) -> np.ndarray:
         column = self._column(field)
@@ -278,5 +284,5 @@ class _Columns:
         else:
             bound = pa.array(limit)
             bounded = np.isfinite(limit)  # a row without a finite bound: per record
-        early = _mask(pc.less_equal(pc.cast(column, pa.float64(), safe=False), bound))
+        early = _mask(pc.less_equal(self._as_doubles(field, column), bound))
         return bounded & self._exactly(field, column) & early
