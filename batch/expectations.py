@@ -1,6 +1,6 @@
 """The quality gate's usual expectations, evaluated in one Spark aggregation per dataset.
 
-Great Expectations runs a Spark job or more per metric (about ten for a bronze slice, at ~0.3 s of
+Great Expectations runs a Spark job or more per metric (about ten for a master dataset slice, at ~0.3 s of
 fixed cost each on two cores): the gate cost more than the views it checked. The kinds the suite
 derives from a pipeline, and the same kinds in ``<pipeline>.expectations.json``, are evaluated here
 with Great Expectations' own Spark semantics (the conditions of its Spark metrics, nulls skipped by

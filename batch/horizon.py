@@ -3,7 +3,8 @@
 An epoch ``E`` (ingest ms // epoch ms) is closed when
 
 - its end plus the grace period has passed: ``(E + 1) * epoch_ms + grace_ms <= now``, and
-- bronze has archived, on every partition, everything before the epoch's end: its commits have read,
+- the master dataset has archived, on every partition, everything before the epoch's end: its commits have
+read,
   without a gap from the log's first offset, up to the first offset whose (LogAppendTime) timestamp
   is at or after ``(E + 1) * epoch_ms`` (:mod:`lambdalake.coverage`).
   That offset comes from the broker (offsets-for-times); a partition with no record after the
@@ -28,7 +29,7 @@ from lambdalake.settings import Settings
 @dataclass(frozen=True)
 class Horizon:
     """The epochs a batch covers (``<= epoch``), and per ``"topic/partition"`` the offsets before
-    the next epoch's first offset (``[0, boundary)``), which bronze has archived."""
+    the next epoch's first offset (``[0, boundary)``), which the master dataset has archived."""
 
     epoch: int
     epoch_ms: int
@@ -63,7 +64,8 @@ def first_offsets(settings: Settings, pipeline: Pipeline) -> dict[str, int]:
 
 
 def lagging(bounds: dict[str, int], read: dict[str, int]) -> dict[str, tuple[int, int]]:
-    """Partitions whose records before the boundary bronze has not all read: {p: (read, needed)}."""
+    """Partitions whose records before the boundary the master dataset has not all read: {p: (read,
+    needed)}."""
     return {
         p: (read.get(p, -1), boundary - 1)
         for p, boundary in bounds.items()
@@ -74,15 +76,15 @@ def lagging(bounds: dict[str, int], read: dict[str, int]) -> dict[str, tuple[int
 def find_horizon(
     settings: Settings,
     pipeline: Pipeline,
-    bronze: MasterDataset,
+    master: MasterDataset,
     *,
-    bronze_version: int,
+    master_version: int,
     requested: int | None = None,
     now_ms: int | None = None,
     lookback: int = 48,
 ) -> Horizon:
     """The horizon for a run: ``requested`` (refused if open or not archived yet) or the newest
-    closed epoch, stepping back over epochs bronze has not archived whole (at most ``lookback``).
+    closed epoch, stepping back over epochs the master dataset has not archived whole (at most ``lookback``).
 
     Raises:
         ConfigurationError: ``requested`` is open, or not archived; or no epoch is closed yet.
@@ -109,7 +111,7 @@ def find_horizon(
         bounds = boundaries(settings, pipeline, (epoch + 1) * epoch_ms)
         # Archived means read without a gap from the log's start (a replay's range read ahead of the
         # speed job does not count until the gap before it is read too).
-        read = bronze.read_progress(bounds, version=bronze_version, low=low)
+        read = master.read_progress(bounds, version=master_version, low=low)
         behind = lagging(bounds, read)
         if not behind:
             return Horizon(epoch, epoch_ms, bounds)
@@ -117,6 +119,7 @@ def find_horizon(
     worst = problems[next(iter(problems))]
     detail = ", ".join(f"{p}: read up to {r}, needs {n}" for p, (r, n) in sorted(worst.items()))
     raise NothingToCover(
-        f"bronze has not archived epoch {next(iter(problems))} of {pipeline.name!r} whole ({detail})",
+        f"the master dataset has not archived epoch {next(iter(problems))} of {pipeline.name!r} whole "
+        f"({detail})",
         fix=f"let the speed job catch up (`lambdalake speed run {pipeline.name}`), then run the batch again",
     )

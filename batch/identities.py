@@ -1,6 +1,6 @@
 """The identity index: every identity a pipeline's published batch views count, with the Kafka
 coordinate of its first delivery, so an incremental run deduplicates its new rows against the whole
-history by reading 16 bytes per identity instead of all of bronze (:mod:`batch.incremental`)."""
+history by reading 16 bytes per identity instead of all of the master dataset (:mod:`batch.incremental`)."""
 
 from __future__ import annotations
 

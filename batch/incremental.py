@@ -1,13 +1,14 @@
 """Incremental runs: what changed since the active batch, merged into its views.
 
-An incremental run builds on the active batch (its *base*) and reads only the bronze rows at the
+An incremental run builds on the active batch (its *base*) and reads only the master dataset rows at the
 Kafka coordinates the base did not cover:
 
 - per partition, the offsets from the base's horizon boundary to this run's: the epochs after the
   base's horizon (with LogAppendTime an epoch is a contiguous offset range, :mod:`batch.horizon`);
-- every offset bronze had not covered at the base's pinned version: rows of epochs the base covered
-  found there (a replay archived records bronze lacked; rare, as the horizon waits for a gap-free
-  archive) are counted too, and named with the bronze commits that added them.
+- every offset the master dataset had not covered at the base's pinned version: rows of epochs the base
+covered
+  found there (a replay archived records the master dataset lacked; rare, as the horizon waits for a gap-free
+  archive) are counted too, and named with the master dataset commits that added them.
 
 Deduplication stays exact over the whole history through the identity index
 (:mod:`batch.identities`): every identity the views count, with the coordinate of its first delivery.
@@ -34,7 +35,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from lambdalake.batch.identities import IdentityIndex
-from lambdalake.batch.run import RUN_ID
+from lambdalake.batch.run import MASTER_VERSION, RUN_ID
 from lambdalake.cassandra.active import ActiveBatch, read_meta
 from lambdalake.cassandra.session import connect
 from lambdalake.coverage import Coverage, difference, from_json, intersection, normalized
@@ -61,7 +62,7 @@ class Base:
     active: ActiveBatch
     run_id: str
     horizon: int
-    bronze_version: int
+    master_version: int
     boundaries: dict[str, int]
     delta_versions: dict[str, int]
 
@@ -69,8 +70,8 @@ class Base:
 @dataclass
 class Increment:
     """What an incremental run reads: per ``"topic/partition"``, the offset ranges whose rows the
-    base may not have counted: from the base's boundaries to this run's, and every offset bronze had
-    not covered at the base's pinned version. Reading more is harmless (a row the base counted is its
+    base may not have counted: from the base's boundaries to this run's, and every offset the master dataset
+    had not covered at the base's pinned version. Reading more is harmless (a row the base counted is its
     identity's indexed first delivery); reading less is not."""
 
     base: Base
@@ -106,24 +107,26 @@ def find_base(settings: Settings, pipeline: Pipeline, *, horizon: int) -> Base |
     index = IdentityIndex(settings, pipeline)
     if index.run_id() != run_id:
         return "the identity index does not match the active batch"
+    if MASTER_VERSION not in entry:
+        return "the active views' commits do not name the master dataset version they read"
     base_horizon = int(entry["lambdalake.horizon"])
     if horizon < base_horizon:
         return f"the horizon moves back (from {base_horizon} to {horizon})"
     return Base(
         active=active, run_id=run_id, horizon=base_horizon,
-        bronze_version=int(entry["lambdalake.bronze_version"]),
+        master_version=int(entry[MASTER_VERSION]),
         boundaries={k: int(v) for k, v in json.loads(entry[BOUNDARIES]).items()},
         delta_versions={v: int(active.views[v]) for v in entries},
     )  # fmt: skip
 
 
-#: Beyond any offset (the open end of the ranges bronze had not covered).
+#: Beyond any offset (the open end of the ranges the master dataset had not covered).
 NO_END = 1 << 62
 
 
-def plan(base: Base, bronze: MasterDataset, *, bronze_version: int, boundaries: dict[str, int]) -> Increment:
+def plan(base: Base, master: MasterDataset, *, master_version: int, boundaries: dict[str, int]) -> Increment:
     """The coordinates an incremental run to ``boundaries`` reads (module doc)."""
-    covered = bronze.read_coverage(version=base.bronze_version)
+    covered = master.read_coverage(version=base.master_version)
     keys = {*boundaries, *base.boundaries, *covered}
     uncovered = difference({k: [(0, NO_END)] for k in keys}, covered)
     ranges: Coverage = {}
@@ -135,13 +138,13 @@ def plan(base: Base, bronze: MasterDataset, *, bronze_version: int, boundaries: 
 
 
 def changed_by(
-    bronze: MasterDataset, increment: Increment, coordinates: Coverage, *, bronze_version: int
+    master: MasterDataset, increment: Increment, coordinates: Coverage, *, master_version: int
 ) -> list[int]:
-    """The bronze commits after the base's version that added rows at ``coordinates`` (each
+    """The master dataset commits after the base's version that added rows at ``coordinates`` (each
     commit's own log entry: read only when a run found rows of old epochs, which is rare)."""
     found = []
-    for version in range(increment.base.bronze_version + 1, bronze_version + 1):
-        entry = commit_info(bronze.path, version) or {}
+    for version in range(increment.base.master_version + 1, master_version + 1):
+        entry = commit_info(master.path, version) or {}
         if intersection(coordinates, from_json(json.loads(entry.get(RANGES) or "{}"))):
             found.append(version)
     return found
@@ -159,15 +162,15 @@ def in_ranges(ranges: Coverage) -> Column:
     return reduce(lambda a, b: a | b, terms) if terms else F.lit(False)
 
 
-def files_for(bronze: MasterDataset, ranges: Coverage, table) -> list[str]:
+def files_for(master: MasterDataset, ranges: Coverage, table) -> list[str]:
     """The live files of ``table``'s snapshot that may hold rows of ``ranges``."""
     wanted = [(int(k.rpartition("/")[2]), s, e) for k, parts in ranges.items() for s, e in parts]
-    return sorted({uri for found in bronze.files_holding(wanted, table=table) for uri in found})
+    return sorted({uri for found in master.files_holding(wanted, table=table) for uri in found})
 
 
 def old_epochs(delivered: DataFrame, horizon: int) -> tuple[list[int], Coverage]:
     """The epochs up to the base's ``horizon`` that rows of ``delivered`` (not counted by the base)
-    fall in, and per partition the span of their offsets: rows bronze added into epochs the base
+    fall in, and per partition the span of their offsets: rows the master dataset added into epochs the base
     covered (rare: the horizon waits for a gap-free archive)."""
     rows = delivered.filter(F.col(INGEST_EPOCH) <= horizon)
     spans = rows.groupBy("_topic", "_partition").agg(

@@ -1,8 +1,8 @@
-"""The nightly rebuild of one pipeline's views from the master dataset (bronze).
+"""The nightly rebuild of one pipeline's views from the master dataset.
 
 One run:
 
-1. **pin** bronze at its current Delta version and read exactly that version's live files;
+1. **pin** the master dataset at its current Delta version and read exactly that version's live files;
 2. **horizon**: the newest closed ingest epoch (:mod:`batch.horizon`), or the one asked for;
 3. **compute**, with the very view functions the speed layer runs (``lambdalake.spark.views``):
    deduplicate by identity across the whole history (first by ingest time, partition, offset),
@@ -49,16 +49,16 @@ from lambdalake.batch.incremental import (
     plan,
 )
 from lambdalake.batch.merge import TOUCHED, merge_latest, merge_windowed, read_view, same_columns
-from lambdalake.batch.run import RUN_ID, BatchRun
+from lambdalake.batch.run import MASTER_VERSION, RUN_ID, BatchRun
 from lambdalake.delta import commit_metadata, open_table
 from lambdalake.errors import NothingToCover
 from lambdalake.latest import OFFSET, PARTITION
 from lambdalake.layout import batch_status_file, quality_report, views_path
-from lambdalake.master import EPOCH_MS, bronze_of
+from lambdalake.master import EPOCH_MS, master_of
 from lambdalake.pipeline import LatestView, Pipeline
 from lambdalake.settings import Settings
-from lambdalake.spark.bronze import bronze_schema, read_events
 from lambdalake.spark.delta import write_table, write_tables
+from lambdalake.spark.master import master_schema, read_events
 from lambdalake.spark.session import spark_session
 from lambdalake.spark.views import INGEST_EPOCH, deduplicate, latest, windowed
 from lambdalake.storage import write_text
@@ -84,9 +84,9 @@ class BatchJob:
     def __init__(self, *, settings: Settings, pipeline: Pipeline, spark: SparkSession | None = None) -> None:
         self.settings = settings
         self.pipeline = pipeline
-        self.bronze = bronze_of(settings, pipeline)
+        self.master = master_of(settings, pipeline)
         self.spark = spark or spark_session(
-            settings, f"lambdalake-batch-{pipeline.name}", workload="batch", events=self.bronze.num_records()
+            settings, f"lambdalake-batch-{pipeline.name}", workload="batch", events=self.master.num_records()
         )
 
     def run(
@@ -101,15 +101,16 @@ class BatchJob:
     ) -> BatchRun:
         """Bring every view up to the horizon; write Delta views and publish unless ``dry_run``.
 
-        Incremental when it can (:mod:`batch.incremental`): the rows bronze added since the active
-        batch, merged into its views; else, and when ``full``, every view rebuilt from all of bronze.
+        Incremental when it can (:mod:`batch.incremental`): the rows the master dataset added since the active
+        batch, merged into its views; else, and when ``full``, every view rebuilt from all of the master
+        dataset.
 
         Args:
             horizon: Cover epochs up to this one (refused if still open); default the newest closed.
             as_of_ms: Judge "closed" as of this time instead of now.
             dry_run: Compute and count, write nothing.
             publish: Publish to Cassandra after the Delta commits (default True).
-            full: Rebuild from all of bronze even when an incremental run could (default False).
+            full: Rebuild from all of the master dataset even when an incremental run could (default False).
             progress: Called with each stage's name as it starts.
         """
         run = BatchRun(
@@ -141,21 +142,21 @@ class BatchJob:
     def _pin(
         self, run: BatchRun, clock: Any, progress: Progress, *, horizon: int | None, as_of_ms: int | None
     ) -> tuple[DeltaTable, Horizon]:
-        """Bronze's version this run reads, and the horizon it covers (recorded in ``run``)."""
+        """The master dataset's version this run reads, and the horizon it covers (recorded in ``run``)."""
         with clock("pin"):
-            progress("pinning bronze")
-            table = open_table(self.bronze.path)
+            progress("pinning the master dataset")
+            table = open_table(self.master.path)
             if table is None:
                 raise NothingToCover(
-                    f"pipeline {self.pipeline.name!r} has no master dataset at {self.bronze.path} yet",
+                    f"pipeline {self.pipeline.name!r} has no master dataset at {self.master.path} yet",
                     fix=f"run the speed job first (`lambdalake speed run {self.pipeline.name}`)",
                 )
-            self.bronze.check_layers(self.pipeline.layers, pipeline=self.pipeline.name)
-            run.bronze_version = table.version()
+            self.master.check_layers(self.pipeline.layers, pipeline=self.pipeline.name)
+            run.master_version = table.version()
         with clock("horizon"):
             progress("finding the horizon")
             found = find_horizon(
-                self.settings, self.pipeline, self.bronze, bronze_version=run.bronze_version,
+                self.settings, self.pipeline, self.master, master_version=run.master_version,
                 requested=horizon, now_ms=as_of_ms,
             )  # fmt: skip
             run.horizon, run.horizon_end_ms, run.boundaries = found.epoch, found.end_ms, found.boundaries
@@ -173,8 +174,8 @@ class BatchJob:
         full: bool,
     ) -> tuple[Increment | None, DataFrame, dict[str, DataFrame], dict[str, DataFrame] | None]:
         """Every view's rows up to the horizon: merged into the active batch's when an increment
-        can be (its changed cells too), else computed from all of bronze. Returns the increment (None:
-        a full run), the events counted, the views' rows and the changed cells."""
+        can be (its changed cells too), else computed from all of the master dataset. Returns the increment
+        (None: a full run), the events counted, the views' rows and the changed cells."""
         with clock("plan"):
             progress("finding what changed since the active batch")
             increment = self._plan(found, run, table, full=full)
@@ -190,8 +191,8 @@ class BatchJob:
         outputs: dict[str, DataFrame] = {}
         with clock("read+dedup"):
             files = table.file_uris()
-            progress(f"reading {len(files)} bronze files and deduplicating")
-            held_twice = self.bronze.may_hold_twice(table=table)
+            progress(f"reading {len(files)} master dataset files and deduplicating")
+            held_twice = self.master.may_hold_twice(table=table)
             events = self._covered(files, found, run, cached, held_twice=held_twice)
         for view in self.pipeline.views:
             with clock(f"view {view.name}"):
@@ -247,7 +248,7 @@ class BatchJob:
         if isinstance(base, str):
             run.reason = base
             return None
-        increment = plan(base, self.bronze, bronze_version=run.bronze_version, boundaries=found.boundaries)
+        increment = plan(base, self.master, master_version=run.master_version, boundaries=found.boundaries)
         run.kind = "incremental"
         run.reason = f"merged into batch version {base.active.version} (horizon {base.horizon})"
         run.new_epochs = [base.horizon + 1, found.epoch] if found.epoch > base.horizon else []
@@ -269,13 +270,13 @@ class BatchJob:
             FullRunNeeded: what this run met that only a full run computes exactly.
         """
         with clock("read+dedup"):
-            files = files_for(self.bronze, increment.ranges, table)
+            files = files_for(self.master, increment.ranges, table)
             if files:
-                held_twice = self.bronze.may_hold_twice(table=table)
+                held_twice = self.master.may_hold_twice(table=table)
                 read = read_events(self.spark, files, self.pipeline, held_twice=held_twice)
                 delivered = read.filter(in_ranges(increment.ranges) & (F.col(INGEST_EPOCH) <= found.epoch))
             else:
-                delivered = self.spark.createDataFrame([], from_arrow_schema(bronze_schema(self.pipeline)))
+                delivered = self.spark.createDataFrame([], from_arrow_schema(master_schema(self.pipeline)))
             firsts = deduplicate(delivered, self.pipeline, copies=COPIES).persist()
             cached.append(firsts)
             index = IdentityIndex(self.settings, self.pipeline).read(self.spark)
@@ -290,11 +291,11 @@ class BatchJob:
             run.changed_epochs, coordinates = old_epochs(events, increment.base.horizon)
             if run.changed_epochs or counts["earlier"]:
                 run.changed_by = changed_by(
-                    self.bronze, increment, coordinates, bronze_version=run.bronze_version
+                    self.master, increment, coordinates, master_version=run.master_version
                 )
             if counts["earlier"]:
                 raise FullRunNeeded(
-                    "records bronze archived into epochs the active batch covered (commits "
+                    "records the master dataset archived into epochs the active batch covered (commits "
                     f"{run.changed_by}) precede the counted copies of {counts['earlier']} identities"
                 )
             run.events_read = int(counts["read"] or 0)
@@ -319,7 +320,8 @@ class BatchJob:
     def _covered(
         self, files: list[str], horizon: Horizon, run: BatchRun, cached: list[DataFrame], *, held_twice: bool
     ) -> DataFrame:
-        """Bronze deduplicated across all history, then cut at the horizon (cached for the views)."""
+        """The master dataset deduplicated across all history, then cut at the horizon (cached for the
+        views)."""
         if not files:
             raise NothingToCover(
                 f"the master dataset of {self.pipeline.name!r} holds no files", fix="run the speed job first"
@@ -338,11 +340,11 @@ class BatchJob:
         return firsts.filter(F.col(INGEST_EPOCH) <= horizon.epoch).drop(COPIES)
 
     def _gate(self, covered: DataFrame, outputs: dict[str, DataFrame], run: BatchRun) -> None:
-        """The quality gate on the bronze slice and every view (raises before anything is written)."""
-        from lambdalake.batch.quality import QualityGate, bronze_expectations, view_expectations
+        """The quality gate on the master dataset slice and every view (raises before anything is written)."""
+        from lambdalake.batch.quality import QualityGate, master_expectations, view_expectations
 
         gate = QualityGate(self.pipeline, self.settings.pipelines_dir)
-        gate.check("bronze", covered, bronze_expectations(self.pipeline))
+        gate.check("master", covered, master_expectations(self.pipeline))
         for view in self.pipeline.views:
             previous = self._previous_rows(view.name)
             gate.check(view.name, outputs[view.name], view_expectations(view, previous, gate.tolerance))
@@ -374,7 +376,7 @@ class BatchJob:
             metadata={
                 RUN_ID: run.run_id, "lambdalake.horizon": str(run.horizon),
                 "lambdalake.horizon_end_ms": str(run.horizon_end_ms),
-                "lambdalake.bronze_version": str(run.bronze_version),
+                MASTER_VERSION: str(run.master_version),
                 EPOCH_MS: str(self.pipeline.layers.epoch_ms),
                 "lambdalake.rows": str(run.rows[view]), "lambdalake.kind": run.kind,
                 BOUNDARIES: json.dumps(run.boundaries, sort_keys=True),

@@ -97,8 +97,8 @@ class Publisher:
         Args:
             run: The run whose Delta views are published.
             rebuilt_through: The speed rows of epochs after ``run.horizon`` up to this one were
-                rebuilt from bronze (a restore of an older version): the horizon may move back that
-                far. Default None: a horizon below the active one's is refused.
+                rebuilt from the master dataset (a restore of an older version): the horizon may move back
+                that far. Default None: a horizon below the active one's is refused.
             changed: An incremental run's changed cells: per view (internal name), their rows as the
                 run's Delta view holds them. They join ``base``'s generation, unless it is full
                 (:data:`REGENERATE_EVERY`). None (default): every row of the Delta views, in a new
@@ -219,7 +219,7 @@ class Publisher:
         values: dict[str, Any] = {
             "version": version, "generation": generation, "horizon": run.horizon,
             "epoch_ms": self.pipeline.layers.epoch_ms,
-            "bronze_version": run.bronze_version, "views": json.dumps(run.delta_versions, sort_keys=True),
+            "master_version": run.master_version, "views": json.dumps(run.delta_versions, sort_keys=True),
             "published_at": int(time.time() * 1000),
         }  # fmt: skip
         table = f'"{self.keyspace}"."{BATCH_META.name}"'

@@ -1,12 +1,12 @@
 """The quality gate: a suite of expectations per pipeline, in Great Expectations' terms, run on the
-bronze slice a batch covers and on each rebuilt view before anything is committed or published.
+master dataset slice a batch covers and on each rebuilt view before anything is committed or published.
 
 The suite is derived from the pipeline definition (columns, nulls, the rules' ranges and allowed
 values, each view's key uniqueness, row counts against the previous version) plus what the file
 ``pipelines/<pipeline>.expectations.json`` beside the definition adds::
 
     {"row_count_tolerance": 0.5,
-     "bronze": [{"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "title"}}],
+     "master": [{"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "title"}}],
      "views": {"offer_latest": [{"type": "...", "kwargs": {...}}]}}
 
 A failed expectation stops the run before the Delta commits and the publish (serving keeps the
@@ -34,6 +34,9 @@ from lambdalake.view_versions import public_name
 from lambdalake.views import WINDOW_START, view_components
 
 log = logging.getLogger("lambdalake.batch")
+
+#: The keys of ``<pipeline>.expectations.json``.
+SUITE_KEYS = frozenset({"row_count_tolerance", "master", "views"})
 
 #: A row count may move this much (as a share) from the previous version's before the gate fails.
 DEFAULT_ROW_COUNT_TOLERANCE = 0.5
@@ -71,11 +74,20 @@ def _extra(pipelines_dir: Path, pipeline: str) -> dict[str, Any]:
     if not path.exists():
         return {}
     try:
-        return json.loads(path.read_text())
+        extra = json.loads(path.read_text())
     except ValueError as exc:
         raise LambdalakeError(
             f"{path} is not JSON: {exc}", fix="correct the file (see batch/quality.py)"
         ) from None
+    unknown = sorted(set(extra) - SUITE_KEYS) if isinstance(extra, dict) else ["(not an object)"]
+    if unknown:
+        # A misspelt key, or one of an older layout ("bronze" before 0.2.0), would otherwise be a
+        # check silently not run.
+        raise LambdalakeError(
+            f"{path}: unknown key(s) {', '.join(unknown)}",
+            fix=f"use only {', '.join(sorted(SUITE_KEYS))} (see docs/layers.md, 'Quality gate')",
+        )
+    return extra
 
 
 def _nullable_fields(pipeline: Pipeline) -> frozenset[str]:
@@ -87,7 +99,7 @@ def _nullable_fields(pipeline: Pipeline) -> frozenset[str]:
     )
 
 
-def bronze_expectations(pipeline: Pipeline) -> list[Spec]:
+def master_expectations(pipeline: Pipeline) -> list[Spec]:
     """Schema, nulls and the pipeline's rules, on the events a batch covers."""
     out: list[Spec] = [
         {"type": "expect_column_to_exist", "kwargs": {"column": c}}
@@ -167,8 +179,8 @@ class QualityGate:
     def check(self, dataset: str, df: DataFrame, specs: list[Spec]) -> None:
         """Validate ``df`` against ``specs`` and the file's extras for ``dataset``; record outcomes."""
         extra = (
-            self.extra.get("bronze", [])
-            if dataset == "bronze"
+            self.extra.get("master", [])
+            if dataset == "master"
             else self.extra.get("views", {}).get(public_name(dataset), [])
         )
         # One outcome per distinct expectation, as a Great Expectations suite keeps it (the file may
@@ -205,7 +217,7 @@ class QualityGate:
 
             context = gx.get_context(mode="ephemeral")
             context.variables.progress_bars = ProgressBarsConfig(globally=False)
-            # The batch job caches what it checks: GE's own persist would copy the bronze slice into
+            # The batch job caches what it checks: GE's own persist would copy the master dataset slice into
             # a second cache, never freed, and the first check would pay for the copy.
             self._gx_source = context.data_sources.add_spark(name="lambdalake", persist=False)
         asset = self._gx_source.add_dataframe_asset(name=dataset)

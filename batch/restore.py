@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pyspark.sql import SparkSession
 
 from lambdalake.batch.publish import Publisher
-from lambdalake.batch.run import BatchRun
+from lambdalake.batch.run import MASTER_VERSION, RUN_ID, BatchRun
 from lambdalake.cassandra.active import active_batch
 from lambdalake.cassandra.session import connect
 from lambdalake.delta import commit_metadata, open_table
@@ -47,13 +47,15 @@ def restore(
             )
         wanted = table.version() if version is None else version
         entry = next((commit_metadata(e) for e in table.history() if e.get("version") == wanted), None)
-        if entry is None or "lambdalake.run_id" not in entry:
+        if entry is None or RUN_ID not in entry or MASTER_VERSION not in entry:
             raise ConfigurationError(
-                f"view {view.name!r} has no batch run at Delta version {wanted} (newest: {table.version()})",
-                fix="pick a version from the view's history (deltalake's DeltaTable(path).history())",
+                f"view {view.name!r} has no batch run of this release's layout at Delta version {wanted} "
+                f"(newest: {table.version()})",
+                fix="pick a version from the view's history (deltalake's DeltaTable(path).history()) "
+                'written by a run since the last layout change (docs/operations.md, "Upgrading")',
             )
         commits[view.name] = (wanted, entry)
-    runs = {entry["lambdalake.run_id"] for _, entry in commits.values()}
+    runs = {entry[RUN_ID] for _, entry in commits.values()}
     if len(runs) != 1:
         raise ConfigurationError(
             f"Delta version {version} holds views of different batch runs ({sorted(runs)})",
@@ -62,10 +64,10 @@ def restore(
     _, entry = next(iter(commits.values()))
     run = BatchRun(
         pipeline=pipeline.name,
-        run_id=entry["lambdalake.run_id"],
+        run_id=entry[RUN_ID],
         horizon=int(entry["lambdalake.horizon"]),
         horizon_end_ms=int(entry["lambdalake.horizon_end_ms"]),
-        bronze_version=int(entry["lambdalake.bronze_version"]),
+        master_version=int(entry[MASTER_VERSION]),
         delta_versions={name: v for name, (v, _) in commits.items()},
         outcome="restored",
     )

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 #: Commit metadata of a run's Delta views and identity index: the run that wrote them.
 RUN_ID = "lambdalake.run_id"
+#: ... and the master dataset's Delta version it read.
+MASTER_VERSION = "lambdalake.master_version"
 
 
 @dataclass
@@ -15,18 +17,18 @@ class BatchRun:
 
     pipeline: str
     run_id: str
-    #: ``full`` (every view rebuilt from all of bronze) or ``incremental`` (merged into a base).
+    #: ``full`` (every view rebuilt from all of the master dataset) or ``incremental`` (merged into a base).
     kind: str = "full"
     #: Why a run is full, or which version an incremental run merged into.
     reason: str = ""
     #: The epochs an incremental run recomputed: those after the base's horizon (first, last), and
-    #: older ones bronze commits changed (``changed_by``: their versions).
+    #: older ones master dataset commits changed (``changed_by``: their versions).
     new_epochs: list[int] = field(default_factory=list)
     changed_epochs: list[int] = field(default_factory=list)
     changed_by: list[int] = field(default_factory=list)
     horizon: int | None = None
     horizon_end_ms: int | None = None
-    bronze_version: int | None = None
+    master_version: int | None = None
     boundaries: dict[str, int] = field(default_factory=dict)
     events_read: int = 0
     duplicates: int = 0

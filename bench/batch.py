@@ -1,8 +1,8 @@
-"""Batch rebuild rate: ``BatchJob.run`` over N events in bronze, against a plain Spark job doing the
-same dedup and aggregations straight to Parquet (the compute stage's overhead), in one run.
+"""Batch rebuild rate: ``BatchJob.run`` over N events in the master dataset, against a plain Spark job doing
+the same dedup and aggregations straight to Parquet (the compute stage's overhead), in one run.
 
-Bronze is written directly (synthetic offers with 2 % duplicates, ingest times spread over the last
-two days, so every epoch but the newest is closed): producing 10M events through Kafka and the speed
+The master dataset is written directly (synthetic offers with 2 % duplicates, ingest times spread over the
+last two days, so every epoch but the newest is closed): producing 10M events through Kafka and the speed
 job would take most of the bench's time without telling anything about the batch layer. A 200k-event
 rebuild runs first, unreported, so the timed publishes meet a warm Cassandra, as a nightly job does.
 
@@ -42,10 +42,10 @@ KEYS = 200_000
 EPOCH_MS = 3_600_000
 
 
-def synthetic_bronze(
+def synthetic_master(
     n: int, schema: pa.Schema, topic: str, seed: int, *, first: int = 0, epochs: tuple[int, int] | None = None
 ) -> list[pa.Table]:
-    """``n`` offers events as bronze rows, in chunks; 2 % are later copies of earlier events.
+    """``n`` offers events as master dataset rows, in chunks; 2 % are later copies of earlier events.
     ``first``: the first event's number (and offset); ``epochs``: the ingest epochs they spread
     over, ``[start, end)`` (default the 46 closed epochs before the last two)."""
     rng = np.random.default_rng(seed)
@@ -106,7 +106,8 @@ def plain_spark(spark, files: list[str], out: str) -> float:
 
 
 def rebuild(settings: Settings, spark: SparkSession, n: int, *, report: bool = True) -> dict | None:
-    """Bronze of ``n`` synthetic events, then ``BatchJob.run`` between two plain Spark runs (``report``
+    """The master dataset of ``n`` synthetic events, then ``BatchJob.run`` between two plain Spark runs
+    (``report``
     False: the job alone, a warm-up)."""
     run_id = uuid.uuid4().hex[:6]
     base = load_pipeline("offers", pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir)
@@ -117,13 +118,13 @@ def rebuild(settings: Settings, spark: SparkSession, n: int, *, report: bool = T
     run_settings = settings.model_copy(update={"storage_root": root})
     schema = DecodeSpec.of(pipeline, settings).output_schema
     schema = pa.schema([f for f in schema if f.name not in ERROR_FIELDS])
-    bronze = MasterDataset(master_path(root, pipeline.name), event_time=pipeline.event.time)
+    master = MasterDataset(master_path(root, pipeline.name), event_time=pipeline.event.time)
     t0 = time.perf_counter()
-    for i, chunk in enumerate(synthetic_bronze(n, schema, topic.name, seed=n)):
-        files = write_event_files(chunk, path=bronze.path, event_time="updated_at", name=f"bench-{i}")
-        bronze.commit(files, app_id="bench", batch_id=i, layers=pipeline.layers)
+    for i, chunk in enumerate(synthetic_master(n, schema, topic.name, seed=n)):
+        files = write_event_files(chunk, path=master.path, event_time="updated_at", name=f"bench-{i}")
+        master.commit(files, app_id="bench", batch_id=i, layers=pipeline.layers)
     written_s = time.perf_counter() - t0
-    files = bronze.file_uris()
+    files = master.file_uris()
     # Plain Spark before and after the job (the first query of a session pays JVM warm-up):
     # the faster of the two is the baseline.
     if not report:
@@ -144,7 +145,7 @@ def rebuild(settings: Settings, spark: SparkSession, n: int, *, report: bool = T
         "events_read": run.events_read,
         "duplicates": run.duplicates,
         "rows": run.rows,
-        "bronze_written_s": round(written_s, 1),
+        "master_written_s": round(written_s, 1),
         "end_to_end_s": round(total_s, 1),
         "end_to_end_events_per_s": round(run.events_read / total_s),
         "stages_s": stages,
@@ -176,17 +177,17 @@ def rebuild(settings: Settings, spark: SparkSession, n: int, *, report: bool = T
     return result
 
 
-def write_bronze(bronze: MasterDataset, pipeline, schema: pa.Schema, n: int, *, first: int,
+def write_master(master: MasterDataset, pipeline, schema: pa.Schema, n: int, *, first: int,
                  epochs: tuple[int, int], seed: int) -> float:  # fmt: skip
-    """Commit ``n`` synthetic events to bronze, each chunk recording the offsets it read (as the
+    """Commit ``n`` synthetic events to the master dataset, each chunk recording the offsets it read (as the
     speed job's commits do); returns seconds."""
     t0 = time.perf_counter()
     topic = pipeline.topic.name
-    for i, chunk in enumerate(synthetic_bronze(n, schema, topic, seed, first=first, epochs=epochs)):
+    for i, chunk in enumerate(synthetic_master(n, schema, topic, seed, first=first, epochs=epochs)):
         lo, hi = pc.min_max(chunk.column("_offset")).values()
         ranges = {f"{topic}/{p}": [(lo.as_py(), hi.as_py() + 1)] for p in range(pipeline.topic.partitions)}
-        files = write_event_files(chunk, path=bronze.path, event_time="updated_at", name=f"bench-{first}-{i}")
-        bronze.commit(files, app_id="bench", batch_id=first + i, layers=pipeline.layers, ranges=ranges)
+        files = write_event_files(chunk, path=master.path, event_time="updated_at", name=f"bench-{first}-{i}")
+        master.commit(files, app_id="bench", batch_id=first + i, layers=pipeline.layers, ranges=ranges)
     return time.perf_counter() - t0
 
 
@@ -204,16 +205,16 @@ def incremental(settings: Settings, spark: SparkSession, history: int, new: int)
     run_settings = settings.model_copy(update={"storage_root": root, "cassandra": keyspace})
     schema = DecodeSpec.of(pipeline, settings).output_schema
     schema = pa.schema([f for f in schema if f.name not in ERROR_FIELDS])
-    bronze = MasterDataset(master_path(root, pipeline.name), event_time=pipeline.event.time)
+    master = MasterDataset(master_path(root, pipeline.name), event_time=pipeline.event.time)
     now_epoch = int(time.time() * 1000) // EPOCH_MS
-    write_bronze(
-        bronze, pipeline, schema, history, first=0, epochs=(now_epoch - 52, now_epoch - 4), seed=history
+    write_master(
+        master, pipeline, schema, history, first=0, epochs=(now_epoch - 52, now_epoch - 4), seed=history
     )
     t0 = time.perf_counter()
     full = BatchJob(settings=run_settings, pipeline=pipeline, spark=spark).run(horizon=now_epoch - 5)
     full_s = time.perf_counter() - t0
-    write_bronze(
-        bronze, pipeline, schema, new, first=history, epochs=(now_epoch - 4, now_epoch - 2), seed=new
+    write_master(
+        master, pipeline, schema, new, first=history, epochs=(now_epoch - 4, now_epoch - 2), seed=new
     )
     t0 = time.perf_counter()
     inc = BatchJob(settings=run_settings, pipeline=pipeline, spark=spark).run(horizon=now_epoch - 3)

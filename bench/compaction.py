@@ -1,7 +1,7 @@
-"""Bronze compaction: a speed micro-batch's bronze commit before and after a compaction round, on a
-bronze of real small files, and what the round itself costs.
+"""Master dataset compaction: a speed micro-batch's master dataset commit before and after a compaction round,
+on a the master dataset of real small files, and what the round itself costs.
 
-For each size: a bronze of that many Parquet files of ``--rows`` events each (two Kafka partitions,
+For each size: a master dataset of that many Parquet files of ``--rows`` events each (two Kafka partitions,
 one event date, one file per partition and micro-batch, as the speed job writes them), committed
 5,000 files at a time; then ``--commits`` micro-batch commits of two such files through
 :meth:`lambdalake.master.MasterDataset.commit` (the speed job's path: its kept snapshot), ``--gap``
@@ -10,7 +10,7 @@ round with the default policy (wall time, and the process's CPU time over it); t
 commits again. Every row is read back before and after the round and compared.
 
 With ``--spark-read``, a batch-layer Spark session (``workload="batch"``) also reads the live files
-before and after the round, as the batch job's first stage does (`read_bronze`, then a count per
+before and after the round, as the batch job's first stage does (`read_master`, then a count per
 identity: the narrow part of its deduplication), twice each, interleaved.
 
     python -m bench.compaction [--files 1000 20000 50000] [--rows 300] [--commits 12] [--gap 0.4]
@@ -58,8 +58,8 @@ def events(rows: int) -> pa.Table:
     })  # fmt: skip
 
 
-class Bronze:
-    """A bronze being filled the way the speed job fills it."""
+class Master:
+    """A master dataset being filled the way the speed job fills it."""
 
     def __init__(self, path: str, rows: int) -> None:
         self.path = path
@@ -125,11 +125,11 @@ def spark_read(spark, path: str) -> float:
     """Seconds to read the live files and count deliveries per identity (the batch job's read)."""
     from pyspark.sql import functions as F
 
-    from lambdalake.spark.views import read_bronze
+    from lambdalake.spark.views import read_master
 
     t0 = time.perf_counter()
-    bronze = read_bronze(spark, DeltaTable(path).file_uris(), held_twice=False)
-    bronze.groupBy("id", "_partition").agg(F.count(F.lit(1)).alias("n")).filter("n > 1").count()
+    master = read_master(spark, DeltaTable(path).file_uris(), held_twice=False)
+    master.groupBy("id", "_partition").agg(F.count(F.lit(1)).alias("n")).filter("n > 1").count()
     return time.perf_counter() - t0
 
 
@@ -152,10 +152,10 @@ def main() -> None:
     sizes = []
     with tempfile.TemporaryDirectory(prefix="bench-compaction-") as tmp:
         for files in args.files:
-            path = str(Path(tmp) / f"bronze-{files}")
-            bronze = Bronze(path, args.rows)
-            bronze.seed(files)
-            before = bronze.timed_commits(args.commits, args.gap)
+            path = str(Path(tmp) / f"master-{files}")
+            master = Master(path, args.rows)
+            master.seed(files)
+            before = master.timed_commits(args.commits, args.gap)
             rows_before = (
                 DeltaTable(path)
                 .to_pyarrow_table()
@@ -176,10 +176,10 @@ def main() -> None:
                 .sort_by([("_partition", "ascending"), ("_offset", "ascending")])
             )
             if not rows_after.equals(rows_before):
-                raise SystemExit(f"{files} files: the compacted bronze does not hold the same rows")
+                raise SystemExit(f"{files} files: the compacted master dataset does not hold the same rows")
             if spark is not None:
                 reads["after"] = [spark_read(spark, path) for _ in range(2)]
-            after = bronze.timed_commits(args.commits, args.gap)
+            after = master.timed_commits(args.commits, args.gap)
             row = {
                 "files": files,
                 "rows_per_file": args.rows,

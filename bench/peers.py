@@ -401,7 +401,7 @@ def one_run(
             raise SystemExit(f"{side_name} differs from the reference:\n" + "\n".join(problems))
         tables = {"latest": "offer_latest", "windowed": "merchant_offers_hourly"}
         # Steady state: the second half of the freshness run (the side caught up, Spark's one-shot
-        # planning workers gone once a minute idle, a bronze compaction round or more behind it).
+        # planning workers gone once a minute idle, a master dataset compaction round or more behind it).
         steady_from = time.monotonic() + args.seconds / 2
         fresh = probe_freshness(
             producer,

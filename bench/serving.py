@@ -17,8 +17,8 @@ bench measures reading and merging, not producing. Then, in this order:
   of its own at a fixed offered rate (``--rate`` requests/s) for ``--seconds``; latency counted from
   each request's scheduled start, so a server that falls behind shows it;
 - replay: ``--replay`` events produced to a fresh topic, then ``Replayer.run`` over the whole range
-  (bounded Kafka read, decode, bronze commit, recompute of every closed epoch) into an empty bronze
-  (cold: the session's first jobs, as a ``lambdalake replay`` process meets them), then three times
+  (bounded Kafka read, decode, master dataset commit, recompute of every closed epoch) into an empty master
+  dataset (cold: the session's first jobs, as a ``lambdalake replay`` process meets them), then three times
   again (warm): events/s of each, and the seconds the new Spark session took to start (a
   ``lambdalake replay`` process pays them before its first job).
 
@@ -102,7 +102,7 @@ def load_rows(settings: Settings, pipeline) -> None:
     upsert(speed_rows, table=speed, settings=settings.cassandra)
     session.execute(
         f'INSERT INTO "{settings.cassandra.keyspace}"."{BATCH_META.name}" (pipeline, version, horizon, '
-        "epoch_ms, bronze_version, views, published_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+        "epoch_ms, master_version, views, published_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
         [pipeline.name, VERSION, horizon, epoch_ms, 0, '{"merchant_offers_hourly": 0}', datetime.now(UTC)],
     )
 
@@ -213,7 +213,7 @@ def bench_http(settings: Settings, rate: int, seconds: float, workers: int) -> d
 
 
 def bench_replay(settings: Settings, events: int) -> dict[str, Any]:
-    """Produce ``events`` to a fresh topic, then replay the whole range into an empty bronze."""
+    """Produce ``events`` to a fresh topic, then replay the whole range into an empty master dataset."""
     from lambdalake.kafka.admin import ensure_pipeline_topics
     from lambdalake.kafka.offsets import offset_consumer, watermarks
     from lambdalake.produce.generator import Mix, generate
@@ -246,7 +246,7 @@ def bench_replay(settings: Settings, events: int) -> dict[str, Any]:
 
     SpeedJob(settings=run_settings, pipeline=pipeline, spark=spark).deploy()  # the speed tables
     runs = {}
-    # First into an empty bronze (everything archived; the session's first jobs pay the Python
+    # First into an empty master dataset (everything archived; the session's first jobs pay the Python
     # workers' start and code generation), then the same range again three times (nothing to
     # archive: the repeat a backfill script would run, on a warm session; the first of them still
     # pays the JIT compiling the plans' hot code).

@@ -6,7 +6,7 @@ Two pipelines, copies of ``offers`` whose only view is ``merchant_hourly`` (per 
 - ``plain``: ``count``, ``sum`` of ``price_cents``;
 - ``sketch``: ``distinct`` of ``offer_id`` (HLL, lg_k 12), ``quantiles`` of ``price_cents`` (KLL, k 200).
 
-Batch: synthetic bronze of ``--events`` events per pipeline (``bench.batch``'s: 500 merchants, 400
+Batch: a synthetic master dataset of ``--events`` events per pipeline (``bench.batch``'s: 500 merchants, 400
 offers each, over 46 closed hours), then ``--rounds`` full batch runs of each, alternating; the view
 stage (the aggregation, cached input) and the whole run are timed.
 Speed: ``--speed-events`` generated offers sent to each pipeline's topic, then ``lambdalake speed run
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from bench.batch import synthetic_bronze
+from bench.batch import synthetic_master
 from bench.common import bench_settings, percentile, write_result
 from lambdalake.batch.job import BatchJob
 from lambdalake.infra.services import running
@@ -103,10 +103,10 @@ def main() -> None:
             ensure_pipeline_topics(roots[name], p)
             schema = DecodeSpec.of(p, roots[name]).output_schema
             schema = pa.schema([f for f in schema if f.name not in ERROR_FIELDS])
-            bronze = MasterDataset(master_path(roots[name].storage_root, p.name), event_time=p.event.time)
-            for i, chunk in enumerate(synthetic_bronze(args.events, schema, f"synthetic-{run}", seed=7)):
-                files = write_event_files(chunk, path=bronze.path, event_time="updated_at", name=f"b-{i}")
-                bronze.commit(files, app_id="bench", batch_id=i, layers=p.layers)
+            master = MasterDataset(master_path(roots[name].storage_root, p.name), event_time=p.event.time)
+            for i, chunk in enumerate(synthetic_master(args.events, schema, f"synthetic-{run}", seed=7)):
+                files = write_event_files(chunk, path=master.path, event_time="updated_at", name=f"b-{i}")
+                master.commit(files, app_id="bench", batch_id=i, layers=p.layers)
             producer = EventProducer(settings=roots[name], pipeline=p)
             for record in generate("offers", args.speed_events, seed=5, mix=Mix(invalid=0, duplicates=0)):
                 producer.send(record)

@@ -5,4 +5,4 @@ Kafka clients, producers and the command line. The layers live beside it: ``infr
 services), ``speed`` (streaming), ``batch`` and ``serving``.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,5 +1,5 @@
-"""Compaction of the master dataset: a running speed job adds a few small files to bronze with every
-micro-batch (~3 a second at 1k events/s, 150k in about 12 hours), and delta-rs's open, commit and
+"""Compaction of the master dataset: a running speed job adds a few small files to the master dataset with
+every micro-batch (~3 a second at 1k events/s, 150k in about 12 hours), and delta-rs's open, commit and
 update, the batch layer's file listing and replay's file choice all grow with the live files.
 
 Compaction rewrites small files of one event date and one Kafka partition into one file, in offset
@@ -10,9 +10,9 @@ size class (a factor of ``fan_in`` each), never once per round; files of ``max_b
 never rewritten.
 
 Concurrency: the decision a round depends on is which files are live, and only a commit that
-removes files can change it: writers only append, and what they decide (which coordinates bronze
+removes files can change it: writers only append, and what they decide (which coordinates the master dataset
 holds) a compaction leaves as it was. So rounds carry an app transaction of their own
-(:data:`COMPACTION_APP`; every commit that removes bronze files must): a round landing between
+(:data:`COMPACTION_APP`; every commit that removes master dataset files must): a round landing between
 another's snapshot and its commit fails it (delta-rs alone does not: measured, two rounds then
 removed the same files and both outputs stayed live), and it is checked again on the newest
 snapshot (are the files it replaces still live?) and committed, or given up for that group. The
@@ -48,13 +48,14 @@ from lambdalake.delta import add_actions, lost_to_another_commit, open_table
 from lambdalake.master import COORDINATES
 from lambdalake.master_files import NULL_PARTITION, PARTITION
 from lambdalake.procs import release_freed_memory
-from lambdalake.settings import BronzeSettings
+from lambdalake.settings import MasterSettings
 
 log = logging.getLogger("lambdalake.compaction")
 
-#: The app transaction every commit that removes bronze files carries: two made on one snapshot conflict.
-COMPACTION_APP = "lambdalake.bronze-compaction"
-#: Commit metadata: what a compaction commit did (bronze's own keys are left to its writers).
+#: The app transaction every commit that removes master dataset files carries: two made on one snapshot
+# conflict.
+COMPACTION_APP = "lambdalake.master-compaction"
+#: Commit metadata: what a compaction commit did (the master dataset's own keys are left to its writers).
 OPERATION = "lambdalake.operation"
 COMMIT_ATTEMPTS = 20
 #: Rows per row group of a compacted file (a whole micro-batch file is often a few hundred).
@@ -79,8 +80,8 @@ class CompactionPolicy:
     max_bytes: int = 1 << 30
 
     @classmethod
-    def of(cls, settings: BronzeSettings) -> CompactionPolicy:
-        """The policy ``LAMBDALAKE_BRONZE__*`` sets."""
+    def of(cls, settings: MasterSettings) -> CompactionPolicy:
+        """The policy ``LAMBDALAKE_MASTER__*`` sets."""
         return cls(fan_in=settings.compact_fan_in, max_bytes=settings.compact_max_mb << 20)
 
     def __post_init__(self) -> None:
@@ -126,7 +127,7 @@ def plan(table: DeltaTable, policy: CompactionPolicy, *, actions: pa.Table | Non
     """The groups worth rewriting in ``table``'s snapshot: per event date, Kafka partition and size
     class, ``policy.fan_in`` files or more, in offset order, cut so no output passes ``max_bytes``.
     Files without coordinate stats, or spanning Kafka partitions, are left alone, and so are files
-    whose offset spans overlap another candidate's: bronze written before commits left out what it
+    whose offset spans overlap another candidate's: the master dataset written before commits left out what it
     held may hold a coordinate in two files, and one file holding it twice could not be told apart
     from itself (readers keep exactly one copy by the file it lies in).
 
@@ -306,10 +307,10 @@ class Compaction:
             except CommitFailedError as exc:
                 if not lost_to_another_commit(exc) or attempt == COMMIT_ATTEMPTS - 1:
                     raise
-                log.info("bronze compaction met a concurrent commit; checking its files again")
+                log.info("master dataset compaction met a concurrent commit; checking its files again")
                 continue
             replaced = sum(len(g.files) for g in groups)
-            log.info("compacted %d bronze files into %d", replaced, len(groups))
+            log.info("compacted %d master dataset files into %d", replaced, len(groups))
             return replaced
         raise AssertionError("unreachable")
 
@@ -348,7 +349,8 @@ class Compaction:
         return pq.read_metadata(f"{self._root}/{relative}", filesystem=self._filesystem).num_rows
 
 
-#: Commits of bronze's history searched for the last compaction round (a round every 100 at default).
+#: Commits of the master dataset's history searched for the last compaction round (a round every 100 at
+# default).
 HISTORY_SCAN = 1000
 
 
@@ -389,7 +391,7 @@ def vacuum(path: str, *, retention_hours: int) -> int:
 
 
 class Compactor:
-    """Runs a :class:`Compaction` on a thread of its own every ``every_commits`` bronze commits of its
+    """Runs a :class:`Compaction` on a thread of its own every ``every_commits`` master dataset commits of its
     owner (the speed job), one at a time, so the stream never waits for it.
 
     Args:
@@ -422,16 +424,16 @@ class Compactor:
         self.vacuumed = 0
         self.policy = policy or CompactionPolicy()
         self.every_commits = every_commits
-        self.on_error = on_error or (lambda exc: log.warning("bronze compaction failed: %s", exc))
+        self.on_error = on_error or (lambda exc: log.warning("master dataset compaction failed: %s", exc))
         self.rounds = 0
         self.replaced = 0
         self._commits = 0
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def of(cls, settings: BronzeSettings, path: str, *, staging_prefix: str) -> Compactor | None:
-        """The compaction ``LAMBDALAKE_BRONZE__*`` sets for the master dataset at ``path`` (None when
-        ``bronze.compact`` is off); what a killed round staged starts with ``staging_prefix``."""
+    def of(cls, settings: MasterSettings, path: str, *, staging_prefix: str) -> Compactor | None:
+        """The compaction ``LAMBDALAKE_MASTER__*`` sets for the master dataset at ``path`` (None when
+        ``the master dataset.compact`` is off); what a killed round staged starts with ``staging_prefix``."""
         if not settings.compact:
             return None
         return cls(
@@ -445,7 +447,7 @@ class Compactor:
         if self._commits < self.every_commits or (self._thread is not None and self._thread.is_alive()):
             return
         self._commits = 0
-        self._thread = threading.Thread(target=self._round, name="bronze-compaction", daemon=True)
+        self._thread = threading.Thread(target=self._round, name="master-compaction", daemon=True)
         self._thread.start()
 
     def _round(self) -> None:
@@ -455,7 +457,9 @@ class Compactor:
             self.rounds += 1
             if self.vacuum_retention_hours is not None and self.rounds % self.vacuum_every_rounds == 0:
                 self.vacuumed += vacuum(self.path, retention_hours=self.vacuum_retention_hours)
-        except Exception as exc:  # a failed round leaves bronze as it was; the next one tries again
+        except (
+            Exception
+        ) as exc:  # a failed round leaves the master dataset as it was; the next one tries again
             self.on_error(exc)
         finally:
             # On its own thread, so that thread's allocations: the memory a round read and wrote stayed

@@ -1,8 +1,8 @@
 """Which Kafka offsets the master dataset has covered: per ``"topic/partition"``, sorted disjoint
 ``[start, end)`` ranges.
 
-An offset is covered when a bronze commit read it: bronze then holds it if it was valid (invalid
-records went to the dead-letter topic). Every commit records the ranges it read (the speed job's
+An offset is covered when a master dataset commit read it: the master dataset then holds it if it was valid
+(invalid records went to the dead-letter topic). Every commit records the ranges it read (the speed job's
 micro-batch, a replay's range, the gaps ``speed reset`` fills), so how far a partition is archived
 is the end of the gap-free run of ranges from the start of the log, never just the highest offset
 some commit read: a range read ahead (a replay) leaves the gap before it open until someone reads it.

@@ -1,7 +1,7 @@
 """Delta tables through delta-rs: commits of Parquet files someone else wrote (Arrow on executors),
 adopted where they lie (no copy), and every reader that runs without Spark.
 
-The master dataset (bronze) is committed this way: Python tasks write its files, and each commit
+The master dataset is committed this way: Python tasks write its files, and each commit
 carries app transactions and a coverage record. The tables Spark writes itself (batch views, the
 identity index) are delta-spark's (:mod:`lambdalake.spark.delta`); every table is read here too.
 """
@@ -244,8 +244,8 @@ def commit_info(uri: str, version: int) -> dict | None:
 
 def commit_metadata(entry: dict) -> dict:
     """A commit's information with the metadata its writer gave merged in: delta-rs writes it as keys
-    of the commit (bronze, and views written before delta-spark), delta-spark as one JSON object in
-    ``userMetadata`` (:mod:`lambdalake.spark.delta`)."""
+    of the commit (the master dataset, and views written before delta-spark), delta-spark as one JSON object
+    in ``userMetadata`` (:mod:`lambdalake.spark.delta`)."""
     text = entry.get("userMetadata")
     if not text:
         return entry

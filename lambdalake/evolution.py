@@ -12,10 +12,10 @@ old one, which keeps its types until the switch (:mod:`lambdalake.view_types`): 
 change a column's type and the speed job's aggregation state keeps the aggregate's type (Spark
 refuses a query whose state value schema changed: measured, STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE).
 
-Bronze's Parquet files keep the type each was written with: Spark's Parquet reader widens ``int``
+The master dataset's Parquet files keep the type each was written with: Spark's Parquet reader widens ``int``
 to ``long`` or ``double``, ``float`` to ``double``, ``string`` to ``bytes`` and back, and a decimal
 to more digits at the same scale; ``int`` to ``float`` and ``long`` to ``float``/``double`` are read
-as written and cast (:mod:`lambdalake.spark.bronze`). Any other change of a field's column type (a
+as written and cast (:mod:`lambdalake.spark.master`). Any other change of a field's column type (a
 union branch added, which makes the column a struct of members) would leave files the batch cannot
 read. Everything else the registry accepts (a field added or removed with a default, an enum symbol
 added, the widenings above of a field no view stores) the layers take as it comes.
@@ -54,8 +54,8 @@ def unappliable_changes(pipeline: Pipeline, deployed: dict[str, Any]) -> list[st
         old = old_types.get(name)
         if old is not None and not old.equals(new) and not _reads_as(old, new):
             problems.append(
-                f"field {name!r} changes its column type from {old} to {new}: bronze's files hold it "
-                "as before, and the batch reads them only as int to long, float or double, long to "
+                f"field {name!r} changes its column type from {old} to {new}: the master dataset's files "
+                "hold it as before, and the batch reads them only as int to long, float or double, long to "
                 "float or double, float to double, string to bytes and back, and a decimal to more "
                 "digits at the same scale"
             )
@@ -75,7 +75,7 @@ def unappliable_changes(pipeline: Pipeline, deployed: dict[str, Any]) -> list[st
     return problems
 
 
-#: Column type changes the batch makes when it reads a bronze file of the first type as the second
+#: Column type changes the batch makes when it reads a master dataset file of the first type as the second
 #: (Spark's Parquet reader's own widenings, and the numeric promotions read as written and cast).
 _READ_WIDENS = {
     ("int32", "int64"), ("int32", "float64"), ("float32", "float64"),
@@ -109,7 +109,7 @@ def require_appliable(pipeline: Pipeline, deployed: dict[str, Any]) -> None:
             fix="keep those types (or add a field of the new type beside the old one); for another key, "
             "time or identity write a new pipeline (its own name and topic) and backfill it with "
             "`lambdalake replay`; for a stored column of another type, "
-            "give the view a new name (a view added: deploy builds it from bronze) or keep that "
+            "give the view a new name (a view added: deploy builds it from the master dataset) or keep that "
             "field out of it",
         )
 

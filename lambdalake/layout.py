@@ -20,8 +20,11 @@ name)::
     <pipeline>__<view>__speed_latest  a latest view's speed candidates
     <pipeline>__<view>__b<generation> a generation of its batch versions
 
-A change to any of these is a change of the stored layout: it comes with a new version and one
-migration step, never with code that reads both.
+A change to any of these is a change of the stored layout: it comes with a new
+:data:`LAYOUT_VERSION` and one migration step (``lambdalake migrate``,
+:mod:`lambdalake.control.migrate`), never with code that reads both. The platform's own tables carry
+the version they were written under in their comment (:func:`layout_comment`); every command refuses
+a keyspace of another version (:mod:`lambdalake.cassandra.stored_layout`).
 """
 
 from __future__ import annotations
@@ -83,6 +86,25 @@ def quality_report(storage_root: str, pipeline: str, run_id: str) -> str:
 
 
 # --- Cassandra tables ---------------------------------------------------------------------------
+
+#: The version of the stored layout this code writes and reads.
+LAYOUT_VERSION = 2
+#: The release each layout version came with.
+LAYOUT_RELEASES = {1: "0.1.0", 2: "0.2.0"}
+_COMMENT = "lambdalake stored layout "
+
+
+def layout_comment(version: int = LAYOUT_VERSION) -> str:
+    """The comment of the platform's own tables, naming the layout they hold."""
+    return f"{_COMMENT}{version}"
+
+
+def comment_layout(comment: str | None) -> int:
+    """The layout a platform table's comment names (1: none, as 0.1.0 wrote them)."""
+    if comment and comment.startswith(_COMMENT) and comment[len(_COMMENT) :].isdigit():
+        return int(comment[len(_COMMENT) :])
+    return 1
+
 
 #: Each pipeline's active batch version and view versions (lambdalake.cassandra.active).
 BATCH_META_TABLE = "lambdalake_batch"

@@ -53,7 +53,7 @@ from cassandra.query import SimpleStatement
 from lambdalake.cassandra.session import execute_lwt
 from lambdalake.cassandra.tables import TableDef, create_keyspace, ensure_table
 from lambdalake.errors import LambdalakeError
-from lambdalake.layout import LEASES_TABLE
+from lambdalake.layout import LEASES_TABLE, layout_comment
 from lambdalake.procs import pid_alive
 from lambdalake.settings import CassandraSettings, Settings
 
@@ -78,6 +78,7 @@ LEASES = TableDef(
     ),
     ("pipeline",),
     ("lease",),
+    comment=layout_comment(),
 )  # fmt: skip
 
 

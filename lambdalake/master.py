@@ -53,8 +53,8 @@ PARTITIONS = "lambdalake.partitions"
 RANGES = "lambdalake.ranges"
 COVERAGE = "lambdalake.coverage"
 SPEED_END = "lambdalake.speed_end"
-#: The app transaction every bronze commit carries: two commits made on one snapshot conflict.
-WRITER_APP = "lambdalake.bronze-writer"
+#: The app transaction every master dataset commit carries: two commits made on one snapshot conflict.
+WRITER_APP = "lambdalake.master-writer"
 COMMIT_ATTEMPTS = 20
 RECENT = 20
 #: An event's Kafka coordinates in its topic; each file's stats record their range.
@@ -64,12 +64,13 @@ log = logging.getLogger("lambdalake.master")
 
 
 def recorded_values(layers: LayersSpec) -> dict[str, int]:
-    """What each bronze commit records of the layers (and :meth:`MasterDataset.check_layers` compares)."""
+    """What each master dataset commit records of the layers (and :meth:`MasterDataset.check_layers`
+    compares)."""
     return {EPOCH_MS: layers.epoch_ms, DEDUP_DELAY_MS: layers.dedup_delay_seconds * 1000}
 
 
 class MasterDataset:
-    """The Delta table of one pipeline's events (bronze), partitioned by event date.
+    """The Delta table of one pipeline's events (the master dataset), partitioned by event date.
 
     Delivery guarantee: exactly once per ``(app_id, batch_id)``: :meth:`commit` commits a batch at
     most once, and a batch whose commit failed is retried by the caller (the stream's replay). An
@@ -94,7 +95,7 @@ class MasterDataset:
         """The newest snapshot, to decide a commit on: the table of this object's previous commit
         brought up to date with the commits since (anyone's), instead of opened again. Opening reads
         the log from its last checkpoint, every live file included: ~17 ms at 1k files, ~290 ms at
-        150k, which the speed job's bronze reaches in about 12 hours at 1k events/s (BENCHMARKS.md).
+        150k, which the speed job's master dataset reaches in about 12 hours at 1k events/s (BENCHMARKS.md).
         The snapshot is this object's: one object per writing thread."""
         if self._refreshing is not None:
             self._refreshing.join()
@@ -122,7 +123,7 @@ class MasterDataset:
             except BaseException:  # reopened by the next commit, which reports what still fails
                 self._refresh_failed = True
 
-        self._refreshing = threading.Thread(target=refresh, name="bronze-snapshot-refresh")
+        self._refreshing = threading.Thread(target=refresh, name="master-snapshot-refresh")
         self._refreshing.start()
 
     def commit(
@@ -146,8 +147,8 @@ class MasterDataset:
         ``partitions`` (per partition ``[highest offset, highest ingest ms]``) is kept as it was.
         A commit with no files still records its ranges (a micro-batch of dead letters only).
 
-        Bronze never holds a coordinate twice: rows of ``files`` whose offsets the coverage already
-        holds (a replay archived them ahead of the speed job, or the other way round) are left out,
+        The master dataset never holds a coordinate twice: rows of ``files`` whose offsets the coverage
+        already holds (a replay archived them ahead of the speed job, or the other way round) are left out,
         decided against the snapshot the commit is made on. Every commit carries the shared app
         transaction :data:`WRITER_APP`, so a commit that lands in between makes this one fail with
         a conflict instead of landing on a stale decision; it is then decided again.
@@ -194,12 +195,12 @@ class MasterDataset:
             except CommitFailedError as exc:
                 if not lost_to_another_commit(exc) or attempt == COMMIT_ATTEMPTS - 1:
                     raise
-                log.info("bronze commit of %s met a concurrent commit; deciding again", app_id)
+                log.info("master dataset commit of %s met a concurrent commit; deciding again", app_id)
                 continue
             if table is not None:
                 self._refresh_later(table)
             if held:
-                log.info("left out offsets bronze already held: %s", to_json(held))
+                log.info("left out offsets the master dataset already held: %s", to_json(held))
             log.debug("master commit of %d files: %.2fs", len(keep), time.monotonic() - t0)
             return rows
         raise AssertionError("unreachable")
@@ -276,8 +277,8 @@ class MasterDataset:
         return out
 
     def read_coverage(self, *, version: int | None = None) -> Coverage:
-        """The offsets bronze has covered, per ``"topic/partition"``, as of ``version`` (default the
-        newest): the newest lambdalake commit records all of it (so log cleanup, which keeps the
+        """The offsets the master dataset has covered, per ``"topic/partition"``, as of ``version`` (default
+        the newest): the newest lambdalake commit records all of it (so log cleanup, which keeps the
         newest commits, never loses it)."""
         table = open_table(self.path, version=version)
         return self._recorded(table)[0]
@@ -301,7 +302,7 @@ class MasterDataset:
         return None
 
     def check_layers(self, layers: LayersSpec, *, pipeline: str) -> None:
-        """Refuse to build on bronze written with another epoch length or dedup delay.
+        """Refuse to build on the master dataset written with another epoch length or dedup delay.
 
         Raises:
             ConfigurationError: naming both values and the fix.
@@ -314,7 +315,7 @@ class MasterDataset:
         if differ:
             names = {EPOCH_MS: "epoch", DEDUP_DELAY_MS: "dedup_delay"}
             detail = "; ".join(
-                f"{names[k]}: bronze {was // 1000} s, pipeline {now // 1000} s"
+                f"{names[k]}: the master dataset {was // 1000} s, pipeline {now // 1000} s"
                 for k, (was, now) in differ.items()
             )
             raise ConfigurationError(
@@ -331,8 +332,8 @@ class MasterDataset:
         version: int | None = None,
         low: Mapping[str, int] | None = None,
     ) -> dict[str, int]:
-        """Per ``"topic/partition"``, the highest offset up to which bronze has covered every offset
-        from the log's first (``low``, default 0): the end of the gap-free run of ranges, minus one
+        """Per ``"topic/partition"``, the highest offset up to which the master dataset has covered every
+        offset from the log's first (``low``, default 0): the end of the gap-free run of ranges, minus one
         (``low - 1``: nothing). ``partitions`` limits the answer (None: every partition recorded)."""
         coverage = self.read_coverage(version=version)
         keys = coverage if partitions is None else partitions
@@ -343,7 +344,7 @@ class MasterDataset:
         """Delete the staging files whose names start with ``prefix`` (a run id: files of attempts
         killed mid-write; a live attempt moves its file out at once). Call it before the run's
         tasks start; a writer that cannot tell whether another with the same prefix still writes
-        (``lambdalake bronze compact``) deletes only files older than ``older_than_s``. Returns
+        (``lambdalake master compact``) deletes only files older than ``older_than_s``. Returns
         how many were deleted."""
         left = list_files(f"{self.path.rstrip('/')}/_staging", prefix=prefix)
         if older_than_s > 0:
@@ -405,8 +406,8 @@ class MasterDataset:
     def may_hold_twice(self, *, table: DeltaTable | None = None) -> bool:
         """Whether two live files of ``table``'s snapshot (default the newest) may hold one Kafka
         coordinate: their offset stats overlap within a partition, or a file has no stats or spans
-        partitions. Commits leave out what bronze holds, so only a table written before that (or
-        touched by hand) can; readers then tell the copies apart by file (:func:`read_bronze`)."""
+        partitions. Commits leave out what the master dataset holds, so only a table written before that (or
+        touched by hand) can; readers then tell the copies apart by file (:func:`read_master`)."""
         table = table if table is not None else self._table()
         if table is None:
             return False
@@ -431,6 +432,6 @@ class MasterDataset:
         return [] if table is None else table.file_uris()
 
 
-def bronze_of(settings: Settings, pipeline: Pipeline) -> MasterDataset:
+def master_of(settings: Settings, pipeline: Pipeline) -> MasterDataset:
     """``pipeline``'s master dataset under the settings' storage root."""
     return MasterDataset(master_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)

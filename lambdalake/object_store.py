@@ -1,7 +1,7 @@
 """The object store under an ``s3://`` storage root: what its clients are told, from the settings.
 
-pyarrow's S3 filesystem (small files: :mod:`lambdalake.storage`) and delta-rs (bronze) both read the
-standard ``AWS_*`` variables; this module is the one place that sets them, for this process
+pyarrow's S3 filesystem (small files: :mod:`lambdalake.storage`) and delta-rs (the master dataset) both read
+the standard ``AWS_*`` variables; this module is the one place that sets them, for this process
 (:func:`use`) and for the processes it starts (:func:`client_env`). Secrets travel in environments
 only, never on a command line or in a log.
 """

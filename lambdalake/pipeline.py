@@ -341,8 +341,8 @@ _INTERVAL = r"^\d+ (second|minute|hour|day)s?$"
 
 
 class LayersSpec(Strict):
-    """How the speed and batch layers cut time. Bronze records ``epoch`` and ``dedup_delay`` with every
-    commit, and a job whose values differ refuses to start: views built with two epoch lengths or
+    """How the speed and batch layers cut time. Master dataset records ``epoch`` and ``dedup_delay`` with
+    every commit, and a job whose values differ refuses to start: views built with two epoch lengths or
     two dedup delays would not merge exactly."""
 
     #: Length of an ingest epoch (the unit the batch layer covers and serving merges on).

@@ -344,19 +344,19 @@ class SparkSettings(BaseModel):
         return value
 
 
-class BronzeSettings(BaseModel):
+class MasterSettings(BaseModel):
     """Compaction of the master dataset's small files by the speed job (:mod:`lambdalake.compaction`)."""
 
     #: Rewrite small files into large ones on a thread of the speed job (the rows stay as they are).
     compact: bool = Field(True, description="true or false", examples=["false"])
-    #: Bronze commits (micro-batches) between two rounds: 100 is about a minute at 1k events/s.
+    #: Master dataset commits (micro-batches) between two rounds: 100 is about a minute at 1k events/s.
     compact_every_commits: int = Field(100, ge=1, description="commits, 1 or more", examples=["100"])
     #: Files of one event date, Kafka partition and size class rewritten together once this many gathered.
     compact_fan_in: int = Field(10, ge=2, le=10_000, description="files, 2-10000", examples=["10"])
     #: Files this large (MiB) are never rewritten (Delta's own target for optimized files: 1 GiB).
     compact_max_mb: int = Field(1024, ge=2, description="MiB, 2 or more", examples=["512"])
     #: Every 10th round deletes the files rounds removed longer ago than this (hours). A batch run
-    #: reads the files of the bronze version it started on: keep this above the longest run.
+    #: reads the files of the master dataset version it started on: keep this above the longest run.
     vacuum_retention_hours: int = Field(168, ge=0, description="hours, 0 or more", examples=["168"])
 
 
@@ -367,7 +367,8 @@ class SpeedSettings(BaseModel):
     #: processing-time micro-batch costs ~0.65 s here even for one record), or ``realtime``, a
     #: Real-time Mode query of its own whose tasks run as long as a batch and write each record's
     #: candidates from the JVM as it arrives (:mod:`lambdalake.spark.realtime`). Both leave the same
-    #: rows; the rest of the speed job (bronze, dead letters, windowed views) is the micro-batch's.
+    #: rows; the rest of the speed job (the master dataset, dead letters, windowed views) is the
+    # micro-batch's.
     latest: Literal["microbatch", "realtime"] = Field(
         "microbatch", description="microbatch or realtime", examples=["realtime"]
     )
@@ -432,7 +433,7 @@ class Settings(BaseSettings):
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     cassandra: CassandraSettings = Field(default_factory=CassandraSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
-    bronze: BronzeSettings = Field(default_factory=BronzeSettings)
+    master: MasterSettings = Field(default_factory=MasterSettings)
     speed: SpeedSettings = Field(default_factory=SpeedSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
     object_store: ObjectStoreSettings = Field(default_factory=ObjectStoreSettings)

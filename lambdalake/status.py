@@ -1,5 +1,5 @@
 """What a pipeline is doing, gathered from where each layer leaves it: stream lag per partition
-(the broker's log end against what bronze archived), speed queries' last micro-batches, the
+(the broker's log end against what the master dataset archived), speed queries' last micro-batches, the
 dead-letter topic, the active batch version and the last batch run. Read by ``lambdalake status``
 and serving's ``/metrics``; every source that cannot be read is reported, never raised."""
 
@@ -19,7 +19,7 @@ from lambdalake.storage import read_text
 
 @dataclass(frozen=True)
 class PartitionLag:
-    """One partition: the broker's log end, the next offset bronze lacks, the records between."""
+    """One partition: the broker's log end, the next offset the master dataset lacks, the records between."""
 
     partition: int
     end: int
@@ -73,7 +73,7 @@ def pipeline_status(settings: Settings, pipeline: Pipeline, *, session: Any = No
 def _stream(settings: Settings, pipeline: Pipeline, status: PipelineStatus) -> None:
     from lambdalake.errors import ConfigurationError, ServiceUnavailable
     from lambdalake.kafka.offsets import offset_consumer, watermarks
-    from lambdalake.master import bronze_of
+    from lambdalake.master import master_of
 
     topic = pipeline.topic.name
     try:
@@ -92,9 +92,9 @@ def _stream(settings: Settings, pipeline: Pipeline, status: PipelineStatus) -> N
     except ServiceUnavailable as exc:
         status.problems.append(f"Kafka at {settings.kafka.bootstrap_servers} unreachable: {exc.message}")
         return
-    bronze = bronze_of(settings, pipeline)
+    master = master_of(settings, pipeline)
     try:
-        read = bronze.read_progress(
+        read = master.read_progress(
             [f"{topic}/{p}" for p in ends], low={f"{topic}/{p}": lo for p, (lo, _hi) in marks.items()}
         )
     except Exception as exc:  # storage unreadable: report, show the broker side anyway

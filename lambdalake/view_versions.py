@@ -193,9 +193,9 @@ def plan(pipeline: Pipeline, registry: Registry) -> tuple[Registry, list[ViewCha
     """The registry after deploying ``pipeline``'s views, and what changed.
 
     On a pipeline's first deploy (an empty registry) every view is active at once. Later, a view
-    added or changed is built beside, even when bronze is empty: what bronze holds can change until
-    the speed job restarts with the view (a read of it before the registry's write would be
-    trusted after it), and the build reads bronze only once the job counts the view. So is a
+    added or changed is built beside, even when the master dataset is empty: what the master dataset holds can
+    change until the speed job restarts with the view (a read of it before the registry's write would be
+    trusted after it), and the build reads the master dataset only once the job counts the view. So is a
     windowed view whose table or Spark state the reader schema widens (:mod:`lambdalake.view_types`):
     a new version of the same definition, made with the new types.
 

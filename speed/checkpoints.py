@@ -8,7 +8,7 @@ Beside Spark's own checkpoint folders (one per query: ``main``, ``main-g<n>`` af
   views it aggregates, in its Spark state's order;
 - :class:`ViewStart` (``<view>/lambdalake-start.json``): for a view first counted on a live
   pipeline, the epoch from which the main query counts it (the view build recomputes the ones
-  before from bronze);
+  before from the master dataset);
 - :class:`Reset` (``starting-offsets.json``, ``counting-from.json``): where ``speed reset`` left the
   rebuilt queries to start, and the ingest time from which they count;
 - in a query's folder, its run id (``lambdalake-run-id``) and its deduplication segments

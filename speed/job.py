@@ -21,7 +21,7 @@ failures are :mod:`lambdalake.speed.supervisor`'s; its files beside the checkpoi
 :mod:`lambdalake.speed.checkpoints`'.
 
 Progress lives in each query's checkpoint; results are durable before Spark commits an offset, and
-every write is idempotent, so a batch replayed after a crash leaves the same views and bronze.
+every write is idempotent, so a batch replayed after a crash leaves the same views and the master dataset.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from lambdalake.cassandra.tables import TableDef, deploy_speed_tables, speed_tab
 from lambdalake.compaction import Compactor
 from lambdalake.kafka.admin import require_log_append_time
 from lambdalake.layout import speed_status_file
-from lambdalake.master import bronze_of
+from lambdalake.master import master_of
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.registry import subject_schemas
 from lambdalake.settings import Settings
@@ -93,7 +93,7 @@ class SpeedJob:
         slots = pipeline.topic.partitions if self.realtime else 0
         self.spark = spark or spark_session(settings, f"lambdalake-speed-{pipeline.name}", extra_slots=slots)
         self.spec = DecodeSpec.of(pipeline, settings)
-        self.master = bronze_of(settings, pipeline)
+        self.master = master_of(settings, pipeline)
         self.compactor: Compactor | None = None
         self.checkpoints = Checkpoints(settings.storage_root, pipeline.name)
         self.progress = ProgressLog(speed_status_file(settings.storage_root, pipeline.name))
@@ -130,7 +130,7 @@ class SpeedJob:
         deploy_speed_tables(connect(self.settings.cassandra), self.settings.cassandra, self.pipeline)
 
     def _archived(self) -> dict[int, int]:
-        """Per partition, the highest offset before which bronze has covered every offset (what a
+        """Per partition, the highest offset before which the master dataset has covered every offset (what a
         rebuilt checkpoint re-reads): those are neither archived nor dead-lettered again."""
         topic = self.pipeline.topic.name
         every = self.master.read_progress()
@@ -304,7 +304,7 @@ class SpeedJob:
         self.master.clear_staging(f"{self.run_id}-")
         # What a killed round staged carries the run id: this start clears it (above).
         self.compactor = Compactor.of(
-            self.settings.bronze, self.master.path, staging_prefix=f"{self.run_id}-"
+            self.settings.master, self.master.path, staging_prefix=f"{self.run_id}-"
         )
         trigger = {"processingTime": f"{self.options.trigger_seconds} seconds"}
         name = self.pipeline.name
@@ -377,7 +377,7 @@ class SpeedJob:
                     raise
                 log.info("query %s: Spark had stopped already", q.name)
         if self.compactor is not None:
-            # A round cut short by the process's exit leaves bronze as it was (its staged file is
+            # A round cut short by the process's exit leaves the master dataset as it was (its staged file is
             # cleared at the next start), so a stop waits for it a while, not for ever.
             self.compactor.close(timeout=30)
         if self.reads_check is not None:

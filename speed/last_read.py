@@ -11,7 +11,7 @@ timestamp, CRC-32 of the value: :class:`LastRecords`), the driver keeps them bes
 and before a micro-batch reads a partition again it checks that that record is still the same
 (:class:`LastReadCheck`). A record that changed is data loss: the query stops naming the partition
 and offsets, or with ``failOnDataLoss`` false goes on after the checkpoint with a warning (the new
-records at the reused offsets before it are not read: their coordinates are taken in bronze).
+records at the reused offsets before it are not read: their coordinates are taken in the master dataset).
 """
 
 from __future__ import annotations

@@ -1,17 +1,18 @@
-"""Replay and backfill: re-read a range of the topic, re-archive what bronze lacks, and bring the
+"""Replay and backfill: re-read a range of the topic, re-archive what the master dataset lacks, and bring the
 speed rows of the epochs it touches back to exact.
 
 The range is widened to whole ingest epochs on every partition (with LogAppendTime an epoch is a
 contiguous offset range per partition, found exactly with offsets-for-times), because a speed cell
 (key, window, epoch) holds events of every partition. Then:
 
-1. Records of the range that bronze lacks (by Kafka coordinates) are decoded and committed to bronze
+1. Records of the range that master dataset lacks (by Kafka coordinates) are decoded and committed to the
+master dataset
    in one commit; valid records only (invalid ones reached the dead-letter topic on their first read).
    Spark's Kafka source reads the range (a task per core at least); each task checks its records
-   against bronze's coordinates (files picked by their offset stats), decodes the rest and writes
+   against the master dataset's coordinates (files picked by their offset stats), decodes the rest and writes
    them in one Python pass.
 2. For each touched epoch after the batch horizon that has closed, every cell is recomputed from all
-   of bronze for that epoch, deduplicated over the whole history as the batch layer does, with the
+   of the master dataset for that epoch, deduplicated over the whole history as the batch layer does, with the
    shared view definitions, and written as absolute values (a partial range never overwrites a
    complete value with a partial one). ``latest`` rows are written with their rank as the write
    timestamp, so a higher version already stored keeps winning.
@@ -45,13 +46,13 @@ from lambdalake.cassandra.writer import bulk_options, upsert_arrow
 from lambdalake.errors import ConfigurationError
 from lambdalake.kafka.offsets import offset_consumer, offsets_at, record_time, watermarks
 from lambdalake.latest import CANDIDATE, RANK
-from lambdalake.master import bronze_of
+from lambdalake.master import master_of
 from lambdalake.master_files import offsets_present, write_event_files
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import Settings
-from lambdalake.spark.bronze import read_events
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec, decoder
 from lambdalake.spark.kafka import read_ranges
+from lambdalake.spark.master import read_events
 from lambdalake.spark.sinks import upsert_view
 from lambdalake.spark.views import (
     INGEST_EPOCH,
@@ -111,7 +112,7 @@ class ReplayResult:
     #: Stored cells of the recomputed epochs that the recompute no longer yields, deleted.
     emptied: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
-    #: Seconds per stage: read+archive (Kafka, decode, bronze files and commit), recompute.
+    #: Seconds per stage: read+archive (Kafka, decode, master dataset files and commit), recompute.
     stages: dict[str, float] = field(default_factory=dict)
 
 
@@ -129,7 +130,7 @@ def plan_replay(
     """Resolve the asked range, widen it to whole epochs and sort the epochs by who owns them.
 
     ``now_ms`` and ``speed_end`` (per partition, the offset the speed job has read up to) judge
-    "closed" as of another moment; by default now, and what bronze's commits record."""
+    "closed" as of another moment; by default now, and what the master dataset's commits record."""
     if (from_offsets is None) == (from_ms is None):
         raise ConfigurationError("give exactly one of --from-offsets and --from-timestamp")
     if to_offsets is not None and to_ms is not None:
@@ -168,7 +169,7 @@ def plan_replay(
         horizon = _horizon(settings, pipeline)
         grace_ms = pipeline.layers.grace_seconds * 1000
         if speed_end is None:
-            recorded = bronze_of(settings, pipeline).read_speed_end()
+            recorded = master_of(settings, pipeline).read_speed_end()
             speed_end = {p: recorded.get(f"{topic}/{p}", low) for p, (low, _) in bounds.items()}
         out = ReplayPlan(asked, ranges, epochs, horizon, speed_end=dict(speed_end))
         for e in epochs:
@@ -196,13 +197,15 @@ def _horizon(settings: Settings, pipeline: Pipeline) -> int | None:
     return active.horizon if active is not None else None
 
 
-#: A replay whose range holds at least 1/SHARE_DEDUP_ALL of bronze deduplicates all of bronze.
+#: A replay whose range holds at least 1/SHARE_DEDUP_ALL of the master dataset deduplicates all of the master
+# dataset.
 SHARE_DEDUP_ALL = 4
 #: A range is cut into one task per core, but no task under this many offsets.
 MIN_PIECE = 50_000
-#: Rows per bronze file a task writes (bounds a task's memory).
+#: Rows per master dataset file a task writes (bounds a task's memory).
 FILE_ROWS = 250_000
-#: Offsets of bronze's coordinates a task holds at a time, to tell which records bronze lacks.
+#: Offsets of the master dataset's coordinates a task holds at a time, to tell which records the master
+# dataset lacks.
 HELD_WINDOW = 1_000_000
 
 
@@ -211,7 +214,7 @@ PIECE_DONE = pa.schema([("files", pa.list_(pa.string())), ("valid", pa.int64())]
 
 
 class _Held:
-    """The offsets bronze holds, per partition, read from its files a window at a time as a task's
+    """The offsets the master dataset holds, per partition, read from its files a window at a time as a task's
     records go by (a task reads one contiguous range of a partition, in order)."""
 
     def __init__(self, holding: dict[int, tuple[str, ...]]) -> None:
@@ -219,7 +222,7 @@ class _Held:
         self.windows: dict[int, tuple[int, int, np.ndarray]] = {}
 
     def among(self, partition: int, offsets: pa.Array) -> pa.Array:
-        """Whether bronze holds each of ``offsets`` (of ``partition``)."""
+        """Whether the master dataset holds each of ``offsets`` (of ``partition``)."""
         files = self.holding.get(partition, ())
         if not files or not len(offsets):
             return pa.array(np.zeros(len(offsets), dtype=bool))
@@ -238,11 +241,11 @@ class _Held:
 
 @dataclass(frozen=True)
 class _ArchiveJob:
-    """Archives a range on executors, over Spark's Kafka source's records: drop what bronze holds,
+    """Archives a range on executors, over Spark's Kafka source's records: drop what the master dataset holds,
     decode, write files.
 
     Attributes:
-        holding: Per partition, the bronze files that may hold some offsets of the range.
+        holding: Per partition, the master dataset files that may hold some offsets of the range.
     """
 
     holding: dict[int, tuple[str, ...]]
@@ -260,7 +263,7 @@ class _ArchiveJob:
         """The ``mapInArrow`` function: one task's records in, the files it wrote and the valid
         events its records hold out (one row)."""
         held = _Held(self.holding)
-        present = 0  # bronze holds valid events only
+        present = 0  # the master dataset holds valid events only
 
         def lacking() -> Iterator[pa.RecordBatch]:
             nonlocal present
@@ -276,7 +279,7 @@ class _ArchiveJob:
         yield pa.RecordBatch.from_pydict({"files": [files], "valid": [valid + present]}, schema=PIECE_DONE)
 
     def archive(self, decoded: Iterator[pa.RecordBatch]) -> tuple[list[str], int]:
-        """Write the valid events of ``decoded`` (batches of one partition each) to bronze files;
+        """Write the valid events of ``decoded`` (batches of one partition each) to master dataset files;
         returns the files written and how many valid events there were."""
         valid = 0
         files: list[str] = []
@@ -321,13 +324,13 @@ def _by_partition(batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
 
 
 class Replayer:
-    """Runs a :class:`ReplayPlan` with Spark (bounded Kafka read, bronze commit, cell rewrite)."""
+    """Runs a :class:`ReplayPlan` with Spark (bounded Kafka read, master dataset commit, cell rewrite)."""
 
     def __init__(self, *, settings: Settings, pipeline: Pipeline, spark: SparkSession) -> None:
         self.settings = settings
         self.pipeline = pipeline
         self.spark = spark
-        self.bronze = bronze_of(settings, pipeline)
+        self.master = master_of(settings, pipeline)
         #: Per windowed view, the stored cells the last recompute emptied.
         self.emptied: dict[str, int] = {}
 
@@ -336,7 +339,7 @@ class Replayer:
         result = ReplayResult(plan)
         if not plan.ranges:
             return result
-        self.bronze.check_layers(self.pipeline.layers, pipeline=self.pipeline.name)
+        self.master.check_layers(self.pipeline.layers, pipeline=self.pipeline.name)
         result.read, result.archived = self.archive(plan)
         t1 = time.monotonic()
         if plan.speed_epochs:
@@ -348,17 +351,17 @@ class Replayer:
         return result
 
     def archive(self, plan: ReplayPlan) -> tuple[int, int]:
-        """Read the range, decode it and commit what bronze lacks (by coordinates); returns the valid
-        events read and how many were archived.
+        """Read the range, decode it and commit what the master dataset lacks (by coordinates); returns the
+        valid events read and how many were archived.
 
         Spark's Kafka source reads the range, cut into a task per core at least; each task drops
-        what bronze holds, decodes the rest and writes its files in one Python pass.
+        what the master dataset holds, decodes the rest and writes its files in one Python pass.
         """
         topic = self.pipeline.topic.name
         cores = max(1, self.spark.sparkContext.defaultParallelism)
         tasks = max(1, min(cores, plan.records // MIN_PIECE))
         partitions = sorted(plan.ranges)
-        holding = self.bronze.files_holding([(p, *plan.ranges[p]) for p in partitions])
+        holding = self.master.files_holding([(p, *plan.ranges[p]) for p in partitions])
         run_id = f"replay-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
         # Imported here: the tasks import this module, and must not import the registry client.
         from lambdalake.registry import subject_schemas
@@ -367,7 +370,7 @@ class Replayer:
         job = _ArchiveJob(
             holding={p: tuple(files) for p, files in zip(partitions, holding, strict=True)},
             spec=DecodeSpec.of(self.pipeline, self.settings, writer_schemas=writers),
-            path=self.bronze.path,
+            path=self.master.path,
             event_time=self.pipeline.event.time,
             run_id=run_id,
             dlq_topic=self.pipeline.topic.dlq,
@@ -382,15 +385,15 @@ class Replayer:
         # The commit records the range as read (so a gap it fills counts as archived) and leaves out
         # whatever a concurrent writer archived since the tasks looked (decided in the commit).
         ranges = {f"{topic}/{p}": [(start, end)] for p, (start, end) in plan.ranges.items()}
-        rows = self.bronze.commit(
+        rows = self.master.commit(
             files, app_id=run_id, batch_id=0, layers=self.pipeline.layers, ranges=ranges
         )
         return read, int(rows or 0)
 
-    def bronze_epochs(self, *, after: int | None, before: int | None) -> list[int]:
-        """The ingest epochs bronze holds events of, after ``after`` and before ``before`` (None: no
-        bound): what a rebuild of the closed epochs after a horizon recomputes."""
-        uris = self.bronze.file_uris()
+    def master_epochs(self, *, after: int | None, before: int | None) -> list[int]:
+        """The ingest epochs the master dataset holds events of, after ``after`` and before ``before`` (None:
+        no bound): what a rebuild of the closed epochs after a horizon recomputes."""
+        uris = self.master.file_uris()
         if not uris:
             return []
         epochs = self.spark.read.parquet(*uris).select(INGEST_EPOCH).distinct()
@@ -401,26 +404,26 @@ class Replayer:
         return sorted(r[0] for r in epochs.collect())
 
     def recompute(self, epochs: list[int], *, records: int | None = None) -> dict[str, int]:
-        """Every cell of ``epochs``, from all of bronze, written as absolute values.
+        """Every cell of ``epochs``, from all of the master dataset, written as absolute values.
 
         Args:
             epochs: The ingest epochs to rebuild.
             records: About how many events those epochs hold (a replay's range), if known.
         """
-        uris = self.bronze.file_uris()
-        # Checked on a snapshot at least as new as the files': bronze only grows, so no overlap
+        uris = self.master.file_uris()
+        # Checked on a snapshot at least as new as the files': the master dataset only grows, so no overlap
         # there means none among them.
-        bronze = read_events(self.spark, uris, self.pipeline, held_twice=self.bronze.may_hold_twice())
+        master = read_events(self.spark, uris, self.pipeline, held_twice=self.master.may_hold_twice())
         # Copies of these events anywhere in history decide which delivery counts (as in the batch).
-        candidates = bronze
-        total = self.bronze.num_records()
+        candidates = master
+        total = self.master.num_records()
         if records is None or total is None or records * SHARE_DEDUP_ALL < total:
-            # A small share of history: first narrow bronze to the identities the epochs hold (a
-            # join Spark can broadcast). For a large share, deduplicating all of bronze costs less
+            # A small share of history: first narrow the master dataset to the identities the epochs hold (a
+            # join Spark can broadcast). For a large share, deduplicating all of the master dataset costs less
             # than that join (1M of 1M events: 4.7 s instead of 8.1 s on local[2]); same result.
             identity = list(self.pipeline.event.identity)
-            touched = bronze.filter(F.col(INGEST_EPOCH).isin(epochs))
-            candidates = bronze.join(touched.select(*identity).distinct(), identity, "left_semi")
+            touched = master.filter(F.col(INGEST_EPOCH).isin(epochs))
+            candidates = master.join(touched.select(*identity).distinct(), identity, "left_semi")
         # The losers (narrow: what their cells need) are persisted first so that computing the
         # firsts fills them in one pass.
         carry = [INGEST_EPOCH]

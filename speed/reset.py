@@ -1,12 +1,12 @@
-"""``lambdalake speed reset``: rebuild the speed layer after its checkpoint was lost, from bronze
-first and the topic only for what bronze cannot hold yet.
+"""``lambdalake speed reset``: rebuild the speed layer after its checkpoint was lost, from the master dataset
+first and the topic only for what the master dataset cannot hold yet.
 
-A compacted topic may have lost older records that bronze still holds, so closed epochs are never
-rebuilt from the topic: every closed epoch after the batch horizon is recomputed from bronze (as
+A compacted topic may have lost older records that master dataset still holds, so closed epochs are never
+rebuilt from the topic: every closed epoch after the batch horizon is recomputed from the master dataset (as
 ``replay`` does). Epochs not closed yet are re-read from the topic by the restarted job, which keeps
-them in its state; the records of those epochs bronze already holds are not archived again.
+them in its state; the records of those epochs the master dataset already holds are not archived again.
 
-Records between what bronze has read without a gap and the new start are archived from the topic
+Records between what the master dataset has read without a gap and the new start are archived from the topic
 first (dead-lettering the invalid ones: nobody read them before).
 
 Steps: the speed tables are truncated (no tombstones: ``latest`` rows written with their rank as the
@@ -14,7 +14,8 @@ write timestamp stay writable), the old checkpoints are deleted, the start offse
 are written beside them (one deduplication window before the oldest open epoch, per partition: the
 windowed views count from the epoch's start, and the records before it only teach the
 deduplication which identities it has seen), and the closed
-epochs after the horizon are recomputed from bronze. The next ``speed run`` (or ``deploy``) starts there.
+epochs after the horizon are recomputed from the master dataset. The next ``speed run`` (or ``deploy``) starts
+there.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class ResetResult:
     starting_offsets: dict[int, int]
     rebuilt_epochs: list[int] = field(default_factory=list)
     cells: dict[str, int] = field(default_factory=dict)
-    #: Valid records read from the gap between bronze's progress and the new start, and archived.
+    #: Valid records read from the gap between the master dataset's progress and the new start, and archived.
     gap_records: int = 0
     archived: int = 0
 
@@ -70,10 +71,10 @@ def reset_speed(
     Checkpoints(settings.storage_root, pipeline.name).start_over(Reset(offsets, first_open * layers.epoch_ms))
     result = ResetResult(horizon, first_open, starts)
     replayer = Replayer(settings=settings, pipeline=pipeline, spark=spark)
-    # The new checkpoints start at the oldest open epoch: what bronze has not read before that (the
-    # old job's progress may stop short of it) is archived from the topic first, so no record falls
+    # The new checkpoints start at the oldest open epoch: what the master dataset has not read before that
+    # (the old job's progress may stop short of it) is archived from the topic first, so no record falls
     # between the two and the closed epochs are recomputed whole.
-    read = replayer.bronze.read_progress(
+    read = replayer.master.read_progress(
         [f"{topic}/{p}" for p in starts], low={f"{topic}/{p}": low for p, low in lows.items()}
     )
     gaps = {
@@ -84,7 +85,7 @@ def reset_speed(
     if gaps:
         plan = ReplayPlan(gaps, gaps, [], horizon, speed_end={p: s for p, (s, _) in gaps.items()})
         result.gap_records, result.archived = replayer.archive(plan)
-    result.rebuilt_epochs = replayer.bronze_epochs(after=horizon, before=first_open)
+    result.rebuilt_epochs = replayer.master_epochs(after=horizon, before=first_open)
     if result.rebuilt_epochs:
         result.cells = replayer.recompute(result.rebuilt_epochs)
     return result

@@ -178,8 +178,9 @@ class ArchiveSink:
     #: :class:`RecordCounts`: what the query read (its source yields this sink's output, so Spark's
     #: input row count is what the sink passed on, not the records read).
     read: Accumulator | None = None
-    #: Per partition, the highest offset bronze holds already (a checkpoint rebuilt by ``speed reset``
-    #: re-reads records bronze archived): those are not archived or dead-lettered again.
+    #: Per partition, the highest offset the master dataset holds already (a checkpoint rebuilt by ``speed
+    # reset``
+    #: re-reads records the master dataset archived): those are not archived or dead-lettered again.
     archived: dict[int, int] = field(default_factory=dict)
     #: :class:`speed.last_read.LastRecords`: the last record read of each partition.
     last_read: Accumulator | None = None
@@ -238,7 +239,7 @@ class ArchiveSink:
             release_freed_memory()
 
     def _not_archived(self, table: pa.Table) -> pa.Array:
-        """Which rows are past what bronze holds for their partition."""
+        """Which rows are past what the master dataset holds for their partition."""
         if not self.archived:
             return pa.array(np.ones(table.num_rows, dtype=bool))
         parts = table.column("_partition").to_numpy(zero_copy_only=False)

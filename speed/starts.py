@@ -4,7 +4,7 @@ windowed views changed) and where a new Real-time checkpoint of the latest views
 The main query's Spark state is made for the windowed views it started with. When they change (a
 view added, a version built or retired, a widening held), it moves to a new checkpoint that starts
 one deduplication window before the oldest epoch it must count whole (the oldest open one, or an
-older one the old checkpoint had not finished); records bronze holds are neither archived nor
+older one the old checkpoint had not finished); records the master dataset holds are neither archived nor
 dead-lettered again, and every epoch it counts is counted whole, so the absolute upserts are exact.
 """
 
@@ -61,7 +61,7 @@ def choose_main(
 
     Args:
         windowed: The windowed views deployed.
-        archived: Per partition, the offset before which bronze covers every offset.
+        archived: Per partition, the offset before which the master dataset covers every offset.
         reset_from_ms: Where ``speed reset`` left the views to count from (None: no reset).
         default: Where a query without a checkpoint starts.
     """
@@ -101,13 +101,13 @@ def _move(
 ) -> MainRecord:
     """A new checkpoint for the main query, whose windowed views changed.
 
-    Without windowed views it starts where bronze has archived every offset. With them, it counts
+    Without windowed views it starts where the master dataset has archived every offset. With them, it counts
     every epoch from the oldest one not yet counted whole (the oldest open one, or the epoch of the
     first record the old checkpoint had not read), reading from one deduplication window before it:
     the epochs it recounts are counted whole again from the topic (whose compaction lag outlasts
-    archiving), and what bronze holds is not archived again. A view new to the main query, never
+    archiving), and what the master dataset holds is not archived again. A view new to the main query, never
     counted anywhere, records that epoch (:class:`ViewStart`): the view build recomputes the closed
-    ones before it from bronze.
+    ones before it from the master dataset.
     """
     generation = record.generation + 1
     topic = pipeline.topic.name
@@ -143,7 +143,7 @@ def _mark_starts(
     """Record ``from_ms``'s epoch as the start of each view of ``wanted`` a checkpoint counting from
     ``from_ms`` has that was never counted before (neither by ``held``, the views of the checkpoint
     it follows, nor by a query of its own): the view build recomputes the epochs before it from
-    bronze."""
+    the master dataset."""
     if from_ms is None:
         return
     for name in wanted:
@@ -154,21 +154,21 @@ def _mark_starts(
 def latest_start(
     pipeline: Pipeline, archived: dict[int, int], default: str, *, main_fresh: str | None
 ) -> str:
-    """Where a new Real-time checkpoint starts: where bronze's coverage (``archived``) ends, when
-    bronze has any, or where a main query without a checkpoint starts (``main_fresh``), where that is
-    earlier; ``default`` without coverage.
+    """Where a new Real-time checkpoint starts: where the master dataset's coverage (``archived``) ends, when
+    the master dataset has any, or where a main query without a checkpoint starts (``main_fresh``), where that
+    is earlier; ``default`` without coverage.
 
-    The Real-time query reads ahead of bronze, and a view version built beside the old one is
-    recomputed from bronze (:mod:`lambdalake.control.view_build`): starting at the checkpoint it had
-    would leave the records between the two out of the new version. After ``speed reset`` (its
-    latest rows emptied, the epochs before its start recomputed from bronze) the main query starts
+    The Real-time query reads ahead of the master dataset, and a view version built beside the old one is
+    recomputed from the master dataset (:mod:`lambdalake.control.view_build`): starting at the checkpoint it
+    had would leave the records between the two out of the new version. After ``speed reset`` (its
+    latest rows emptied, the epochs before its start recomputed from the master dataset) the main query starts
     afresh where the reset chose, and the records from there on are the Real-time query's to write,
-    though bronze may hold them already."""
+    though the master dataset may hold them already."""
     if not archived:
         return default
-    # Bronze's coverage only grows: read before the query starts, it can only make the query re-read
-    # (idempotently) what bronze took meanwhile, never skip it. A partition bronze holds nothing of
-    # (one the topic gained) starts at its earliest offset (-2).
+    # The master dataset's coverage only grows: read before the query starts, it can only make the query
+    # re-read (idempotently) what the master dataset took meanwhile, never skip it. A partition the master
+    # dataset holds nothing of (one the topic gained) starts at its earliest offset (-2).
     topic = pipeline.topic.name
     partitions = sorted({*archived, *range(pipeline.topic.partitions)})
     start = {p: archived.get(p, -2) for p in partitions}

@@ -137,11 +137,11 @@ def _holds_version_above(session: Any, table: str, version: int) -> bool:
         return False
 
 
-def bronze_coordinates(settings: Settings, pipeline: Pipeline) -> list[tuple[int, int]]:
+def master_coordinates(settings: Settings, pipeline: Pipeline) -> list[tuple[int, int]]:
     """(partition, offset) of every row of the pipeline's master dataset ([] before its first commit)."""
-    bronze = MasterDataset(master_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    master = MasterDataset(master_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
     try:
-        table = bronze.read()
+        table = master.read()
     except FileNotFoundError:
         return []
     return list(zip(table.column("_partition").to_pylist(), table.column("_offset").to_pylist(), strict=True))

@@ -169,7 +169,7 @@ def test_batch_views_equal_the_reference_up_to_the_horizon(archived: dict, spark
     # Events after the horizon exist and are not in the batch.
     assert (events["_ts"] // (pipeline.layers.epoch_seconds * 1000) > first.horizon).any()
 
-    # Two runs over the same bronze: identical rows, a new Delta version and batch version.
+    # Two runs over the same master dataset: identical rows, a new Delta version and batch version.
     second = BatchJob(settings=settings, pipeline=pipeline, spark=spark).run(horizon=first.horizon)
     assert second.batch_version == first.batch_version + 1
     assert all(second.delta_versions[v] == first.delta_versions[v] + 1 for v in first.delta_versions)
@@ -262,9 +262,9 @@ def test_the_schedule_runs_a_due_pipeline(archived: dict, tmp_path: Path) -> Non
 
 
 def test_a_planted_fault_fails_the_gate_and_serving_keeps_the_previous_version(archived: dict, spark) -> None:
-    """A negative price written straight into bronze (around the producer's and the speed layer's
+    """A negative price written straight into the master dataset (around the producer's and the speed layer's
     checks): the run stops naming the expectation, and the active batch version does not move.
-    Last in the module: it leaves bronze faulty."""
+    Last in the module: it leaves the master dataset faulty."""
     from lambdalake.batch.quality import QualityGateFailed
     from lambdalake.layout import master_path
     from lambdalake.master import MasterDataset
@@ -274,20 +274,20 @@ def test_a_planted_fault_fails_the_gate_and_serving_keeps_the_previous_version(a
     session = connect(settings.cassandra)
     before = active_batch(session, settings.cassandra.keyspace, pipeline.name)
     assert before is not None
-    bronze = MasterDataset(master_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
-    existing = bronze.read().drop_columns(["event_date"])
+    master = MasterDataset(master_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    existing = master.read().drop_columns(["event_date"])
     row = existing.slice(0, 1).to_pylist()[0]
     epoch_ms = pipeline.layers.epoch_seconds * 1000
     ingest = datetime.fromtimestamp(((before.horizon + 1) * epoch_ms - 1000) / 1000, tz=UTC)
     row.update(offer_id="planted-fault", version=1, price_cents=-5, _offset=10**12, _ingest_ts=ingest)
     row["_epoch"] = before.horizon  # inside the horizon the next run covers
     planted = pa.Table.from_pylist([row], schema=existing.schema)
-    files = write_event_files(planted, path=bronze.path, event_time=pipeline.event.time, name="planted-fault")
-    bronze.commit(files, app_id="test-planted-fault", batch_id=0, layers=pipeline.layers)
+    files = write_event_files(planted, path=master.path, event_time=pipeline.event.time, name="planted-fault")
+    master.commit(files, app_id="test-planted-fault", batch_id=0, layers=pipeline.layers)
     with pytest.raises(QualityGateFailed) as failed:
         BatchJob(settings=settings, pipeline=pipeline, spark=spark).run(horizon=before.horizon)
     message = str(failed.value)
-    assert "bronze: expect_column_values_to_be_between(price_cents)" in message, message
+    assert "the master dataset: expect_column_values_to_be_between(price_cents)" in message, message
     assert active_batch(session, settings.cassandra.keyspace, pipeline.name) == before
     report = Path(message.split("read ", 1)[1].split(";", 1)[0])
     assert "**FAIL**" in report.read_text() and "price_cents" in report.read_text()

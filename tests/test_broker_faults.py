@@ -27,9 +27,9 @@ from lambdalake.produce.producer import EventProducer, ProducerFailed
 from lambdalake.settings import PROJECT_ROOT, Settings
 from tests.conftest import env_for, isolated, pipeline_named, port
 from tests.helpers import (
-    bronze_coordinates,
     consume_all,
     kill_minus_nine,
+    master_coordinates,
     run_speed_once,
     send_generated,
     stop_job,
@@ -177,7 +177,7 @@ def test_offsets_lost_by_the_broker_are_never_skipped_silently(
     broker.start()
     send(own_kafka, pipeline, 600, seed=2)
     run_speed_once(own_kafka, pipeline, spark)
-    assert len(bronze_coordinates(own_kafka, pipeline)) == 1600
+    assert len(master_coordinates(own_kafka, pipeline)) == 1600
     restore_after_kill(own_kafka, snapshot)
     if refill:
         send(own_kafka, pipeline, 1500, seed=3)  # new records take the lost offsets and more
@@ -189,15 +189,15 @@ def test_offsets_lost_by_the_broker_are_never_skipped_silently(
         assert "were lost by the broker" in message
     else:
         assert "has been replaced" in message
-    assert len(bronze_coordinates(own_kafka, pipeline)) == 1600  # nothing was read past the loss
+    assert len(master_coordinates(own_kafka, pipeline)) == 1600  # nothing was read past the loss
     # Told to go on, the job reads what comes after the checkpoint (new records at reused offsets
-    # before it are named in a warning, not read: their coordinates are taken in bronze).
+    # before it are named in a warning, not read: their coordinates are taken in the master dataset).
     if refill:
         archived: dict[int, int] = {}
-        for p, o in bronze_coordinates(own_kafka, pipeline):
+        for p, o in master_coordinates(own_kafka, pipeline):
             archived[p] = max(archived.get(p, -1), o)
         run_speed_once(own_kafka, pipeline, spark, fail_on_data_loss=False)
-        coords = bronze_coordinates(own_kafka, pipeline)
+        coords = master_coordinates(own_kafka, pipeline)
         assert len(coords) == len(set(coords))
         topic = {(m.partition(), m.offset()) for m in consume_all(own_kafka, pipeline.topic.name)}
         after = {(p, o) for p, o in topic if o > archived.get(p, -1)}
@@ -237,7 +237,7 @@ def produce_through_faults(
 def test_broker_kill_minus_nine_three_times_while_the_speed_job_runs(
     own_kafka: Settings, tmp_path: Path
 ) -> None:
-    """Afterwards either every record the topic holds is in bronze once and the views equal a
+    """Afterwards either every record the topic holds is in the master dataset once and the views equal a
     reference computed from the topic, or the job stopped with the data-loss error naming offsets."""
     pipeline = pipeline_named(own_kafka, "offers")
     EventProducer(settings=own_kafka, pipeline=pipeline)
@@ -283,7 +283,7 @@ def test_broker_kill_minus_nine_three_times_while_the_speed_job_runs(
 
 
 def wait_for_outcome(settings: Settings, pipeline, job: subprocess.Popen, timeout: float) -> str:
-    """'equal' once bronze holds every record of the topic once and the views equal the reference;
+    """'equal' once the master dataset holds every record of the topic once and the views equal the reference;
     'stopped' if the job ended first; else the last differences."""
     events, _ = topic_events(settings, pipeline)
     want = set(zip(events["_partition"], events["_offset"], strict=True))
@@ -293,12 +293,14 @@ def wait_for_outcome(settings: Settings, pipeline, job: subprocess.Popen, timeou
         if job.poll() is not None:
             return "stopped"
         try:
-            coords = bronze_coordinates(settings, pipeline)
+            coords = master_coordinates(settings, pipeline)
             problems = differences(settings, pipeline, events)
         except Exception as exc:  # the job has not written yet
             coords, problems = [], [repr(exc)]
         if len(coords) != len(set(coords)) or set(coords) != want:
-            problems.append(f"bronze: {len(coords)} rows, {len(set(coords))} distinct, want {len(want)}")
+            problems.append(
+                f"the master dataset: {len(coords)} rows, {len(set(coords))} distinct, want {len(want)}"
+            )
         if not problems:
             return "equal"
         time.sleep(5)

@@ -46,7 +46,7 @@ def test_a_failed_restore_stops_its_session(
     import lambdalake.speed.replay
 
     monkeypatch.setattr(control_batch, "deployed_pipeline", lambda _s, name: SimpleNamespace(name=name))
-    monkeypatch.setattr(lambdalake.master, "bronze_of", lambda *_a: SimpleNamespace(num_records=lambda: 10))
+    monkeypatch.setattr(lambdalake.master, "master_of", lambda *_a: SimpleNamespace(num_records=lambda: 10))
     monkeypatch.setattr(lambdalake.speed.replay, "Replayer", lambda **_k: SimpleNamespace(recompute=None))
 
     def failing(*_a: Any, **_k: Any) -> None:
@@ -67,7 +67,7 @@ def test_the_scheduler_stops_the_session_its_runs_shared(
 
     monkeypatch.setattr(control_batch, "configured_pipeline", lambda name, _s: SimpleNamespace(name=name))
     monkeypatch.setattr(control_batch, "deployed_pipeline", lambda _s, name: SimpleNamespace(name=name))
-    monkeypatch.setattr(lambdalake.master, "bronze_of", lambda *_a: SimpleNamespace(num_records=lambda: 10))
+    monkeypatch.setattr(lambdalake.master, "master_of", lambda *_a: SimpleNamespace(num_records=lambda: 10))
     ran = SimpleNamespace(outcome="published")
     monkeypatch.setattr(lambdalake.batch.job, "BatchJob", lambda **_k: SimpleNamespace(run=lambda: ran))
 

@@ -201,15 +201,15 @@ def test_the_cluster_replicates_by_three_and_refuses_a_factor_it_cannot_hold(
 
 
 def test_a_replay_of_a_range_while_a_broker_is_down(cluster: Settings, tmp_path: Path, unique: str) -> None:
-    """After losing an epoch of bronze and the windowed speed rows, `lambdalake replay` reads its range
-    from the two brokers left (each partition has replicas there), archives what bronze lacks once
-    and recomputes every cell of the closed epochs. Placed before the tests of the module's speed
+    """After losing an epoch of the master dataset and the windowed speed rows, `lambdalake replay` reads its
+    range from the two brokers left (each partition has replicas there), archives what the master dataset
+    lacks once and recomputes every cell of the closed epochs. Placed before the tests of the module's speed
     job, which took a share of the cores while idling beside it."""
     from deltalake import DeltaTable
 
     from lambdalake.layout import master_path
     from lambdalake.views import speed_table
-    from tests.helpers import bronze_coordinates, pipelines_folder
+    from tests.helpers import master_coordinates, pipelines_folder
 
     base = isolated(cluster, tmp_path, unique)
     pipeline = pipeline_named(base, "offers", topic=f"offers-{unique}", epoch="10 seconds", grace="1 second")
@@ -226,10 +226,10 @@ def test_a_replay_of_a_range_while_a_broker_is_down(cluster: Settings, tmp_path:
     assert once.returncode == 0, (once.stdout + once.stderr).decode()[-3000:]
     events, _ = topic_events(settings, pipeline)
     want = sorted(zip(events["_partition"], events["_offset"], strict=True))
-    assert sorted(bronze_coordinates(settings, pipeline)) == want
+    assert sorted(master_coordinates(settings, pipeline)) == want
     epochs = sorted(set(events["_ts"] // pipeline.layers.epoch_ms))
     assert len(epochs) >= 2, epochs
-    # Lost: an epoch of bronze, and every windowed speed row.
+    # Lost: an epoch of the master dataset, and every windowed speed row.
     DeltaTable(master_path(settings.storage_root, pipeline.name)).delete(f"_epoch = {epochs[0]}")
     windowed = pipeline.model_copy(
         update={"views": [v for v in pipeline.views if isinstance(v, WindowedView)]}
@@ -237,7 +237,7 @@ def test_a_replay_of_a_range_while_a_broker_is_down(cluster: Settings, tmp_path:
     session = connect(settings.cassandra)
     for view in windowed.views:
         session.execute(f'TRUNCATE "{settings.cassandra.keyspace}"."{speed_table(pipeline, view)}"')
-    assert len(bronze_coordinates(settings, pipeline)) < len(want)
+    assert len(master_coordinates(settings, pipeline)) < len(want)
     victim = node(settings, "broker-2")
     kill_minus_nine(victim)
     try:
@@ -249,7 +249,7 @@ def test_a_replay_of_a_range_while_a_broker_is_down(cluster: Settings, tmp_path:
         ]
         result = run_cli(settings, "replay", "offers", *window, "--no-run-batch")
         assert result.returncode == 0, (result.stdout + result.stderr).decode()[-3000:]
-        assert sorted(bronze_coordinates(settings, pipeline)) == want
+        assert sorted(master_coordinates(settings, pipeline)) == want
         assert differences(settings, windowed, events) == []
     finally:
         victim.start()

@@ -1,4 +1,4 @@
-"""Bronze records the offset ranges every commit read; a coordinate is never held twice, even when two
+"""Master dataset records the offset ranges every commit read; a coordinate is never held twice, even when two
 writers commit overlapping ranges from one snapshot; how far a partition is archived is the gap-free
 run of ranges, not the highest offset any commit read."""
 
@@ -52,8 +52,8 @@ def run_together(n: int, work: Callable[[int], None]) -> None:
     assert not errors, errors
 
 
-def coordinates(bronze: MasterDataset) -> list[tuple[int, int]]:
-    table = bronze.read()
+def coordinates(master: MasterDataset) -> list[tuple[int, int]]:
+    table = master.read()
     return sorted(
         zip(table.column("_partition").to_pylist(), table.column("_offset").to_pylist(), strict=True)
     )
@@ -84,58 +84,58 @@ def test_gap_free_run_and_overlap() -> None:
 
 
 def test_progress_is_the_gap_free_run_and_every_batch_records_it(tmp_path: Path) -> None:
-    path = str(tmp_path / "bronze")
-    bronze = MasterDataset(path, event_time="event_time")
+    path = str(tmp_path / "master")
+    master = MasterDataset(path, event_time="event_time")
     first = write_event_files(events(0, range(0, 100)), path=path, event_time="event_time", name="a")
-    bronze.commit(first, app_id="speed", batch_id=0, layers=LAYERS, ranges={"t/0": [(0, 100)]}, speed=True)
+    master.commit(first, app_id="speed", batch_id=0, layers=LAYERS, ranges={"t/0": [(0, 100)]}, speed=True)
     ahead = write_event_files(events(0, range(200, 300)), path=path, event_time="event_time", name="b")
-    bronze.commit(ahead, app_id="replay", batch_id=0, layers=LAYERS, ranges={"t/0": [(200, 300)]})
+    master.commit(ahead, app_id="replay", batch_id=0, layers=LAYERS, ranges={"t/0": [(200, 300)]})
     # The highest offset read is 299, but 100-199 were never read: progress stays at 99.
-    assert bronze.read_progress(["t/0"]) == {"t/0": 99}
-    assert bronze.read_speed_end() == {"t/0": 100}
+    assert master.read_progress(["t/0"]) == {"t/0": 99}
+    assert master.read_speed_end() == {"t/0": 100}
     # A micro-batch whose records all went to the dead-letter topic writes no file, and still
     # records its range: the gap closes and the run reaches the replay's range.
     assert (
-        bronze.commit([], app_id="speed", batch_id=1, layers=LAYERS, ranges={"t/0": [(100, 200)]}, speed=True)
+        master.commit([], app_id="speed", batch_id=1, layers=LAYERS, ranges={"t/0": [(100, 200)]}, speed=True)
         == 0
     )
-    assert bronze.read_progress(["t/0", "t/1"]) == {"t/0": 299, "t/1": -1}
-    assert bronze.read_speed_end() == {"t/0": 200}
+    assert master.read_progress(["t/0", "t/1"]) == {"t/0": 299, "t/1": -1}
+    assert master.read_speed_end() == {"t/0": 200}
     # The same batch again is skipped (exactly once per app transaction).
-    assert bronze.commit([], app_id="speed", batch_id=1, layers=LAYERS, ranges={"t/0": [(100, 200)]}) is None
+    assert master.commit([], app_id="speed", batch_id=1, layers=LAYERS, ranges={"t/0": [(100, 200)]}) is None
 
 
 def test_the_coverage_of_a_pinned_version_is_that_version_s(tmp_path: Path) -> None:
-    """A batch run pins bronze, and the speed job commits on: the coverage (and progress) read at the
-    pinned version are that version's, not the newest (delta-rs's history() of a table loaded at an
+    """A batch run pins the master dataset, and the speed job commits on: the coverage (and progress) read at
+    the pinned version are that version's, not the newest (delta-rs's history() of a table loaded at an
     older version returns the newest commits)."""
-    path = str(tmp_path / "bronze")
-    bronze = MasterDataset(path, event_time="event_time")
+    path = str(tmp_path / "master")
+    master = MasterDataset(path, event_time="event_time")
     for batch_id, (start, end) in enumerate([(0, 100), (100, 200), (200, 300)]):
         files = write_event_files(
             events(0, range(start, end)), path=path, event_time="event_time", name=f"b{start}"
         )
-        bronze.commit(files, app_id="speed", batch_id=batch_id, layers=LAYERS, ranges={"t/0": [(start, end)]})
+        master.commit(files, app_id="speed", batch_id=batch_id, layers=LAYERS, ranges={"t/0": [(start, end)]})
     assert DeltaTable(path).version() == 3  # version 0 created the table
-    assert bronze.read_coverage(version=1) == {"t/0": [(0, 100)]}
-    assert bronze.read_coverage(version=2) == {"t/0": [(0, 200)]}
-    assert bronze.read_progress(["t/0"], version=1) == {"t/0": 99}
-    assert bronze.read_coverage() == {"t/0": [(0, 300)]}
+    assert master.read_coverage(version=1) == {"t/0": [(0, 100)]}
+    assert master.read_coverage(version=2) == {"t/0": [(0, 200)]}
+    assert master.read_progress(["t/0"], version=1) == {"t/0": 99}
+    assert master.read_coverage() == {"t/0": [(0, 300)]}
 
 
-def test_a_commit_leaves_out_the_coordinates_bronze_holds(tmp_path: Path) -> None:
-    path = str(tmp_path / "bronze")
-    bronze = MasterDataset(path, event_time="event_time")
+def test_a_commit_leaves_out_the_coordinates_master_holds(tmp_path: Path) -> None:
+    path = str(tmp_path / "master")
+    master = MasterDataset(path, event_time="event_time")
     replay = write_event_files(events(0, range(50, 150)), path=path, event_time="event_time", name="replay")
-    bronze.commit(replay, app_id="replay", batch_id=0, layers=LAYERS, ranges={"t/0": [(50, 150)]})
+    master.commit(replay, app_id="replay", batch_id=0, layers=LAYERS, ranges={"t/0": [(50, 150)]})
     speed = write_event_files(events(0, range(0, 120)), path=path, event_time="event_time", name="speed")
     speed += write_event_files(events(1, range(0, 10)), path=path, event_time="event_time", name="speed1")
-    added = bronze.commit(
+    added = master.commit(
         speed, app_id="speed", batch_id=0, layers=LAYERS, ranges={"t/0": [(0, 120)], "t/1": [(0, 10)]}
     )
     assert added == 50 + 10
-    assert coordinates(bronze) == [(0, o) for o in range(150)] + [(1, o) for o in range(10)]
-    assert bronze.read_progress(["t/0"]) == {"t/0": 149}
+    assert coordinates(master) == [(0, o) for o in range(150)] + [(1, o) for o in range(10)]
+    assert master.read_progress(["t/0"]) == {"t/0": 149}
 
 
 def test_a_writer_decides_on_what_others_committed_since_its_last_commit(
@@ -143,7 +143,7 @@ def test_a_writer_decides_on_what_others_committed_since_its_last_commit(
 ) -> None:
     """The speed job keeps one MasterDataset for its run: its next commit is decided on the newest
     snapshot (another writer's commit in between seen at once, not learnt from a conflict)."""
-    path = str(tmp_path / "bronze")
+    path = str(tmp_path / "master")
     seed = write_event_files(events(1, range(0, 1)), path=path, event_time="event_time", name="seed")
     MasterDataset(path, event_time="event_time").commit(
         seed, app_id="seed", batch_id=0, layers=LAYERS, ranges={"t/1": [(0, 1)]}
@@ -175,10 +175,10 @@ def test_concurrent_writers_of_one_range_never_hold_a_coordinate_twice(
 ) -> None:
     """Writers deciding on one snapshot: the commit that lands second conflicts and decides again
     (each writer keeps its MasterDataset, and so its snapshot, across its commits)."""
-    path = str(tmp_path / "bronze")
-    bronze = MasterDataset(path, event_time="event_time")
+    path = str(tmp_path / "master")
+    master = MasterDataset(path, event_time="event_time")
     seed = write_event_files(events(0, range(0, 1)), path=path, event_time="event_time", name="seed")
-    bronze.commit(seed, app_id="seed", batch_id=0, layers=LAYERS, ranges={"t/0": [(0, 1)]})
+    master.commit(seed, app_id="seed", batch_id=0, layers=LAYERS, ranges={"t/0": [(0, 1)]})
     writers = 6
     # Writer i's batch b reads [1 + 10 * (i + b), 60 + 10 * (i + b)): every range overlaps others.
     files = {
@@ -202,18 +202,18 @@ def test_concurrent_writers_of_one_range_never_hold_a_coordinate_twice(
 
     run_together(writers, write)
     end = 60 + 10 * (writers - 1 + commits_each - 1)
-    assert coordinates(bronze) == [(0, o) for o in range(end)]
-    assert bronze.read_coverage() == {"t/0": [(0, end)]}
-    assert pc.sum(pc.equal(bronze.read().column("_offset"), 30)).as_py() == 1
+    assert coordinates(master) == [(0, o) for o in range(end)]
+    assert master.read_coverage() == {"t/0": [(0, end)]}
+    assert pc.sum(pc.equal(master.read().column("_offset"), 30)).as_py() == 1
 
 
 def test_a_coordinate_held_twice_is_one_delivery_in_deduplication(spark, tmp_path: Path) -> None:
-    """Bronze written before commits left held coordinates out may hold one Kafka record twice (a
+    """The master dataset written before commits left held coordinates out may hold one Kafka record twice (a
     replay and the speed job archived it side by side): deduplication keeps exactly one copy of it,
     and never drops the event because its two copies ranked 1 and 2."""
     from lambdalake.delta import commit_files
     from lambdalake.pipeline import configured_pipeline
-    from lambdalake.spark.views import INGEST_TS, deduplicate, read_bronze
+    from lambdalake.spark.views import INGEST_TS, deduplicate, read_master
 
     pipeline = configured_pipeline("offers", Settings())
     identity = list(pipeline.event.identity)
@@ -224,13 +224,13 @@ def test_a_coordinate_held_twice_is_one_delivery_in_deduplication(spark, tmp_pat
     rows = base.append_column(INGEST_TS, ingest)
     for name in identity:  # identities: e0-0 .. e0-5, except offsets 4 and 5 repeat offset 3's
         rows = rows.append_column(name, pa.array([f"{name}-{min(o, 3)}" for o in range(6)]))
-    path = str(tmp_path / "bronze")
+    path = str(tmp_path / "master")
     # Offsets 0-5 in one file; offsets 2 and 3 again in a second (the same records archived twice).
     once = write_event_files(rows, path=path, event_time="event_time", name="speed")
     twice = write_event_files(rows.slice(2, 2), path=path, event_time="event_time", name="replay")
     commit_files(path, once + twice, mode="append", metadata={}, partition=("event_date", pa.date32()))
-    bronze = read_bronze(spark, MasterDataset(path, event_time="event_time").file_uris())
-    kept = deduplicate(bronze, pipeline).select("_offset").collect()
+    master = read_master(spark, MasterDataset(path, event_time="event_time").file_uris())
+    kept = deduplicate(master, pipeline).select("_offset").collect()
     # 0, 1 and 2 once each; 3 is the first delivery of its identity (4 and 5 repeat it), once.
     assert sorted(r[0] for r in kept) == [0, 1, 2, 3]
 
@@ -238,7 +238,7 @@ def test_a_coordinate_held_twice_is_one_delivery_in_deduplication(spark, tmp_pat
 def test_a_snapshot_that_fails_to_refresh_after_a_commit_is_opened_again(tmp_path: Path) -> None:
     """The kept snapshot is brought up to date off the caller's path after each commit; if that
     fails, the next commit opens the table again instead of deciding on a stale snapshot."""
-    path = str(tmp_path / "bronze")
+    path = str(tmp_path / "master")
     speed = MasterDataset(path, event_time="event_time")
 
     def commit(batch: int) -> int | None:
@@ -280,13 +280,13 @@ def test_a_snapshot_that_fails_to_refresh_after_a_commit_is_opened_again(tmp_pat
 
 
 def test_concurrent_writers_bringing_a_new_column_never_hold_a_coordinate_twice(tmp_path: Path) -> None:
-    """Each writer's files carry a column bronze's schema lacks (a reader schema that gained a field):
-    the commit adding it to the schema shares the writers' app transaction, so one landing after the
+    """Each writer's files carry a column the master dataset's schema lacks (a reader schema that gained a
+    field): the commit adding it to the schema shares the writers' app transaction, so one landing after the
     writer's snapshot fails it and the writer decides again, never a data commit rebased over it."""
-    path = str(tmp_path / "bronze")
-    bronze = MasterDataset(path, event_time="event_time")
+    path = str(tmp_path / "master")
+    master = MasterDataset(path, event_time="event_time")
     seed = write_event_files(events(0, range(0, 1)), path=path, event_time="event_time", name="seed")
-    bronze.commit(seed, app_id="seed", batch_id=0, layers=LAYERS, ranges={"t/0": [(0, 1)]})
+    master.commit(seed, app_id="seed", batch_id=0, layers=LAYERS, ranges={"t/0": [(0, 1)]})
     writers = 6
     files = {}
     for i in range(writers):
@@ -303,7 +303,7 @@ def test_concurrent_writers_bringing_a_new_column_never_hold_a_coordinate_twice(
 
     run_together(writers, write)
     end = 60 + 10 * (writers - 1)
-    assert coordinates(bronze) == [(0, o) for o in range(end)]
+    assert coordinates(master) == [(0, o) for o in range(end)]
     assert "channel" in {f.name for f in DeltaTable(path).schema().fields}
 
 
@@ -312,7 +312,7 @@ def test_a_new_column_decided_on_a_stale_snapshot_is_decided_again(tmp_path: Pat
     bring a new column. The commit adding it shares the writers' app transaction, so it fails against
     B's instead of being rebased over it (A's data commit would then land on a decision that never
     saw B's offsets): A decides again and leaves B's coordinates out."""
-    path = str(tmp_path / "bronze")
+    path = str(tmp_path / "master")
     seed = write_event_files(events(0, range(0, 1)), path=path, event_time="event_time", name="seed")
     MasterDataset(path, event_time="event_time").commit(
         seed, app_id="seed", batch_id=0, layers=LAYERS, ranges={"t/0": [(0, 1)]}

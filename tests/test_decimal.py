@@ -1,6 +1,6 @@
 """A pipeline that declares a decimal field: JSON numbers and strings become exact decimals at the
 edge (one of more places than the scale goes to the DLQ, never rounded), the speed job decodes them
-columnar, bronze holds them as Parquet decimals, and the latest view stores them in Cassandra as
+columnar, the master dataset holds them as Parquet decimals, and the latest view stores them in Cassandra as
 ``decimal``: every copy equal to the value sent, digit for digit."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def offer(i: int, discount: object) -> bytes:
     return json.dumps(record).encode() + b"\n"
 
 
-def test_a_decimal_field_is_exact_from_json_to_bronze_and_the_latest_view(
+def test_a_decimal_field_is_exact_from_json_to_master_and_the_latest_view(
     services: Settings, spark, tmp_path: Path
 ) -> None:
     unique = os.urandom(4).hex()
@@ -73,10 +73,10 @@ def test_a_decimal_field_is_exact_from_json_to_bronze_and_the_latest_view(
     finally:
         job.stop()
 
-    bronze = DeltaTable(master_path(settings.storage_root, pipeline.name)).to_pyarrow_table()
-    assert str(bronze.schema.field("discount").type) == "decimal128(9, 2)"
+    master = DeltaTable(master_path(settings.storage_root, pipeline.name)).to_pyarrow_table()
+    assert str(master.schema.field("discount").type) == "decimal128(9, 2)"
     stored = dict(
-        zip(bronze.column("offer_id").to_pylist(), bronze.column("discount").to_pylist(), strict=True)
+        zip(master.column("offer_id").to_pylist(), master.column("discount").to_pylist(), strict=True)
     )
     assert stored == want
 

@@ -1,6 +1,6 @@
 """Exactness on the operational paths: replay beside the speed job, speed reset, quiet partitions,
 restore below the horizon, concurrent publishes. Every check compares against the reference folded
-from the topic (tests.reference), or counts coordinates in bronze."""
+from the topic (tests.reference), or counts coordinates in the master dataset."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from lambdalake.settings import Settings
 from lambdalake.speed.replay import Replayer, plan_replay
 from lambdalake.views import speed_table
 from tests.conftest import isolated, pipeline_named, run_cli
-from tests.helpers import bronze_coordinates, kcat_count, pipelines_folder, run_speed_once
+from tests.helpers import kcat_count, master_coordinates, pipelines_folder, run_speed_once
 from tests.reference import cassandra_rows, merged_differences
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -97,8 +97,8 @@ def garbage(settings: Settings, topic: str, per_partition: int) -> None:
 
 
 def assert_once(settings: Settings, pipeline: Any) -> list[tuple[int, int]]:
-    coordinates = bronze_coordinates(settings, pipeline)
-    assert len(coordinates) == len(set(coordinates)), "bronze holds a coordinate twice"
+    coordinates = master_coordinates(settings, pipeline)
+    assert len(coordinates) == len(set(coordinates)), "the master dataset holds a coordinate twice"
     return coordinates
 
 
@@ -125,17 +125,17 @@ def test_replay_beside_the_speed_job_archives_each_record_once_and_empties_stale
     plan = plan_replay(settings, pipeline, from_offsets={0: 0, 1: 0})
     assert first in plan.open_epochs and first not in plan.speed_epochs, plan
 
-    # The replay decides what bronze lacks, then the speed job archives the same records before the
-    # replay's commit: the commit leaves them out.
+    # The replay decides what the master dataset lacks, then the speed job archives the same records before
+    # the replay's commit: the commit leaves them out.
     replayer = Replayer(settings=settings, pipeline=pipeline, spark=spark)
-    commit = replayer.bronze.commit
+    commit = replayer.master.commit
 
     def speed_job_first(*args: Any, **kwargs: Any) -> Any:
         run_speed_once(settings, pipeline, spark)
-        assert bronze_coordinates(settings, pipeline), "the speed job archived nothing"
+        assert master_coordinates(settings, pipeline), "the speed job archived nothing"
         return commit(*args, **kwargs)
 
-    replayer.bronze.commit = speed_job_first  # type: ignore[method-assign]
+    replayer.master.commit = speed_job_first  # type: ignore[method-assign]
     result = replayer.run(plan)
     assert result.read > 0 and result.archived == 0, result
     held = assert_once(settings, pipeline)
@@ -215,7 +215,7 @@ def test_reset_fills_the_gap_and_quiet_partitions_move_the_horizon_and_restore_r
     # oldest open epoch, after them. The reset archives them first.
     missed = next_epoch(epoch_ms)
     wave(producer, 300, 94, 1_000_000)
-    before = len(bronze_coordinates(settings, pipeline))
+    before = len(master_coordinates(settings, pipeline))
     sleep_until((missed + 1) * epoch_ms + 1500)
     next_epoch(epoch_ms)
     shutil.rmtree(Path(settings.storage_root) / "checkpoints" / pipeline.name)

@@ -4,7 +4,7 @@
 A property-based test (hypothesis) draws sequences of steps: waves of payments with copies, far
 copies of earlier payments, replays, ``speed reset``, restores of older Delta versions and a schema
 change. After every step the nightly run (incremental where it can be) must give Delta views equal
-to a full rebuild's over a copy of the same bronze, and every merged answer must equal the
+to a full rebuild's over a copy of the same master dataset, and every merged answer must equal the
 plain-Python reference built from the records read back with confluent-kafka's deserializer. CI runs
 the explicit sequence below; ``LAMBDALAKE_INCREMENTAL_EXAMPLES=N`` (``make soak``) draws N more.
 """
@@ -132,7 +132,7 @@ def delta_views(settings: Settings, pipeline: Pipeline) -> dict[str, list[tuple]
 
 
 def full_rebuild(world: World, spark: Any, horizon: int) -> dict[str, list[tuple]]:
-    """The views a full run computes over a copy of the same bronze (to the same horizon), beside
+    """The views a full run computes over a copy of the same master dataset (to the same horizon), beside
     the pipeline's own storage: nothing of the incremental chain is touched."""
     other = world.settings.model_copy(update={"storage_root": str(world.root / f"full-{time.time_ns()}")})
     shutil.copytree(master_path(world.settings.storage_root, world.pipeline.name),

@@ -22,7 +22,7 @@ from lambdalake.batch.job import BatchJob
 from lambdalake.batch.merge import TOUCHED, merge_latest, merge_windowed, same_columns
 from lambdalake.pipeline import LatestView, Pipeline, configured_pipeline
 from lambdalake.settings import Settings
-from lambdalake.spark.bronze import bronze_schema
+from lambdalake.spark.master import master_schema
 from lambdalake.spark.views import deduplicate
 from tests.user_pipeline import SCHEMA_V1, STATUSES, write_pipeline
 
@@ -50,7 +50,7 @@ def payments_pipeline(tmp_path_factory: pytest.TempPathFactory) -> tuple[Setting
 
 
 def deliveries_table(pipeline: Pipeline, drawn: list[dict[str, Any]]) -> pa.Table:
-    """Bronze rows of the drawn deliveries: a copy repeats its original's event (another coordinate,
+    """Master dataset rows of the drawn deliveries: a copy repeats its original's event (another coordinate,
     a later or equal ingest time); offsets follow ingest time in each partition (LogAppendTime)."""
     rows: list[dict[str, Any]] = []
     for d in drawn:
@@ -69,7 +69,7 @@ def deliveries_table(pipeline: Pipeline, drawn: list[dict[str, Any]]) -> pa.Tabl
     for row in sorted(rows, key=lambda r: r["_ingest_ms"]):
         row["_offset"] = next_offset[row["_partition"]]
         next_offset[row["_partition"]] += 1
-    schema = bronze_schema(pipeline)
+    schema = master_schema(pipeline)
     columns: dict[str, list[Any]] = {f.name: [] for f in schema}
     for row in rows:
         for name in columns:
@@ -99,7 +99,7 @@ def test_merging_new_epochs_into_the_base_equals_computing_the_whole_history(
 ) -> None:
     cfg, pipeline = payments_pipeline
     job = BatchJob(settings=cfg, pipeline=pipeline, spark=spark)
-    path = Path(cfg.storage_root) / f"bronze-{uuid.uuid4().hex}.parquet"
+    path = Path(cfg.storage_root) / f"master-{uuid.uuid4().hex}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(deliveries_table(pipeline, drawn), path)
     everything = spark.read.parquet(str(path))

@@ -84,17 +84,17 @@ def test_commits_record_layers_and_progress_and_refuse_other_layers(tmp_path: Pa
     from lambdalake.master import PARTITIONS
     from lambdalake.pipeline import LayersSpec
 
-    path = str(tmp_path / "bronze")
+    path = str(tmp_path / "master")
     files = write_event_files(EVENTS, path=path, event_time="event_time", name="run1-t-0-0-2")
-    bronze = MasterDataset(path, event_time="event_time")
+    master = MasterDataset(path, event_time="event_time")
     hourly = LayersSpec(epoch="1 hour", dedup_delay="10 minutes")
-    bronze.check_layers(hourly, pipeline="p")  # no table yet: nothing to compare
+    master.check_layers(hourly, pipeline="p")  # no table yet: nothing to compare
     progress = {"t/0": [2, 1_700_000_000_000], "t/1": [7, 1_700_000_001_000]}
-    assert bronze.commit(files, app_id="a", batch_id=0, layers=hourly, partitions=progress) == 3
-    bronze.check_layers(hourly, pipeline="p")
+    assert master.commit(files, app_id="a", batch_id=0, layers=hourly, partitions=progress) == 3
+    master.check_layers(hourly, pipeline="p")
     for other in (LayersSpec(epoch="2 hours"), LayersSpec(dedup_delay="5 minutes")):
         with pytest.raises(ConfigurationError) as refused:
-            bronze.check_layers(other, pipeline="p")
+            master.check_layers(other, pipeline="p")
         assert "pipelines/p.toml" in str(refused.value)
     last = DeltaTable(path).history(1)[0]
     assert json.loads(last[PARTITIONS]) == progress
@@ -115,15 +115,15 @@ def test_files_holding_a_range_are_picked_by_their_offset_stats(tmp_path: Path) 
     from lambdalake.master_files import offsets_present
     from lambdalake.pipeline import LayersSpec
 
-    path = str(tmp_path / "bronze")
-    bronze = MasterDataset(path, event_time="event_time")
+    path = str(tmp_path / "master")
+    master = MasterDataset(path, event_time="event_time")
     layers = LayersSpec(epoch="1 hour", dedup_delay="10 minutes")
     p0_low = write_event_files(_coordinates(0, range(0, 100)), path=path, event_time="event_time", name="a")
     p0_high = write_event_files(
         _coordinates(0, range(100, 200)), path=path, event_time="event_time", name="b"
     )
     p1 = write_event_files(_coordinates(1, range(0, 50)), path=path, event_time="event_time", name="c")
-    bronze.commit(p0_low + p0_high + p1, app_id="s", batch_id=0, layers=layers)
+    master.commit(p0_low + p0_high + p1, app_id="s", batch_id=0, layers=layers)
     stats = {a["path"]: a for a in pa.table(DeltaTable(path).get_add_actions(flatten=True)).to_pylist()}
     assert [(stats[f]["min._offset"], stats[f]["max._offset"]) for f in p0_low + p0_high + p1] == [
         (0, 99), (100, 199), (0, 49),
@@ -132,7 +132,7 @@ def test_files_holding_a_range_are_picked_by_their_offset_stats(tmp_path: Path) 
     def names(found: list[str]) -> list[str]:
         return sorted(uri.rsplit("/", 1)[1] for uri in found)
 
-    held = bronze.files_holding([(0, 50, 150), (0, 150, 300), (1, 0, 10), (2, 0, 10), (0, 200, 300)])
+    held = master.files_holding([(0, 50, 150), (0, 150, 300), (1, 0, 10), (2, 0, 10), (0, 200, 300)])
     assert [names(f) for f in held] == [["a.parquet", "b.parquet"], ["b.parquet"], ["c.parquet"], [], []]
     assert offsets_present(held[0], partition=0, start=95, end=105).to_pylist() == list(range(95, 105))
     assert offsets_present([], partition=0, start=0, end=10).to_pylist() == []
@@ -140,6 +140,6 @@ def test_files_holding_a_range_are_picked_by_their_offset_stats(tmp_path: Path) 
     # A file committed without stats (as older commits were) may hold anything: it is always read.
     old = write_event_files(_coordinates(3, range(0, 10)), path=path, event_time="event_time", name="d")
     commit_files(path, old, mode="append", metadata={}, partition=("event_date", pa.date32()))
-    held = bronze.files_holding([(0, 150, 300), (5, 0, 1)])
+    held = master.files_holding([(0, 150, 300), (5, 0, 1)])
     assert [names(f) for f in held] == [["b.parquet", "d.parquet"], ["d.parquet"]]
     assert offsets_present(held[1], partition=5, start=0, end=1).to_pylist() == []

@@ -106,7 +106,7 @@ def test_small_files_are_written_with_one_put_and_leave_nothing_beside_them(stor
 def test_a_delta_table_written_by_delta_rs_on_the_store_reads_back(store: Settings) -> None:
     from deltalake import DeltaTable, write_deltalake
 
-    path = f"{store.storage_root}/bronze/t"
+    path = f"{store.storage_root}/master/t"
     for batch in range(3):
         write_deltalake(path, pa.table({"offset": [batch * 10 + i for i in range(10)]}), mode="append")
     table = DeltaTable(path)
@@ -127,15 +127,15 @@ def test_the_clients_are_told_the_store_only_for_an_s3_root(store: Settings) -> 
 def test_a_pipeline_on_the_store_speed_job_and_batch_answer_exactly(
     services: Settings, store: Settings, tmp_path: Path, unique: str
 ) -> None:
-    """The lake wholly on the store: the speed job (Spark's checkpoints through S3A, bronze through
-    delta-rs in its Python tasks) and a batch run (delta-spark's views and identity index), each a
+    """The lake wholly on the store: the speed job (Spark's checkpoints through S3A, the master dataset
+    through delta-rs in its Python tasks) and a batch run (delta-spark's views and identity index), each a
     command of its own; the views and merged answers equal the reference of the topic, and nothing
     of the lake is on the local disk."""
     from lambdalake.produce.generator import Mix, generate
     from lambdalake.produce.producer import EventProducer
     from lambdalake.serving.client import ServingClient
     from tests.conftest import isolated, pipeline_named
-    from tests.helpers import bronze_coordinates, pipelines_folder
+    from tests.helpers import master_coordinates, pipelines_folder
     from tests.reference import differences, merged_differences, topic_events
 
     base = isolated(services, tmp_path, unique).model_copy(
@@ -151,7 +151,7 @@ def test_a_pipeline_on_the_store_speed_job_and_batch_answer_exactly(
     once = run_cli(settings, "speed", "run", pipeline.name, "--once")
     assert once.returncode == 0, (once.stdout + once.stderr).decode()[-3000:]
     events, _ = topic_events(settings, pipeline)
-    assert sorted(bronze_coordinates(settings, pipeline)) == sorted(
+    assert sorted(master_coordinates(settings, pipeline)) == sorted(
         zip(events["_partition"], events["_offset"], strict=True)
     )
     assert differences(settings, pipeline, events) == []

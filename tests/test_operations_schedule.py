@@ -1,7 +1,7 @@
 """A seeded schedule of operations against a running producer: speed-job runs stopped by SIGTERM or
 kill -9, replays of random ranges (beside the running job too), ``speed reset`` after deleting the
 checkpoint, batch runs and restores. At the end the merged answer of every key equals the reference
-folded from the topic, and bronze holds each valid record once.
+folded from the topic, and the master dataset holds each valid record once.
 
 The seed is printed; ``LAMBDALAKE_SCHEDULE_SEED`` replays a schedule, ``LAMBDALAKE_SCHEDULE_STEPS``
 sets its length (``make soak`` runs a long one).
@@ -35,7 +35,7 @@ from lambdalake.settings import PROJECT_ROOT, Settings
 from lambdalake.speed.replay import Replayer, plan_replay
 from lambdalake.speed.reset import reset_speed
 from tests.conftest import env_for, isolated, pipeline_named, run_cli
-from tests.helpers import bronze_coordinates, pipelines_folder, run_speed_once, stop_job
+from tests.helpers import master_coordinates, pipelines_folder, run_speed_once, stop_job
 from tests.reference import merged_differences, topic_events
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -112,7 +112,7 @@ def test_a_reset_on_the_real_time_path_leaves_no_latest_candidate_out(
     services: Settings, spark: Any, tmp_path: Path, unique: str
 ) -> None:
     """``speed reset`` empties the latest views' speed rows; the restarted job's new Real-time
-    checkpoint starts where its main query starts, not where bronze's coverage ends (a schedule of
+    checkpoint starts where its main query starts, not where the master dataset's coverage ends (a schedule of
     kill -9, reset, replay, restores and a batch left 123-316 latest rows missing before)."""
     realtime = services.speed.model_copy(update={"latest": "realtime", "realtime_batch_s": 2})
     rng = random.Random(385398)
@@ -131,8 +131,8 @@ def run_schedule(
     ops: Iterable[str],
     rng: random.Random,
 ) -> None:
-    """Run ``ops`` against a producer of offers (``seed``), then check bronze and every merged answer
-    against the reference folded from the topic."""
+    """Run ``ops`` against a producer of offers (``seed``), then check the master dataset and every merged
+    answer against the reference folded from the topic."""
     log: list[str] = []
 
     def say(what: str) -> None:
@@ -207,7 +207,7 @@ def run_schedule(
         assert caught_up.returncode == 0, caught_up.stderr.decode()[-2000:]
     else:
         run_speed_once(settings, pipeline, spark)
-    coordinates = bronze_coordinates(settings, pipeline)
+    coordinates = master_coordinates(settings, pipeline)
     events, _ = topic_events(settings, pipeline)
     assert len(coordinates) == len(set(coordinates)), f"seed {seed}: a coordinate held twice"
     assert set(coordinates) == set(zip(events["_partition"], events["_offset"], strict=True)), f"seed {seed}"

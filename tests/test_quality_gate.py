@@ -157,7 +157,7 @@ def test_a_kind_of_its_own_runs_through_great_expectations_and_failures_are_repo
     pipelines.mkdir()
     pipeline = configured_pipeline("offers", Settings(state_dir=tmp_path))
     extra = {
-        "bronze": [
+        "master": [
             # A kind the one pass does not know, and a known kind with a keyword it does not take.
             {"type": "expect_column_value_lengths_to_be_between", "kwargs": {"column": "s", "max_value": 1}},
             {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "x", "mostly": 0.5}},
@@ -170,7 +170,7 @@ def test_a_kind_of_its_own_runs_through_great_expectations_and_failures_are_repo
     )
     gate = QualityGate(pipeline, pipelines)
     gate.check(
-        "bronze",
+        "master",
         df,
         [
             {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "k"}},

@@ -1,7 +1,7 @@
-"""Replay and speed reset restore exact answers: a slice of bronze and of the speed rows deleted,
+"""Replay and speed reset restore exact answers: a slice of the master dataset and of the speed rows deleted,
 then `replay` of that range (with the batch run it offers) gives answers equal to the reference;
 the same replay again changes nothing; `--dry-run` changes nothing; `speed reset` after deleting the
-checkpoint rebuilds the speed layer from bronze."""
+checkpoint rebuilds the speed layer from the master dataset."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from lambdalake.speed.job import SpeedJob
 from lambdalake.speed.supervisor import Supervisor
 from lambdalake.views import speed_table
 from tests.conftest import isolated, pipeline_named, run_cli
-from tests.helpers import bronze_coordinates, pipelines_folder, run_speed_once
+from tests.helpers import master_coordinates, pipelines_folder, run_speed_once
 from tests.reference import cassandra_rows, merged_differences, topic_events
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -86,7 +86,7 @@ def replayed(services: Settings, spark, tmp_path_factory: pytest.TempPathFactory
            "horizon": batch.horizon, "spark": spark}  # fmt: skip
 
 
-def bronze_version(settings: Settings, pipeline) -> int:
+def master_version(settings: Settings, pipeline) -> int:
     return DeltaTable(master_path(settings.storage_root, pipeline.name)).version()
 
 
@@ -96,9 +96,9 @@ def test_replay_restores_a_deleted_slice_and_is_idempotent(replayed: Any) -> Non
     client = ServingClient(settings=settings, meta_ttl_s=0)
     pipelines = {pipeline.name: pipeline}
     assert merged_differences(settings, client, pipelines) == []
-    complete = sorted(bronze_coordinates(settings, pipeline))
+    complete = sorted(master_coordinates(settings, pipeline))
 
-    # Lose a slice: bronze of both waves' epochs (one covered by the batch, one after it) and the
+    # Lose a slice: the master dataset of both waves' epochs (one covered by the batch, one after it) and the
     # speed rows of the later one.
     DeltaTable(master_path(settings.storage_root, pipeline.name)).delete(
         f"_epoch = {first} OR _epoch = {second}"
@@ -117,39 +117,39 @@ def test_replay_restores_a_deleted_slice_and_is_idempotent(replayed: Any) -> Non
                 )
     broken = merged_differences(settings, client, pipelines)
     assert broken != []
-    assert len(bronze_coordinates(settings, pipeline)) < len(complete)
+    assert len(master_coordinates(settings, pipeline)) < len(complete)
     window = ["--from-timestamp", str(first * epoch_ms), "--to-timestamp", str((second + 1) * epoch_ms)]
 
-    version = bronze_version(settings, pipeline)
+    version = master_version(settings, pipeline)
     dry = run_cli(settings, "replay", "offers", *window, "--dry-run")
     assert dry.returncode == 0, dry.stdout.decode() + dry.stderr.decode()
     assert "dry run" in dry.stdout.decode()
-    assert bronze_version(settings, pipeline) == version
+    assert master_version(settings, pipeline) == version
     assert merged_differences(settings, client, pipelines) == broken
 
     replay = run_cli(settings, "replay", "offers", *window, "--run-batch")
     output = replay.stdout.decode() + replay.stderr.decode()
     assert replay.returncode == 0, output
     assert "archived now" in output and "batch: published" in output, output
-    assert sorted(bronze_coordinates(settings, pipeline)) == complete
+    assert sorted(master_coordinates(settings, pipeline)) == complete
     assert merged_differences(settings, client, pipelines) == []
 
     # The same replay again changes nothing: nothing archived, the same answers.
-    version = bronze_version(settings, pipeline)
+    version = master_version(settings, pipeline)
     again = run_cli(settings, "replay", "offers", *window, "--no-run-batch")
     output = again.stdout.decode() + again.stderr.decode()
     assert again.returncode == 0, output
     assert " 0 were missing" in output, output
-    assert bronze_version(settings, pipeline) == version
+    assert master_version(settings, pipeline) == version
     assert merged_differences(settings, client, pipelines) == []
     events, _ = topic_events(settings, pipeline)
     assert len(events) == len(complete)
 
 
 def test_speed_reset_after_losing_the_checkpoint(replayed: Any, spark) -> None:
-    """Events of a closed epoch after the horizon are in bronze and the speed rows; the checkpoint is
-    lost; `speed reset` rebuilds their rows from bronze, and the restarted job goes on from the oldest
-    open epoch without archiving anything twice."""
+    """Events of a closed epoch after the horizon are in the master dataset and the speed rows; the checkpoint
+    is lost; `speed reset` rebuilds their rows from the master dataset, and the restarted job goes on from the
+    oldest open epoch without archiving anything twice."""
     settings, pipeline = replayed["settings"], replayed["pipeline"]
     epoch_ms = pipeline.layers.epoch_ms
     client = ServingClient(settings=settings, meta_ttl_s=0)
@@ -167,12 +167,12 @@ def test_speed_reset_after_losing_the_checkpoint(replayed: Any, spark) -> None:
     reset = run_cli(settings, "speed", "reset", "offers", "--yes")
     output = reset.stdout.decode() + reset.stderr.decode()
     assert reset.returncode == 0, output
-    assert "rebuilt epochs from bronze: [" in output, output  # at least the closed epoch above
+    assert "rebuilt epochs from the master dataset: [" in output, output  # at least the closed epoch above
     assert merged_differences(settings, client, {pipeline.name: pipeline}) == []
-    before = len(bronze_coordinates(settings, pipeline))
+    before = len(master_coordinates(settings, pipeline))
     send(84, 3_000_000)
     run_speed_once(settings, pipeline, spark)
-    coordinates = bronze_coordinates(settings, pipeline)
+    coordinates = master_coordinates(settings, pipeline)
     assert len(coordinates) == len(set(coordinates)), "records archived twice"
     assert len(coordinates) > before
     assert merged_differences(settings, client, {pipeline.name: pipeline}) == []

@@ -99,15 +99,15 @@ NOT_DELTA_WIDENINGS = [("bigint", "double"), ("bigint", "float"), ("int", "float
 
 
 @pytest.mark.parametrize(("written", "promoted"), NOT_DELTA_WIDENINGS)
-def test_bronze_stays_on_delta_rs_delta_spark_refuses_an_append_of_an_avro_promotion(
+def test_master_stays_on_delta_rs_delta_spark_refuses_an_append_of_an_avro_promotion(
     spark, tmp_path: Path, written: str, promoted: str
 ) -> None:
-    """Why bronze is not appended by Spark's Delta writer (README, "A schema that changes"): a
+    """Why the master dataset is not appended by Spark's Delta writer (README, "A schema that changes"): a
     pipeline whose field is promoted as Avro allows appends events with the wider column, which
     delta-spark refuses even with type widening on. When this fails, delta-spark accepts the promotion."""
     from pyspark.errors import AnalysisException
 
-    path = str(tmp_path / "bronze")
+    path = str(tmp_path / "master")
     spark.createDataFrame([(1,)], f"a {written}").write.format("delta").option(
         "delta.enableTypeWidening", "true"
     ).save(path)
@@ -118,14 +118,14 @@ def test_bronze_stays_on_delta_rs_delta_spark_refuses_an_append_of_an_avro_promo
         ).save(path)
 
 
-def test_bronze_stays_on_delta_rs_delta_spark_refuses_a_promotion_on_a_table_delta_rs_made(
+def test_master_stays_on_delta_rs_delta_spark_refuses_a_promotion_on_a_table_delta_rs_made(
     spark, tmp_path: Path
 ) -> None:
-    """Bronze as it is made (by delta-rs, without type widening): delta-spark refuses even ``int`` to
-    ``long``, the promotion Delta's type widening covers."""
+    """The master dataset as it is made (by delta-rs, without type widening): delta-spark refuses even ``int``
+    to ``long``, the promotion Delta's type widening covers."""
     from pyspark.errors import AnalysisException
 
-    path = str(tmp_path / "bronze")
+    path = str(tmp_path / "master")
     write_deltalake(path, pa.table({"a": pa.array([1, 2], pa.int32())}))
     with pytest.raises(AnalysisException, match="DELTA_FAILED_TO_MERGE_FIELDS"):
         spark.createDataFrame([(3_000_000_000,)], "a bigint").write.format("delta").mode("append").option(
@@ -134,13 +134,13 @@ def test_bronze_stays_on_delta_rs_delta_spark_refuses_a_promotion_on_a_table_del
     assert DeltaTable(path).to_pyarrow_table().column("a").to_pylist() == [1, 2]
 
 
-def test_bronze_stays_on_delta_rs_a_widened_table_locks_delta_rs_out(spark, tmp_path: Path) -> None:
+def test_master_stays_on_delta_rs_a_widened_table_locks_delta_rs_out(spark, tmp_path: Path) -> None:
     """The promotions Delta can widen (``int`` to ``long`` here) need its type-widening reader
-    feature, which delta-rs refuses to read or write: bronze, read by delta-rs where Python runs
+    feature, which delta-rs refuses to read or write: the master dataset, read by delta-rs where Python runs
     without Spark, cannot have it. When this fails, delta-rs reads such a table."""
     from deltalake.exceptions import DeltaError
 
-    path = str(tmp_path / "bronze")
+    path = str(tmp_path / "master")
     spark.createDataFrame([(1,)], "a int").write.format("delta").option(
         "delta.enableTypeWidening", "true"
     ).save(path)

@@ -27,7 +27,7 @@ from lambdalake.speed.job import SpeedJob
 from lambdalake.speed.supervisor import Supervisor
 from lambdalake.views import speed_table
 from tests.conftest import isolated, pipeline_named
-from tests.helpers import bronze_coordinates, consume_all, run_speed_once, send_generated
+from tests.helpers import consume_all, master_coordinates, run_speed_once, send_generated
 from tests.reference import cassandra_rows, compare, differences, topic_events, windowed_view
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -129,14 +129,14 @@ def test_views_equal_reference(speed_run: dict, name: str) -> None:
 def test_master_dataset_holds_each_valid_event_once(speed_run: dict, name: str) -> None:
     settings, pipeline = speed_run["settings"], speed_run["pipelines"][name]
     events, _ = topic_events(settings, pipeline)
-    bronze = MasterDataset(master_path(settings.storage_root, name), event_time=pipeline.event.time).read()
+    master = MasterDataset(master_path(settings.storage_root, name), event_time=pipeline.event.time).read()
     coords = list(
-        zip(bronze.column("_partition").to_pylist(), bronze.column("_offset").to_pylist(), strict=True)
+        zip(master.column("_partition").to_pylist(), master.column("_offset").to_pylist(), strict=True)
     )
     assert len(coords) == len(set(coords)) == len(events)
     assert set(coords) == set(zip(events["_partition"], events["_offset"], strict=True))
     # Old and new schema versions were both written and decode into the one reader shape.
-    assert len(set(bronze.column("_schema_id").to_pylist())) == 2
+    assert len(set(master.column("_schema_id").to_pylist())) == 2
 
 
 @pytest.mark.parametrize("name", ["offers", "telemetry"])
@@ -214,8 +214,8 @@ def test_a_record_with_an_old_create_time_lands_in_the_current_ingest_epoch(spee
     assert raw.flush(10) == 0
     after = int(time.time() * 1000)
     Supervisor(job).catch_up()
-    bronze = MasterDataset(master_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
-    table = bronze.read().to_pylist()
+    master = MasterDataset(master_path(settings.storage_root, pipeline.name), event_time=pipeline.event.time)
+    table = master.read().to_pylist()
     (row,) = [r for r in table if r["offer_id"] == "offer-from-2001"]
     ingest_ms = int(row["_ingest_ts"].timestamp() * 1000)
     assert before - 1000 <= ingest_ms <= after + 1000
@@ -292,7 +292,7 @@ def test_windowed_views_added_and_removed_on_a_live_pipeline_move_the_one_query_
     checkpoint. Here the job stopped with records it had not read, whose epochs closed meanwhile, so
     the new checkpoint recounts from the epoch of the first one: the view kept equals the reference
     in every epoch, the views added equal it from the epoch they start at (the view build
-    recomputes the ones before), and bronze holds each valid event once."""
+    recomputes the ones before), and the master dataset holds each valid event once."""
     from lambdalake.speed.checkpoints import MAIN_FILE, START_FILE
 
     unique = os.urandom(4).hex()
@@ -348,8 +348,8 @@ def test_windowed_views_added_and_removed_on_a_live_pipeline_move_the_one_query_
         want = {k: v for k, v in windowed_view(events, full, view, 5).items() if k[-1] >= start_epoch}
         rows = [r for r in cassandra_rows(settings, speed_table(full, view)) if r["epoch"] >= start_epoch]
         assert want and compare(full, view, want, rows, epoch=True) == [], view.name
-    bronze = MasterDataset(master_path(settings.storage_root, full.name), event_time=full.event.time).read()
-    coordinates = list(zip(bronze["_partition"].to_pylist(), bronze["_offset"].to_pylist(), strict=True))
+    master = MasterDataset(master_path(settings.storage_root, full.name), event_time=full.event.time).read()
+    coordinates = list(zip(master["_partition"].to_pylist(), master["_offset"].to_pylist(), strict=True))
     assert len(coordinates) == len(set(coordinates)) == len(events)
     assert set(coordinates) == set(zip(events["_partition"], events["_offset"], strict=True))
 
@@ -434,7 +434,7 @@ def test_speed_status_counts_every_row_across_restarts(services: Settings, spark
     assert main["rows"] == 4965, main
 
 
-def test_small_micro_batches_give_the_same_views_bronze_and_dead_letters(
+def test_small_micro_batches_give_the_same_views_master_and_dead_letters(
     services: Settings, spark, tmp_path: Path
 ) -> None:
     """Micro-batches of 400 records: copies across tasks and batches still count once, and every
@@ -448,5 +448,5 @@ def test_small_micro_batches_give_the_same_views_bronze_and_dead_letters(
     events, invalid = topic_events(settings, pipeline)
     assert invalid == bad and len(events) > 2800
     assert differences(settings, pipeline, events) == []
-    coords = bronze_coordinates(settings, pipeline)
+    coords = master_coordinates(settings, pipeline)
     assert len(coords) == len(set(coords)) == len(events)

@@ -20,11 +20,11 @@ from lambdalake.infra.services import CassandraService
 from lambdalake.layout import master_path
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
-from lambdalake.settings import PROJECT_ROOT, BronzeSettings, Settings
+from lambdalake.settings import PROJECT_ROOT, MasterSettings, Settings
 from lambdalake.speed.job import SpeedJob
 from lambdalake.speed.supervisor import Supervisor
 from tests.conftest import env_for, isolated, pipeline_named
-from tests.helpers import bronze_coordinates, stop_job
+from tests.helpers import master_coordinates, stop_job
 from tests.reference import differences, topic_events
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -66,10 +66,12 @@ def wait_equal(settings: Settings, pipeline, timeout: float) -> list[str]:
             problems = differences(settings, pipeline, events)
         except Exception as exc:  # e.g. the job has not created its keyspace yet
             problems = [f"cannot read the views yet: {exc!r}"]
-        coords = bronze_coordinates(settings, pipeline)
+        coords = master_coordinates(settings, pipeline)
         want = set(zip(events["_partition"], events["_offset"], strict=True))
         if len(coords) != len(set(coords)) or set(coords) != want:
-            problems.append(f"bronze: {len(coords)} rows, {len(set(coords))} distinct, want {len(want)}")
+            problems.append(
+                f"the master dataset: {len(coords)} rows, {len(set(coords))} distinct, want {len(want)}"
+            )
         if not problems:
             return []
         time.sleep(5)
@@ -96,11 +98,11 @@ def start_job(settings: Settings, name: str, log: Path) -> subprocess.Popen:
 
 
 def test_kill_minus_nine_three_times(services: Settings, tmp_path: Path, unique: str) -> None:
-    # Bronze compaction every 3 micro-batches, 3 files at a time: rounds run all through, so a kill
+    # Master dataset compaction every 3 micro-batches, 3 files at a time: rounds run all through, so a kill
     # may land inside one (the job's next start clears what it staged).
-    compacting = BronzeSettings(compact_every_commits=3, compact_fan_in=3)
+    compacting = MasterSettings(compact_every_commits=3, compact_fan_in=3)
     settings = isolated(services, tmp_path, unique).model_copy(
-        update={"topic_prefix": f"{unique}-", "bronze": compacting}
+        update={"topic_prefix": f"{unique}-", "master": compacting}
     )
     pipeline = pipeline_named(settings, "offers")  # the job finds the same topic through the prefix
     assert pipeline.topic.name == f"{unique}-offers"
@@ -128,8 +130,8 @@ def test_kill_minus_nine_three_times(services: Settings, tmp_path: Path, unique:
         more = 0
         while compaction_rounds(settings, pipeline) < 3:
             assert time.monotonic() < deadline, (
-                f"bronze saw {compaction_rounds(settings, pipeline)} compaction rounds, not 3, within 300 s "
-                f"of {more} more small waves of input (a round every 3 micro-batches)"
+                f"the master dataset saw {compaction_rounds(settings, pipeline)} compaction rounds, not 3, "
+                f"within 300 s of {more} more small waves of input (a round every 3 micro-batches)"
             )
             more += 1
             produce_steadily(settings, pipeline, 200, rate=1000, seed=100 + more).join(60)
@@ -143,7 +145,7 @@ def test_kill_minus_nine_three_times(services: Settings, tmp_path: Path, unique:
     # A kill mid-write leaves a half-written file in _staging/; the next start clears it.
     staging = Path(master_path(settings.storage_root, pipeline.name)) / "_staging"
     assert not staging.exists() or sorted(staging.iterdir()) == []
-    assert compaction_rounds(settings, pipeline) >= 3, "bronze was not compacted"
+    assert compaction_rounds(settings, pipeline) >= 3, "the master dataset was not compacted"
 
 
 def compaction_rounds(settings: Settings, pipeline) -> int:

@@ -1,8 +1,8 @@
 """A pipeline that declares a general union (a field of several types): producers send its plain
 values (JSON lines, dicts) or its Arrow shape (a struct of one member per branch but null, as Spark's
 Avro reader shapes it), a value of no branch goes to the DLQ with its reason, the speed job decodes
-it columnar into bronze, where any Delta reader sees the struct, and the views over the other fields
-are built by both layers."""
+it columnar into the master dataset, where any Delta reader sees the struct, and the views over the other
+fields are built by both layers."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def members(**set_: object) -> dict[str, object]:
     return {m: set_.get(m) for m in MEMBERS}
 
 
-def test_a_general_union_goes_from_producers_to_bronze_and_both_layers(
+def test_a_general_union_goes_from_producers_to_master_and_both_layers(
     services: Settings, spark, tmp_path: Path
 ) -> None:
     unique = os.urandom(4).hex()
@@ -103,10 +103,10 @@ def test_a_general_union_goes_from_producers_to_bronze_and_both_layers(
     job.start()
     try:
         Supervisor(job).catch_up()
-        bronze = DeltaTable(master_path(settings.storage_root, pipeline.name)).to_pyarrow_table()
-        assert bronze.schema.field("ref").type == shape
-        offers = bronze.column("offer_id").to_pylist()
-        assert dict(zip(offers, bronze.column("ref").to_pylist(), strict=True)) == want
+        master = DeltaTable(master_path(settings.storage_root, pipeline.name)).to_pyarrow_table()
+        assert master.schema.field("ref").type == shape
+        offers = master.column("offer_id").to_pylist()
+        assert dict(zip(offers, master.column("ref").to_pylist(), strict=True)) == want
 
         view = next(v for v in pipeline.views if v.kind == "latest")
         table_name = f'"{settings.cassandra.keyspace}"."{speed_table(pipeline, view)}"'
@@ -115,7 +115,7 @@ def test_a_general_union_goes_from_producers_to_bronze_and_both_layers(
         )
         assert {r.offer_id: r.price_cents for r in found} == {k: 1000 + int(k[2:]) for k in want}
 
-        # The batch layer reads the same bronze (the union's struct included) into its views, once
+        # The batch layer reads the same master dataset (the union's struct included) into its views, once
         # the events' epoch has closed and a later event shows the speed job read past it.
         wait_for_epoch_end(pipeline)
         # Judged as of now: the later event's epoch is open then, however long what follows takes.

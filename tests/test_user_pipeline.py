@@ -152,12 +152,12 @@ def v2_schema() -> dict[str, Any]:
     return {**SCHEMA_V1, "fields": [*SCHEMA_V1["fields"], *added]}
 
 
-def test_a_field_added_on_a_live_pipeline_reaches_bronze_the_batch_and_serving(
+def test_a_field_added_on_a_live_pipeline_reaches_master_the_batch_and_serving(
     services: Settings, spark, tmp_path: Path
 ) -> None:
     """v1 events archived, then v2 (an optional ``channel``, a ``source`` with a default) registered
-    while v1 producers keep sending: bronze's Delta schema gains both columns (seen by delta-rs),
-    the batch reads bronze of both shapes, and every answer gives old events the defaults."""
+    while v1 producers keep sending: the master dataset's Delta schema gains both columns (seen by delta-rs),
+    the batch reads the master dataset of both shapes, and every answer gives old events the defaults."""
     from deltalake import DeltaTable
 
     from lambdalake.layout import master_path
@@ -184,9 +184,9 @@ def test_a_field_added_on_a_live_pipeline_reaches_bronze_the_batch_and_serving(
     send(old_producer, wave_c)
     run_speed_once(new, v2, spark)
 
-    bronze = DeltaTable(master_path(new.storage_root, "payments"))
-    assert {"channel", "source"} <= {f.name for f in bronze.schema().fields}
-    stored = bronze.to_pyarrow_table(columns=["payment_id", "channel", "source"]).to_pylist()
+    master = DeltaTable(master_path(new.storage_root, "payments"))
+    assert {"channel", "source"} <= {f.name for f in master.schema().fields}
+    stored = master.to_pyarrow_table(columns=["payment_id", "channel", "source"]).to_pylist()
     by_id = {r["payment_id"]: r for r in stored}
     assert by_id[wave_b[0]["payment_id"]]["source"] == "wallet"
     assert by_id[wave_c[0]["payment_id"]]["source"] == "card"  # decoded with v2: the default
@@ -210,7 +210,7 @@ def test_a_field_added_on_a_live_pipeline_reaches_bronze_the_batch_and_serving(
     problems = merged_problems(new, v2)
     assert problems == [], problems[:10]
 
-    # A replay of the whole range and a speed reset both recompute from bronze of both shapes.
+    # A replay of the whole range and a speed reset both recompute from the master dataset of both shapes.
     from tests.conftest import run_cli
 
     start = min(r["_ts"] for r in read_back(new, topic))
@@ -263,13 +263,13 @@ def test_changes_the_layers_cannot_apply_are_named(tmp_path: Path) -> None:
     wider = {**AMOUNT, "precision": 14}  # the stored decimal column stays `decimal`
     assert problems(changed(SCHEMA_V1, "amount", wider)) == []
 
-    # Fields no view stores: bronze's Parquet files must still read as the new type.
+    # Fields no view stores: the master dataset's Parquet files must still read as the new type.
     extra = [{"name": "hits", "type": "int"}, {"name": "total", "type": "long"},
              {"name": "rate", "type": "float"}, {"name": "ref", "type": "string"}]  # fmt: skip
     before = {**SCHEMA_V1, "fields": [*SCHEMA_V1["fields"], *extra]}
     keep = ["account_id", "region", "amount", "attempt"]
 
-    def bronze_problems(field: str, avro_type: Any) -> list[str]:
+    def master_problems(field: str, avro_type: Any) -> list[str]:
         root = tmp_path / os.urandom(3).hex()
         new = changed(before, field, avro_type)
         settings = write_pipeline(Settings(), root, "p", [new], latest_columns=keep)
@@ -278,8 +278,8 @@ def test_changes_the_layers_cannot_apply_are_named(tmp_path: Path) -> None:
     widenings = (("hits", "long"), ("hits", "double"), ("rate", "double"), ("ref", "bytes"),
                  ("hits", "float"), ("total", "double"), ("total", "float"))  # fmt: skip
     for field, wider_type in widenings:
-        assert bronze_problems(field, wider_type) == [], (field, wider_type)
-    branch = bronze_problems("ref", ["string", "long"])  # a union branch added: a struct of members
+        assert master_problems(field, wider_type) == [], (field, wider_type)
+    branch = master_problems("ref", ["string", "long"])  # a union branch added: a struct of members
     assert any("field 'ref' changes its column type from string to struct" in p for p in branch), branch
 
 
@@ -383,11 +383,12 @@ def test_promoted_fields_an_enum_symbol_and_a_removed_field_on_a_live_pipeline(
     """v2 promotes ``score`` from int to long and ``rate`` from float to double (both summed by the
     windowed view), ``hits`` from int to double and ``ref`` from string to bytes (kept out of the
     views), adds the status ``REFUNDED`` and removes ``obsolete`` (it had a default): deploy accepts
-    it, v1 and v2 producers both send, the batch over bronze of both shapes sums exactly what the
-    reference does, the latest view answers the new symbol, and bronze reads every row as v2's types."""
+    it, v1 and v2 producers both send, the batch over the master dataset of both shapes sums exactly what the
+    reference does, the latest view answers the new symbol, and master dataset reads every row as v2's
+    types."""
     from lambdalake.evolution import unappliable_changes
     from lambdalake.layout import master_path
-    from lambdalake.spark.bronze import read_events
+    from lambdalake.spark.master import read_events
     from tests.conftest import run_cli
 
     obsolete = {"name": "obsolete", "type": ["null", "string"], "default": None}
@@ -556,7 +557,7 @@ def test_a_repeat_just_after_a_speed_resets_start_counts_once(
     """A payment delivered just before an epoch boundary and again just after it (within the
     deduplication window): after a ``speed reset`` whose oldest open epoch is the second one, the
     rebuilt job reads one deduplication window earlier, so the copy is known as one and the merged
-    count stays 1 (the first copy counts in the epoch before, recomputed from bronze)."""
+    count stays 1 (the first copy counts in the epoch before, recomputed from the master dataset)."""
     import shutil
 
     from lambdalake.speed.reset import reset_speed

@@ -107,5 +107,5 @@ def test_a_batch_refused_for_the_users_reason_is_raised_even_before_any_batch(
 
 
 def test_a_batch_with_nothing_to_cover_yet_lets_the_switch_go_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    _batch_refusing(monkeypatch, NothingToCover("bronze has not archived epoch 3 whole"))
+    _batch_refusing(monkeypatch, NothingToCover("the master dataset has not archived epoch 3 whole"))
     assert _build(monkeypatch) == []

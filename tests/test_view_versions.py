@@ -1,7 +1,7 @@
 """Views that change on a live pipeline (``lambdalake.view_versions``): a changed view is a new version
 built beside the one serving answers, then switched to at once; a view added to a running pipeline is
-built from bronze; a removed one leaves serving. Planning is checked alone; the whole path with the
-deployed jobs, against a plain-Python reference of the records read back by confluent's client."""
+built from the master dataset; a removed one leaves serving. Planning is checked alone; the whole path with
+the deployed jobs, against a plain-Python reference of the records read back by confluent's client."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def test_deploy_plans_versions_for_changed_added_and_removed_views(
     assert again.views["account_region_5m"].building.name == "account_region_5m__v3"
     assert again.views["region_status_1m"].building.name == "region_status_1m__v2"
 
-    # A view added after the first deploy is built beside even while bronze is empty: records the
+    # A view added after the first deploy is built beside even while the master dataset is empty: records the
     # running job archives before it restarts with the view would be missed by a view active at once.
     quiet, changes = plan(new, registry)
     assert quiet.active("region_status_1m") is None and quiet.views["region_status_1m"].building
@@ -310,7 +310,7 @@ def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched
     """Deployed with its jobs; events archived and a batch published; then the windowed view changes
     (1-minute windows, other aggregates), the latest view keeps fewer columns and a view is added,
     while a producer keeps sending. Serving
-    answers the old version until deploy has built the new one (batch from bronze, closed epochs
+    answers the old version until deploy has built the new one (batch from the master dataset, closed epochs
     recomputed, open ones by the job) and then the new one only; both equal the reference, and again
     after a speed reset; the old version's tables and checkpoint are gone and `status` shows v2."""
     settings, pipeline = live_payments(services, tmp_path, port=port(18482))

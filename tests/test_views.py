@@ -117,7 +117,7 @@ def test_merged_windows_count_each_epoch_once_from_query_tuples() -> None:
 
 
 def test_a_float_promoted_to_double_keeps_its_distinct_values(spark) -> None:
-    """The same values as float (before a promotion) and as double (bronze read after it) build
+    """The same values as float (before a promotion) and as double (master dataset read after it) build
     sketches that count them as the same values: their union counts each once."""
     from lambdalake import sketches
     from lambdalake.pipeline import configured_pipeline
@@ -143,7 +143,7 @@ def test_a_float_promoted_to_double_keeps_its_distinct_values(spark) -> None:
 
 def test_an_int_promoted_to_double_keeps_its_distinct_values(spark, tmp_path) -> None:
     """A ``distinct`` over an int later promoted to double: the sketches built before the promotion
-    (ints) and after it (doubles, bronze's old ints read as doubles too) count 5 and 5.0 once."""
+    (ints) and after it (doubles, the master dataset's old ints read as doubles too) count 5 and 5.0 once."""
     import json
 
     from lambdalake import sketches

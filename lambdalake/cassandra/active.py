@@ -15,6 +15,7 @@ from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
 
 from lambdalake.cassandra.session import execute_lwt
+from lambdalake.cassandra.stored_layout import require_current
 from lambdalake.cassandra.tables import BATCH_META, create_keyspace, ensure_table
 from lambdalake.errors import LambdalakeError
 from lambdalake.pipeline import Pipeline
@@ -30,7 +31,7 @@ class ActiveBatch:
         version: The batch version serving reads: per cell, the row of the newest version not above it.
         horizon: The newest ingest epoch the version covers (epochs are ``ingest ms // epoch_ms``).
         epoch_ms: The epoch length the version was computed with.
-        bronze_version: The master dataset's Delta version the run read.
+        master_version: The master dataset's Delta version the run read.
         views: Each view's Delta version that was published (by internal name).
         published_at_ms: When the version became active (epoch ms; 0 if unknown).
         generation: The version whose full run started the tables (``<pipeline>__<view>__b<generation>``)
@@ -40,7 +41,7 @@ class ActiveBatch:
     version: int
     horizon: int
     epoch_ms: int
-    bronze_version: int
+    master_version: int
     views: dict[str, int]
     published_at_ms: int
     generation: int
@@ -62,6 +63,7 @@ def read_meta(session: Session, keyspace: str, pipeline: str) -> PipelineMeta:
     # At the session's consistency (QUORUM): the row is switched by lightweight transactions whose
     # commits a quorum acknowledges, so a quorum read sees the newest switch while a replica is down.
     query = SimpleStatement(f'SELECT * FROM "{keyspace}"."{BATCH_META.name}" WHERE pipeline = %s')
+    require_current(session, keyspace)
     try:
         row = session.execute(query, [pipeline]).one()
     except Exception as exc:  # no metadata table yet: nothing published
@@ -75,7 +77,7 @@ def read_meta(session: Session, keyspace: str, pipeline: str) -> PipelineMeta:
     if row.version:
         published = row.published_at
         batch = ActiveBatch(
-            row.version, row.horizon, row.epoch_ms, row.bronze_version, json.loads(row.views),
+            row.version, row.horizon, row.epoch_ms, row.master_version, json.loads(row.views),
             int(published.timestamp() * 1000) if published is not None else 0,
             row.generation,
         )  # fmt: skip

@@ -15,10 +15,11 @@ from cassandra import DriverException
 from cassandra.cluster import Session
 
 from lambdalake.cassandra.session import execute_ddl, refresh_metadata
+from lambdalake.cassandra.stored_layout import require_current
 from lambdalake.errors import ConfigurationError
 from lambdalake.event_schema import event_schema
 from lambdalake.latest import CANDIDATE, CANDIDATE_ORDER, RANK, RANK_CQL
-from lambdalake.layout import BATCH_CLAIMS_TABLE, BATCH_META_TABLE
+from lambdalake.layout import BATCH_CLAIMS_TABLE, BATCH_META_TABLE, layout_comment
 from lambdalake.pipeline import LatestView, Pipeline, WindowedView
 from lambdalake.settings import CassandraSettings
 from lambdalake.view_types import held_types
@@ -96,6 +97,8 @@ class TableDef:
     stored: tuple[StoredField, ...] = ()
     #: Clustering columns sorted descending (the others ascending).
     descending: tuple[str, ...] = ()
+    #: The table's comment (lambdalake's own tables carry the stored layout's version in it).
+    comment: str | None = None
 
     @property
     def ranked(self) -> bool:
@@ -128,6 +131,8 @@ class TableDef:
             options.append(f"CLUSTERING ORDER BY ({order})")
         if self.ttl_seconds:
             options.append(f"default_time_to_live = {self.ttl_seconds}")
+        if self.comment:
+            options.append(f"comment = '{self.comment}'")
         with_ = f" WITH {' AND '.join(options)}" if options else ""
         return f'CREATE TABLE IF NOT EXISTS "{keyspace}"."{self.name}" ({cols}, PRIMARY KEY ({pk})){with_}'
 
@@ -267,10 +272,11 @@ BATCH_META = TableDef(
     BATCH_META_TABLE,
     (
         ("pipeline", "text"), ("version", "bigint"), ("horizon", "bigint"), ("epoch_ms", "bigint"),
-        ("bronze_version", "bigint"), ("views", "text"), ("published_at", "timestamp"),
+        ("master_version", "bigint"), ("views", "text"), ("published_at", "timestamp"),
         ("view_versions", "text"), ("generation", "bigint"),
     ),
     ("pipeline",),
+    comment=layout_comment(),
 )  # fmt: skip
 
 
@@ -281,6 +287,7 @@ BATCH_CLAIMS = TableDef(
     (("pipeline", "text"), ("version", "bigint"), ("run_id", "text"), ("claimed_at", "timestamp")),
     ("pipeline",),
     ("version",),
+    comment=layout_comment(),
 )
 
 
@@ -315,6 +322,7 @@ def keyspace_replication(session: Session, settings: CassandraSettings) -> dict[
 def create_keyspace(session: Session, settings: CassandraSettings) -> None:
     """Create the keyspace unless it exists (its replication is then left as it is)."""
     if settings.keyspace in session.cluster.metadata.keyspaces:
+        require_current(session, settings.keyspace)
         return
     replication = json.dumps(keyspace_replication(session, settings)).replace('"', "'")
     execute_ddl(

@@ -10,7 +10,7 @@ import sys
 import typer
 from rich.markup import escape
 
-from lambdalake.cli import batch, bronze, offsets, platform, produce, replay, schemas, serving, speed
+from lambdalake.cli import batch, master, offsets, platform, produce, replay, schemas, serving, speed
 from lambdalake.cli.common import console
 from lambdalake.errors import LambdalakeError
 
@@ -28,7 +28,7 @@ app.add_typer(schemas.app, name="schemas")
 app.add_typer(speed.app, name="speed")
 app.add_typer(batch.app, name="batch")
 app.add_typer(offsets.app, name="offsets")
-app.add_typer(bronze.app, name="bronze")
+app.add_typer(master.app, name="master")
 
 
 def main() -> None:

@@ -37,12 +37,15 @@ def batch_run(
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Compute and count; write nothing.")] = False,
     full: Annotated[
-        bool, typer.Option("--full", help="Rebuild every view from all of bronze, though a run could merge.")
+        bool,
+        typer.Option(
+            "--full", help="Rebuild every view from all of the master dataset, though a run could merge."
+        ),
     ] = False,
 ) -> None:
     """Bring every view of the pipeline up to the horizon, write the Delta views and publish them to
     Cassandra as a new batch version (serving switches atomically). Incremental when it can: only
-    what bronze added since the active batch is read, and merged into its views; full (everything
+    what the master dataset added since the active batch is read, and merged into its views; full (everything
     rebuilt from the master dataset) with --full, on the first run, and after a view or the layers
     changed; the summary says which and why."""
     from lambdalake.control.batch import run_batch
@@ -63,7 +66,7 @@ def batch_run(
         )
     table = Table(title=f"batch run {result.run_id} of {pipeline}: {result.outcome}", show_header=False)
     table.add_row("horizon", f"epoch {result.horizon} (ingest time < {result.horizon_end_ms} ms)")
-    table.add_row("bronze version", str(result.bronze_version))
+    table.add_row("master dataset version", str(result.master_version))
     for name, value in run_kind_rows(result):
         table.add_row(name, value)
     table.add_row("events read", f"{result.events_read:,}")
@@ -94,7 +97,10 @@ def run_kind_rows(run: BatchRun) -> list[tuple[str, str]]:
         rows.append(("recomputed (new)", new))
         if run.changed_epochs or run.changed_by:
             rows.append(
-                ("recomputed (changed)", f"epochs {run.changed_epochs} by bronze commits {run.changed_by}")
+                (
+                    "recomputed (changed)",
+                    f"epochs {run.changed_epochs} by master dataset commits {run.changed_by}",
+                )
             )
     if run.publish:
         rows.append(("publish", run.publish))

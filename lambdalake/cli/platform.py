@@ -208,6 +208,25 @@ def grants(
 
 
 @app.command()
+def migrate() -> None:
+    """Bring the keyspace's stored layout (and the pipelines' expectations files) to this release's,
+    one step per release, while no job runs. Needed once after an upgrade that says so; a second
+    run changes nothing."""
+    from lambdalake.cassandra.stored_layout import release
+    from lambdalake.control.migrate import migrate as run_migration
+    from lambdalake.layout import LAYOUT_VERSION
+
+    done = run_migration(get_settings())
+    if done.found is None:
+        out.print(f"keyspace {done.keyspace!r} holds nothing of lambdalake's yet: nothing to migrate")
+        return
+    for line in done.changes:
+        out.print(f"[green]✔[/] {line}")
+    if not done.changes:
+        out.print(f"keyspace {done.keyspace!r} already holds lambdalake {release(LAYOUT_VERSION)}'s layout")
+
+
+@app.command()
 def pipelines() -> None:
     """List the pipeline definitions and their views."""
     settings = get_settings()
@@ -386,8 +405,8 @@ def print_pipeline_statuses(statuses: list[dict[str, Any]]) -> None:
                 out.print(f"    recomputed epochs {new[0]}..{new[1]} (new)" if new else "    no new epoch")
                 if last.get("changed_by"):
                     out.print(
-                        f"    recomputed epochs {last.get('changed_epochs')} changed by bronze commits "
-                        f"{last.get('changed_by')}"
+                        f"    recomputed epochs {last.get('changed_epochs')} changed by master dataset "
+                        f"commits {last.get('changed_by')}"
                     )
             written = last.get("rows_written") or {}
             if written:

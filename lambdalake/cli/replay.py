@@ -1,4 +1,4 @@
-"""``lambdalake replay``: re-read a range of a topic into bronze and the speed views."""
+"""``lambdalake replay``: re-read a range of a topic into the master dataset and the speed views."""
 
 from __future__ import annotations
 
@@ -40,9 +40,9 @@ def replay(
         typer.Option(help="Run the batch for touched epochs at or before the horizon (default: ask)."),
     ] = None,
 ) -> None:
-    """Re-read a range of the topic (widened to whole ingest epochs), re-archive into bronze what it
-    lacks and recompute every speed cell of the closed epochs after the batch horizon from bronze.
-    Epochs at or before the horizon are left to the next batch run (offered at the end); epochs still
+    """Re-read a range of the topic (widened to whole ingest epochs), re-archive into the master dataset what
+    it lacks and recompute every speed cell of the closed epochs after the batch horizon from the master
+    dataset. Epochs at or before the horizon are left to the next batch run (offered at the end); epochs still
     open belong to the running speed job and are left alone. Running it twice changes nothing."""
     from lambdalake.control import replay as control
     from lambdalake.kafka.offsets import parse_offsets
@@ -73,7 +73,9 @@ def replay(
         out.print("[yellow]the range was widened to whole ingest epochs on every partition[/] (a speed cell "
                   "holds an epoch's events of every partition)")  # fmt: skip
     out.print(f"epochs {plan.epochs[0]}..{plan.epochs[-1]}; batch horizon: {plan.horizon}")
-    out.print(f"  recomputed from bronze (closed, after the horizon): {plan.speed_epochs or 'none'}")
+    out.print(
+        f"  recomputed from the master dataset (closed, after the horizon): {plan.speed_epochs or 'none'}"
+    )
     out.print(f"  left to the next batch run (at or before the horizon): {plan.batch_epochs or 'none'}")
     out.print(f"  left to the running speed job (not closed yet): {plan.open_epochs or 'none'}")
     if dry_run:
@@ -106,7 +108,8 @@ def replay(
 def _print_result(result: ReplayResult) -> None:
     rate = result.read / result.seconds if result.seconds else 0
     console.print(f"[green]✔[/] read {result.read:,} valid events in {result.seconds:.1f}s ({rate:,.0f}/s); "
-                  f"{result.archived:,} were missing from bronze and are archived now")  # fmt: skip
+                  f"{result.archived:,} were missing from the master dataset and are "
+                  "archived now")  # fmt: skip
     for view, rows in result.cells.items():
         emptied = result.emptied.get(view)
         note = f", {emptied:,} no event counts in any more emptied" if emptied else ""

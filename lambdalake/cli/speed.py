@@ -179,7 +179,7 @@ def speed_reset(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
 ) -> None:
     """Rebuild the speed layer after its checkpoint was lost or broken: truncate its tables, delete its
-    checkpoints, recompute the closed epochs after the batch horizon from bronze (never from the
+    checkpoints, recompute the closed epochs after the batch horizon from the master dataset (never from the
     topic, which compaction may have thinned), and start the next run at the oldest open epoch."""
     from lambdalake.control.speed import refuse_running_job, reset_speed
 
@@ -188,13 +188,16 @@ def speed_reset(
     refuse_running_job(settings, pipeline, "a reset")
     if not yes:
         typer.confirm(f"truncate the speed tables of {pipeline} and delete its checkpoints?", abort=True)
-    with console.status("rebuilding the speed rows from bronze..."):
+    with console.status("rebuilding the speed rows from the master dataset..."):
         result = reset_speed(settings, pipeline)
     console.print(
-        f"[green]✔[/] horizon {result.horizon}; rebuilt epochs from bronze: {result.rebuilt_epochs or 'none'}"
+        f"[green]✔[/] horizon {result.horizon}; rebuilt epochs from the master dataset: "
+        f"{result.rebuilt_epochs or 'none'}"
     )
     if result.gap_records:
-        console.print(f"[green]✔[/] archived {result.archived:,} records bronze lacked before the new start")
+        console.print(
+            f"[green]✔[/] archived {result.archived:,} records the master dataset lacked before the new start"
+        )
     for view, rows in result.cells.items():
         console.print(f"  {view}: {rows:,} rows")
     starts = ", ".join(f"p{k}@{v}" for k, v in sorted(result.starting_offsets.items()))

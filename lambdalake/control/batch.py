@@ -35,7 +35,7 @@ def run_batch(
         horizon: the last ingest epoch to cover (default: the newest closed one); refused while open.
         as_of_ms: take the newest epoch closed at this time instead.
         dry_run: compute and count; write nothing.
-        full: rebuild every view from all of bronze, though the run could merge.
+        full: rebuild every view from all of the master dataset, though the run could merge.
         progress: told each stage as it starts.
 
     Raises:
@@ -62,13 +62,13 @@ def restore(settings: Settings, pipeline: str, *, version: int | None = None) ->
         ConfigurationError: no views yet, no such version, or views of different runs.
     """
     from lambdalake.batch.restore import restore as restore_views
-    from lambdalake.master import bronze_of
+    from lambdalake.master import master_of
     from lambdalake.spark.session import command_session
     from lambdalake.speed.replay import Replayer
 
     p = deployed_pipeline(settings, pipeline)
     with writer_lease(settings, p.name, "batch restore"):
-        events = bronze_of(settings, p).num_records()
+        events = master_of(settings, p).num_records()
         name = f"lambdalake-restore-{p.name}"
         with command_session(settings, name, workload="batch", events=events) as spark:
             replayer = Replayer(settings=settings, pipeline=p, spark=spark)
@@ -95,7 +95,7 @@ def schedule(
     """
     from lambdalake.batch.job import BatchJob
     from lambdalake.batch.schedule import Scheduler
-    from lambdalake.master import bronze_of
+    from lambdalake.master import master_of
     from lambdalake.spark.session import spark_session
 
     once = stop is None
@@ -106,11 +106,11 @@ def schedule(
         nonlocal spark
         with writer_lease(settings, p.name, "batch run"):
             if spark is None:
-                # A single pass runs what is due and ends: its driver is sized by the largest bronze it
-                # may read. A long-running one keeps the JVM's defaults (bronze grows).
+                # A single pass runs what is due and ends: its driver is sized by the largest master dataset
+                # it may read. A long-running one keeps the JVM's defaults (the master dataset grows).
                 events = None
                 if once:
-                    counts = [bronze_of(settings, c).num_records() for c in chosen]
+                    counts = [master_of(settings, c).num_records() for c in chosen]
                     events = None if None in counts else max((n or 0 for n in counts), default=0)
                 spark = spark_session(settings, "lambdalake-batch-schedule", workload="batch", events=events)
             deployed = deployed_pipeline(settings, p.name)  # the view versions as of this run

@@ -1,4 +1,5 @@
-"""Replay a range of a pipeline's topic into bronze and the speed views, then the batch it leaves."""
+"""Replay a range of a pipeline's topic into the master dataset and the speed views, then the batch it
+leaves."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ class ReplayOutcome:
 
 def plan(settings: Settings, pipeline: str, span: ReplayRange) -> ReplayPlan:
     """The replay of ``span`` widened to whole epochs, with its epochs sorted by who owns them
-    (recomputed from bronze, left to the batch, left to the running speed job). Changes nothing."""
+    (recomputed from the master dataset, left to the batch, left to the running speed job). Changes
+    nothing."""
     from lambdalake.speed.replay import plan_replay
 
     return plan_replay(
@@ -54,8 +56,8 @@ def replay(
     run_batch: bool | Callable[[ReplayPlan, ReplayResult], bool] = False,
     progress: Callable[[str], None] = quiet,
 ) -> ReplayOutcome:
-    """Run ``planned`` under the pipeline's replay lease: re-archive what bronze lacks and recompute
-    the speed cells of its closed epochs after the batch horizon. Then, when the plan leaves epochs
+    """Run ``planned`` under the pipeline's replay lease: re-archive what the master dataset lacks and
+    recompute the speed cells of its closed epochs after the batch horizon. Then, when the plan leaves epochs
     to the batch layer and ``run_batch`` says so (a bool, or a function asked with the plan and the
     replay's result, which may show the result before it answers), a batch
     run under the batch lease, in the same Spark session. Running it twice changes nothing.

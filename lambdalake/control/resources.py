@@ -35,13 +35,13 @@ class Resources:
 
         from lambdalake.evolution import require_appliable
         from lambdalake.kafka.admin import require_log_append_time
-        from lambdalake.master import bronze_of
+        from lambdalake.master import master_of
         from lambdalake.registry import call, check_compatibility, client
 
         sr = client(self.settings)
         for p in pipelines:
             self._check_tables(p)
-            bronze_of(self.settings, p).check_layers(p.layers, pipeline=p.name)
+            master_of(self.settings, p).check_layers(p.layers, pipeline=p.name)
             if not self.apply_topic_configs:  # else the topic step sets it
                 require_log_append_time(self.settings, p)
             subject = p.schema_.subject

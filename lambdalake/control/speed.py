@@ -11,21 +11,21 @@ from lambdalake.speed.reset import ResetResult
 
 def reset_speed(settings: Settings, pipeline: str) -> ResetResult:
     """Rebuild the speed layer of ``pipeline`` after its checkpoint was lost or broken: truncate its
-    tables, delete its checkpoints, recompute the closed epochs after the batch horizon from bronze
-    (never from the topic, which compaction may have thinned), and start the next run at the oldest
+    tables, delete its checkpoints, recompute the closed epochs after the batch horizon from the master
+    dataset (never from the topic, which compaction may have thinned), and start the next run at the oldest
     open epoch. Under the pipeline's speed-reset lease.
 
     Raises:
         LambdalakeError: the pipeline's speed job runs here (stop it first, the error says how).
     """
-    from lambdalake.master import bronze_of
+    from lambdalake.master import master_of
     from lambdalake.spark.session import command_session
     from lambdalake.speed.reset import reset_speed as rebuild
 
     p = deployed_pipeline(settings, pipeline)
     refuse_running_job(settings, p.name, "a reset")
     with writer_lease(settings, p.name, "speed reset"):
-        events = bronze_of(settings, p).num_records()
+        events = master_of(settings, p).num_records()
         name = f"lambdalake-speed-reset-{p.name}"
         with command_session(settings, name, workload="replay", events=events) as spark:
             return rebuild(settings, p, spark)

@@ -6,7 +6,7 @@ A building version is computed beside the active one, as the layers compute ever
 1. open epochs by the speed job (deploy restarted it with the version): its main query moves to
    a new checkpoint that counts a windowed version from the oldest epoch open then
    (``speed.job.START_FILE``); a ``latest`` version is upserted by the main query from its restart on;
-2. closed epochs after the active batch's horizon recomputed from bronze as ``replay`` does (for a
+2. closed epochs after the active batch's horizon recomputed from the master dataset as ``replay`` does (for a
    ``latest`` version, every epoch after the horizon: its upserts are ranked, so they commute
    with the job's);
 3. epochs up to a new horizon by a batch run of every deployed version, published as usual.
@@ -42,7 +42,7 @@ from lambdalake.view_versions import Registry, ViewVersion, retype_pending
 
 Progress = Callable[[str], None]
 
-#: How long the build waits for the speed job to start a version's query, and for bronze.
+#: How long the build waits for the speed job to start a version's query, and for the master dataset.
 WAIT_S = 300.0
 
 
@@ -59,18 +59,18 @@ def build_views(
     held = retype_pending(pipeline, registry)
     changes: list[Change] = []
     if building:
-        from lambdalake.master import bronze_of
+        from lambdalake.master import master_of
         from lambdalake.spark.session import spark_session
 
         with writer_lease(settings, pipeline.name, "view build"):
             spark = spark_session(
                 settings, f"lambdalake-build-{pipeline.name}", workload="batch",
-                events=bronze_of(settings, pipeline).num_records(),
+                events=master_of(settings, pipeline).num_records(),
             )  # fmt: skip
             try:
                 for version in building:
                     cells = _recompute(settings, pipeline, version, spark, progress)
-                    detail = f"v{version.version}: {cells:,} speed cells from bronze"
+                    detail = f"v{version.version}: {cells:,} speed cells from the master dataset"
                     changes.append(Change(f"view {pipeline.name}.{version.view}", "updated", detail))
                 switched = _batch_and_switch(settings, pipeline, building, spark, progress)
             finally:
@@ -91,7 +91,7 @@ def _recompute(
 ) -> int:
     """Step 2: the closed epochs after the horizon the speed job's query does not count."""
     from lambdalake.batch.horizon import boundaries
-    from lambdalake.master import bronze_of
+    from lambdalake.master import master_of
     from lambdalake.speed.checkpoints import Checkpoints
     from lambdalake.speed.replay import Replayer
 
@@ -108,23 +108,26 @@ def _recompute(
         if start is None:  # counted with the job's first checkpoint (a new pipeline, a reset): all counted
             return 0
         first_open = start.epoch
-        bronze = bronze_of(settings, pipeline)
+        master = master_of(settings, pipeline)
         needed = boundaries(settings, pipeline, first_open * pipeline.layers.epoch_ms)
-        progress(f"{version.name}: waiting for bronze to archive every epoch before {first_open}")
+        progress(f"{version.name}: waiting for the master dataset to archive every epoch before {first_open}")
 
         def archived() -> bool:
-            read = bronze.read_progress(list(needed))
+            read = master.read_progress(list(needed))
             return all(read.get(p, -1) >= o - 1 for p, o in needed.items())
 
-        _wait(archived, f"bronze of {pipeline.name!r} to archive every record before epoch {first_open}")
+        _wait(
+            archived,
+            f"the master dataset of {pipeline.name!r} to archive every record before epoch {first_open}",
+        )
     active = read_meta(connect(settings.cassandra), settings.cassandra.keyspace, pipeline.name).batch
     replayer = Replayer(
         settings=settings, pipeline=pipeline.model_copy(update={"views": [version.definition]}), spark=spark
     )
-    wanted = replayer.bronze_epochs(after=active.horizon if active else None, before=first_open)
+    wanted = replayer.master_epochs(after=active.horizon if active else None, before=first_open)
     if not wanted:
         return 0
-    progress(f"{version.name}: recomputing {len(wanted)} closed epochs from bronze")
+    progress(f"{version.name}: recomputing {len(wanted)} closed epochs from the master dataset")
     return sum(replayer.recompute(wanted).values())
 
 

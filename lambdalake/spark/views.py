@@ -30,7 +30,7 @@ from lambdalake.views import (
 #: Columns the decoder adds to every event (its Kafka coordinates and ingest time).
 INGEST_TS = "_ingest_ts"
 INGEST_EPOCH = "_epoch"
-#: The bronze file a row was read from (:func:`read_bronze`).
+#: The master dataset file a row was read from (:func:`read_master`).
 FILE = "_file"
 
 
@@ -256,7 +256,7 @@ def split_deliveries(
     aggregation), and the events keep their partitioning (no union of two plans).
 
     Args:
-        df: Decoded events, with :data:`FILE` when read by :func:`read_bronze`.
+        df: Decoded events, with :data:`FILE` when read by :func:`read_master`.
         pipeline: The pipeline (its event identity).
         copies: A column to count each identity's deliveries in (none by default).
         carry: Columns the losers carry besides their identity and coordinates, each also as its
@@ -270,7 +270,7 @@ def split_deliveries(
     identity = list(pipeline.event.identity)
     n = copies or "_copies"
     coordinates = [INGEST_TS, "_partition", "_offset"]
-    # A coordinate bronze holds twice (archived twice before commits left held ones out) is one
+    # A coordinate the master dataset holds twice (archived twice before commits left held ones out) is one
     # delivery: its copies are told apart by the file they lie in, so exactly one of them is kept,
     # and a loser's coordinate never takes the winner's row with it.
     apart = [FILE] if FILE in df.columns else []
@@ -300,7 +300,7 @@ def split_deliveries(
     return out.drop(*apart), losers
 
 
-def read_bronze(
+def read_master(
     spark: SparkSession, uris: list[str], *, held_twice: bool = True, schema: StructType | None = None
 ) -> DataFrame:
     """The master dataset's live files as events.
@@ -314,7 +314,7 @@ def read_bronze(
             string a row (a quarter of deduplication's time on 1M events), so it is left out when no
             two files overlap.
         schema: The columns to read (each file's missing ones as null, narrower types widened);
-            default: as the files say (:func:`lambdalake.spark.bronze.read_events` passes the
+            default: as the files say (:func:`lambdalake.spark.master.read_events` passes the
             pipeline's current reader schema).
     """
     reader = spark.read if schema is None else spark.read.schema(schema)

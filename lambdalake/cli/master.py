@@ -1,4 +1,4 @@
-"""``lambdalake bronze``: upkeep of a pipeline's master dataset."""
+"""``lambdalake master``: upkeep of a pipeline's master dataset."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from lambdalake.pipeline import Pipeline
 
-app = typer.Typer(help="Upkeep of a pipeline's master dataset (bronze).", no_args_is_help=True)
+app = typer.Typer(help="Upkeep of a pipeline's master dataset.", no_args_is_help=True)
 
 #: Names the files this command stages: a killed run's are cleared by the next after an hour.
 STAGING_PREFIX = "compact-cli-"
@@ -39,7 +39,7 @@ def _master_dataset(name: str, settings: Settings) -> tuple[Pipeline, str, Delta
 
 
 @app.command("status")
-def bronze_status(
+def master_status(
     pipeline: PipelineArg,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
@@ -52,7 +52,7 @@ def bronze_status(
 
     settings = get_settings()
     p, path, table = _master_dataset(pipeline, settings)
-    found = summary(table, CompactionPolicy.of(settings.bronze))
+    found = summary(table, CompactionPolicy.of(settings.master))
     if as_json:
         out.print_json(json.dumps({"pipeline": p.name, "path": path, **found}))
         return
@@ -72,28 +72,28 @@ def bronze_status(
 
 
 @app.command("compact")
-def bronze_compact(
+def master_compact(
     pipeline: PipelineArg,
     vacuum: Annotated[
         bool,
         typer.Option(
             "--vacuum/--no-vacuum",
             help="Also delete the files compactions removed longer ago than "
-            "LAMBDALAKE_BRONZE__VACUUM_RETENTION_HOURS.",
+            "LAMBDALAKE_MASTER__VACUUM_RETENTION_HOURS.",
         ),
     ] = True,
     dry_run: DryRun = False,
 ) -> None:
     """Rewrite the master dataset's small files into large ones now, as a running speed job does every
-    LAMBDALAKE_BRONZE__COMPACT_EVERY_COMMITS micro-batches. The rows stay as they are; safe beside
+    LAMBDALAKE_MASTER__COMPACT_EVERY_COMMITS micro-batches. The rows stay as they are; safe beside
     running speed jobs, replays and batch runs (docs/layers.md, Speed layer)."""
     from lambdalake.compaction import Compaction, CompactionPolicy, plan
-    from lambdalake.compaction import vacuum as vacuum_bronze
+    from lambdalake.compaction import vacuum as vacuum_master
     from lambdalake.delta import open_table
 
     settings = get_settings()
     p, path, table = _master_dataset(pipeline, settings)
-    policy = CompactionPolicy.of(settings.bronze)
+    policy = CompactionPolicy.of(settings.master)
     live = len(table.file_uris())
     groups = plan(table, policy)
     if dry_run:
@@ -116,7 +116,7 @@ def bronze_compact(
     left = len(open_table(path).file_uris())
     out.print(f"[green]✔[/] {p.name}: {replaced:,} files rewritten; {live:,} live files before, {left:,} now")
     if vacuum:
-        hours = settings.bronze.vacuum_retention_hours
+        hours = settings.master.vacuum_retention_hours
         with console.status(f"deleting files removed more than {hours} hours ago..."):
-            deleted = vacuum_bronze(path, retention_hours=hours)
+            deleted = vacuum_master(path, retention_hours=hours)
         out.print(f"[green]✔[/] {deleted:,} files removed more than {hours} hours ago deleted")

@@ -1,7 +1,8 @@
-"""A speed micro-batch's bronze commit as bronze grows: what the commit costs on the caller's path.
+"""A speed micro-batch's master dataset commit as the master dataset grows: what the commit costs on the
+caller's path.
 
-The speed job commits its micro-batch's files (two a batch for a two-partition topic) to bronze
-with delta-rs, every batch, and bronze keeps them (at 1k events/s: 150k files in about 12 hours).
+The speed job commits its micro-batch's files (two a batch for a two-partition topic) to the master dataset
+with delta-rs, every batch, and the master dataset keeps them (at 1k events/s: 150k files in about 12 hours).
 For each size, a Delta table of that many files (the log only: synthetic add actions of 5,000 a
 commit, then a checkpoint) gets ``--commits`` real micro-batch commits of 300 events each through
 :meth:`lambdalake.master.MasterDataset.commit`, ``--gap`` seconds apart (the next micro-batch's Spark
@@ -14,7 +15,7 @@ job), timed as its caller sees them, for three ways of getting the snapshot a co
 
 Also per size: opening the table, and bringing a kept one up to date with one new commit.
 
-    python -m bench.bronze_commits [--files 1000 50000 150000] [--commits 12] [--gap 0.4]
+    python -m bench.master_commits [--files 1000 50000 150000] [--commits 12] [--gap 0.4]
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ def events(start: int, n: int) -> pa.Table:
     })  # fmt: skip
 
 
-def bronze_of(path: str, files: int) -> None:
-    """A bronze table holding ``files`` files (one real, the rest synthetic add actions)."""
+def master_of(path: str, files: int) -> None:
+    """A master dataset table holding ``files`` files (one real, the rest synthetic add actions)."""
     MasterDataset(path, event_time="event_time").commit(
         write_event_files(events(0, 10), path=path, event_time="event_time", name="seed"),
         app_id="seed", batch_id=0, layers=LAYERS, ranges={"t/0": [(0, 10)]},
@@ -109,10 +110,10 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=0.4, help="seconds between commits")
     args = parser.parse_args()
     sizes = []
-    with tempfile.TemporaryDirectory(prefix="bronze-commits-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="master-commits-") as tmp:
         for files in args.files:
-            path = str(Path(tmp) / f"bronze-{files}")
-            bronze_of(path, files)
+            path = str(Path(tmp) / f"master-{files}")
+            master_of(path, files)
             t0 = time.perf_counter()
             kept = DeltaTable(path)
             open_ms = (time.perf_counter() - t0) * 1000
@@ -127,14 +128,14 @@ def main() -> None:
             commit_ms: dict[str, list[float]] = {}
             # Each variant twice, interleaved: the machine's drift falls on all of them.
             for name in [*VARIANTS, *VARIANTS]:
-                bronze = VARIANTS[name](path, event_time="event_time")
+                master = VARIANTS[name](path, event_time="event_time")
                 times = []
                 for batch in range(args.commits):
                     written = write_event_files(
                         events(offset, 300), path=path, event_time="event_time", name=f"{name}-{offset}"
                     )
                     t0 = time.perf_counter()
-                    bronze.commit(
+                    master.commit(
                         written, app_id=f"speed-{name}-{offset}", batch_id=batch, layers=LAYERS,
                         ranges={"t/0": [(offset, offset + 300)]}, speed=True,
                     )  # fmt: skip
@@ -156,7 +157,7 @@ def main() -> None:
                 flush=True,
             )
             shutil.rmtree(path, ignore_errors=True)
-    path = write_result("bronze-commits", {"commits": args.commits, "gap_s": args.gap, "sizes": sizes})
+    path = write_result("master-commits", {"commits": args.commits, "gap_s": args.gap, "sizes": sizes})
     print(f"-> {path}")
 
 

@@ -1,4 +1,4 @@
-"""Bronze read as the pipeline's current reader schema, whatever schema each file was written under.
+"""Master dataset read as the pipeline's current reader schema, whatever schema each file was written under.
 
 The speed job writes each file in the reader schema it ran with, so a pipeline that evolved holds
 files of several shapes. Spark would take one file's shape for all of them (a field added later
@@ -10,8 +10,8 @@ before it, as Avro's resolution rules say.
 
 The promotions Avro allows that Spark's reader refuses (``int`` to ``float``, ``long`` to ``float``
 or ``double``) are read file by file as written and cast: a pipeline whose history has one reads the
-footers of bronze's files to group them by the types they hold (only then: the others read as one).
-The cast rounds once to the nearest value of the new type, as the speed layer's decode does (Arrow's
+footers of the master dataset's files to group them by the types they hold (only then: the others read as
+one). The cast rounds once to the nearest value of the new type, as the speed layer's decode does (Arrow's
 cast) and as Avro's Java resolver does.
 """
 
@@ -31,7 +31,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from lambdalake.event_schema import event_schema
 from lambdalake.pipeline import Pipeline
 from lambdalake.spark.decode import ERROR_FIELDS, META_FIELDS
-from lambdalake.spark.views import read_bronze
+from lambdalake.spark.views import read_master
 
 #: Parquet column types Spark's reader reads as the second type (its own widenings).
 _SPARK_WIDENS = {
@@ -42,8 +42,8 @@ _SPARK_WIDENS = {
 _LITERAL_DEFAULTS = {"int", "long", "float", "double", "string", "boolean", "enum"}
 
 
-def bronze_schema(pipeline: Pipeline) -> pa.Schema:
-    """The columns of a bronze file written under the pipeline's current reader schema."""
+def master_schema(pipeline: Pipeline) -> pa.Schema:
+    """The columns of a master dataset file written under the pipeline's current reader schema."""
     meta = [f for f in META_FIELDS if f.name not in ERROR_FIELDS]
     return pa.schema([*event_schema(pipeline.reader_schema), *meta])
 
@@ -51,12 +51,12 @@ def bronze_schema(pipeline: Pipeline) -> pa.Schema:
 def read_events(
     spark: SparkSession, uris: list[str], pipeline: Pipeline, *, held_twice: bool = True
 ) -> DataFrame:
-    """Bronze's live files ``uris`` as events of the current reader schema (module doc)."""
-    current = bronze_schema(pipeline)
+    """The master dataset's live files ``uris`` as events of the current reader schema (module doc)."""
+    current = master_schema(pipeline)
     schema = from_arrow_schema(current)
     cast = cast_fields(pipeline)
     if not cast or not uris:
-        events = read_bronze(spark, uris, held_twice=held_twice, schema=schema)
+        events = read_master(spark, uris, held_twice=held_twice, schema=schema)
     else:
         groups: dict[tuple[tuple[str, pa.DataType], ...], list[str]] = defaultdict(list)
         for uri in uris:
@@ -65,7 +65,7 @@ def read_events(
         for written, members in groups.items():
             as_written = dict(written)
             fields = [pa.field(f.name, as_written.get(f.name, f.type)) for f in current]
-            part = read_bronze(
+            part = read_master(
                 spark, members, held_twice=held_twice, schema=from_arrow_schema(pa.schema(fields))
             )
             for name in as_written:
@@ -93,7 +93,8 @@ def cast_fields(pipeline: Pipeline) -> dict[str, pa.DataType]:
 
 
 def _written_types(uri: str, fields: dict[str, pa.DataType]) -> tuple[tuple[str, pa.DataType], ...]:
-    """The types a bronze file holds ``fields`` in, where it differs from the current one (its footer)."""
+    """The types a master dataset file holds ``fields`` in, where it differs from the current one (its
+    footer)."""
     filesystem, path = pafs.FileSystem.from_uri(uri)
     written = pq.read_schema(path, filesystem=filesystem)
     out = []
@@ -105,7 +106,7 @@ def _written_types(uri: str, fields: dict[str, pa.DataType]) -> tuple[tuple[str,
 
 
 def filled_defaults(pipeline: Pipeline) -> dict[str, Any]:
-    """Fields whose null in bronze can only mean a file written before they were added: a non-null
+    """Fields whose null in the master dataset can only mean a file written before they were added: a non-null
     default on a type without null. (A nullable field with a non-null default reads null in such
     files: a null there cannot be told from a null sent.)"""
     out = {}
