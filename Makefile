@@ -109,7 +109,7 @@ bench: setup
 	$(BIN)/python -m bench.speed
 # A speed micro-batch's master dataset commit as the master dataset grows (Delta logs of 1k-150k files).
 	$(BIN)/python -m bench.master_commits
-# The same commit before and after a compaction round, on masters of 1k-50k real small files.
+# The same commit before and after a compaction round, on master datasets of 1k-50k real small files.
 	$(BIN)/python -m bench.compaction
 # The speed layer beside quix-streams (in a virtualenv of its own, made on first use: it pins
 # confluent-kafka below the project's).

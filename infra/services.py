@@ -419,13 +419,23 @@ class CassandraService(EmbeddedService):
             f"AND LOGIN = true AND SUPERUSER = {str(role == 'admin').lower()}"
             for role, login in logins.items()
         ]
-        return self._query(
+        failed = self._query(
             default,
             *roles,
             "ALTER KEYSPACE system_auth WITH replication = "
             f"{{'class': 'NetworkTopologyStrategy', 'datacenter1': {nodes}}}",
             f"ALTER ROLE cassandra WITH PASSWORD = '{secrets.token_urlsafe(24)}'",
         )
+        if failed is not None:
+            return failed
+        # The node's credentials cache (credentials_validity, 2 s) may take the old password a
+        # little longer: `up` returns once the default login is refused.
+        deadline = time.monotonic() + 30
+        while (still := self._query(default, "SELECT release_version FROM system.local")) is None:
+            if time.monotonic() > deadline:
+                return "the default login 'cassandra' is still accepted after its password changed"
+            time.sleep(0.5)
+        return None if "refused the login" in still else still
 
 
 class ObjectStoreService(EmbeddedService):

@@ -341,7 +341,7 @@ _INTERVAL = r"^\d+ (second|minute|hour|day)s?$"
 
 
 class LayersSpec(Strict):
-    """How the speed and batch layers cut time. Master dataset records ``epoch`` and ``dedup_delay`` with
+    """How the speed and batch layers cut time. The master dataset records ``epoch`` and ``dedup_delay`` with
     every commit, and a job whose values differ refuses to start: views built with two epoch lengths or
     two dedup delays would not merge exactly."""
 

@@ -101,3 +101,30 @@ def certificate_fault(error: str) -> CertificateFault | None:
     if "certificate verify failed" in text:
         return "untrusted"
     return None
+
+
+def server_certificate_fault(
+    address: str, ca_location: str | None, *, check_hostname: bool = True, timeout_s: float = 5.0
+) -> CertificateFault | None:
+    """What is wrong with the certificate the TLS server at ``address`` (``host:port``) presents,
+    checked with Python's own TLS client against ``ca_location`` (None: the system store): it names
+    other hosts, it has expired, no trusted CA signed it; None when it passes or nothing answers.
+
+    Some clients say only that verification failed (librdkafka: "certificate verify failed");
+    OpenSSL's own verdict, which this reads, says why."""
+    import socket
+    import ssl
+
+    host, _, port = address.rpartition(":")
+    context = ssl.create_default_context(cafile=ca_location)
+    context.check_hostname = check_hostname
+    try:
+        with (
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as raw,
+            context.wrap_socket(raw, server_hostname=host.strip("[]")),
+        ):
+            return None
+    except ssl.SSLCertVerificationError as exc:
+        return certificate_fault(f"{exc.verify_message} {exc}") or "untrusted"
+    except (OSError, ValueError):
+        return None

@@ -287,7 +287,7 @@ def test_a_planted_fault_fails_the_gate_and_serving_keeps_the_previous_version(a
     with pytest.raises(QualityGateFailed) as failed:
         BatchJob(settings=settings, pipeline=pipeline, spark=spark).run(horizon=before.horizon)
     message = str(failed.value)
-    assert "the master dataset: expect_column_values_to_be_between(price_cents)" in message, message
+    assert "master: expect_column_values_to_be_between(price_cents)" in message, message
     assert active_batch(session, settings.cassandra.keyspace, pipeline.name) == before
     report = Path(message.split("read ", 1)[1].split(";", 1)[0])
     assert "**FAIL**" in report.read_text() and "price_cents" in report.read_text()

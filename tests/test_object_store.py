@@ -4,8 +4,10 @@ the clients that write the lake on it: pyarrow's S3 filesystem (small files) and
 What the lake relies on, checked against the real server: a PUT with ``If-None-Match: *`` of an
 object that exists is refused (delta-rs commits a version only if its log entry is new), small
 files are written with one PUT and leave nothing beside them, and a Delta table written there reads
-back. The whole pipeline on the store (Spark's checkpoints and views through S3A) is not run here
-yet.
+back. Then a pipeline with its whole lake on the store (Spark's checkpoints and views through S3A,
+the master dataset through delta-rs), and its speed job killed with -9 at the two moments exactness
+rests on there. tests/test_secure.py runs a pipeline's whole life on the store with the services
+secured.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import hashlib
 import hmac
 import json
 import os
+import signal
+import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from email.utils import formatdate
 from pathlib import Path
 
@@ -28,9 +32,11 @@ from pydantic import SecretStr
 
 from lambdalake.infra.services import all_services, running
 from lambdalake.object_store import client_env, use
+from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from lambdalake.storage import list_files, read_text, write_text
 from tests.conftest import port, run_cli
+from tests.helpers import pipelines_folder, stop_job
 
 pytestmark = [pytest.mark.services]
 
@@ -162,3 +168,57 @@ def test_a_pipeline_on_the_store_speed_job_and_batch_answer_exactly(
     held = {p.relative_to(lake).parts[0] for p in lake.rglob("*") if p.is_file()}
     assert {"master", "checkpoints", "views", "status"} <= held, held
     assert not (tmp_path / "storage").exists()
+
+
+def _appears(pattern: Callable[[], list[Path]], timeout: float, job: subprocess.Popen) -> Path:
+    """Poll (every 20 ms) until a file matching ``pattern`` appears that was not there at the call;
+    returns it."""
+    before = set(pattern())
+    deadline = time.monotonic() + timeout
+    while True:
+        new = sorted(set(pattern()) - before)
+        if new:
+            return new[0]
+        assert time.monotonic() < deadline and job.poll() is None, "no new file: the job stopped or stalled"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_kill_minus_nine_mid_batch_and_between_the_master_commit_and_spark_s_loses_and_doubles_nothing(
+    services: Settings, store: Settings, tmp_path: Path, unique: str
+) -> None:
+    """The speed job with its lake on the store, killed with -9 twice while a producer sends: once as
+    soon as Spark has written a micro-batch's offsets to its checkpoint (the batch planned, nothing
+    of it committed), once as soon as a master dataset commit lands on the store (before Spark
+    records the batch as done: the next start runs it again). Each restart finds its place; the
+    master dataset holds every record of the topic exactly once and the views equal the reference."""
+    from tests.conftest import isolated, pipeline_named
+    from tests.test_speed_faults import produce_steadily, start_job, wait_equal, wait_for_log
+
+    base = isolated(services, tmp_path, unique).model_copy(
+        update={"storage_root": f"{store.storage_root}/{unique}", "object_store": store.object_store}
+    )
+    pipeline = pipeline_named(base, "offers", topic=f"offers-{unique}")
+    settings = base.model_copy(update={"pipelines_dir": pipelines_folder(tmp_path, pipeline)})
+    EventProducer(settings=settings, pipeline=pipeline)  # topics and schemas exist before the job
+    lake = store.state_dir / "object-store" / "data" / BUCKET / store.storage_root.rsplit("/", 1)[1] / unique
+    offsets = lambda: list((lake / "checkpoints" / "offers").glob("*/offsets/[0-9]*"))  # noqa: E731
+    commits = lambda: list((lake / "master" / "offers" / "_delta_log").glob("*.json"))  # noqa: E731
+    log = tmp_path / "speed.log"
+    producer = produce_steadily(settings, pipeline, 20_000, rate=400, seed=9)
+    job = start_job(settings, "offers", log)
+    try:
+        for starts, (what, files) in enumerate((("offsets", offsets), ("master commit", commits)), 1):
+            wait_for_log(log, "offers-main started", count=starts, timeout=300)
+            found = _appears(files, 120, job)
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(30)
+            print(f"killed at {what}: {found.name}")
+            job = start_job(settings, "offers", log)
+        producer.join(300)
+        assert not producer.is_alive() and not producer.errors, producer.errors  # type: ignore[attr-defined]
+        problems = wait_equal(settings, pipeline, timeout=300)
+        assert problems == [], problems[:10]
+    finally:
+        stop_job(job)
+    assert log.read_text().count("offers-main started") == 3, log.read_text()[-3000:]

@@ -25,6 +25,7 @@ from lambdalake.cassandra.session import connect
 from lambdalake.errors import ConfigurationError
 from lambdalake.infra import tls
 from lambdalake.pipeline import Pipeline, configured_pipeline
+from lambdalake.produce.generator import Mix
 from lambdalake.settings import QUICK_JIT, Settings
 from lambdalake.writer_schemas import fetcher
 from tests.conftest import PROJECT_ROOT, pipeline_named, port
@@ -62,6 +63,7 @@ def cli_env(
     kafka_given: dict | None = None,
     registry_given: dict | None = None,
     pipelines: Path | None = None,
+    extra: dict[str, str] | None = None,
     **cassandra: object,
 ) -> dict[str, str]:
     """The environment of a ``lambdalake`` command in the state folder, with only the settings a
@@ -78,7 +80,7 @@ def cli_env(
     }
     if pipelines is not None:
         env["LAMBDALAKE_PIPELINES_DIR"] = str(pipelines)
-    return env
+    return env | (extra or {})
 
 
 def cli(
@@ -87,14 +89,15 @@ def cli(
     kafka_given: dict | None = None,
     registry_given: dict | None = None,
     pipelines: Path | None = None,
+    extra: dict[str, str] | None = None,
     **cassandra: object,
 ) -> subprocess.CompletedProcess:
-    """``lambdalake`` in the state folder (:func:`cli_env`)."""
+    """``lambdalake`` in the state folder (:func:`cli_env`; ``extra``: more of its environment)."""
     return subprocess.run(
         [sys.executable, "-m", "lambdalake", *args],
-        env=cli_env(state, kafka_given, registry_given, pipelines, **cassandra),
+        env=cli_env(state, kafka_given, registry_given, pipelines, extra, **cassandra),
         capture_output=True,
-        timeout=600,
+        timeout=900,
         cwd=PROJECT_ROOT,
     )
 
@@ -256,6 +259,85 @@ def test_a_registry_certificate_expired_or_for_another_host_is_one_clear_error_n
             thread.join(30)
             store.close()
     assert registry_subjects(settings) == subjects
+
+
+class BadCertificateServer:
+    """A TLS endpoint on a port of the test's presenting ``issued`` (a certificate a client must
+    refuse) and nothing behind it: the client's handshake is what is under test."""
+
+    def __init__(self, issued: tls.Issued, folder: Path, there: int) -> None:
+        import socket
+        import threading
+
+        cert, key = folder / f"bad-{there}.pem", folder / f"bad-{there}.key"
+        cert.write_bytes(issued.cert)
+        key.write_bytes(issued.key)
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(cert, key)
+        self.sock = socket.create_server(("127.0.0.1", there))
+        self.sock.settimeout(0.5)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            try:
+                with self.context.wrap_socket(conn, server_side=True) as tls_conn:
+                    tls_conn.recv(1)
+            except (OSError, ssl.SSLError):
+                pass  # the client refused the certificate: the point
+            finally:
+                conn.close()
+
+    def __enter__(self) -> BadCertificateServer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+@pytest.mark.parametrize("service", ["kafka", "cassandra"])
+def test_a_broker_or_node_certificate_expired_for_another_host_or_of_another_ca_is_one_clear_error(
+    state: Path, tmp_path: Path, service: str
+) -> None:
+    """Kafka's and Cassandra's clients, as every command makes them, meeting a server certificate
+    the CA signed for another host, one that has expired, and one of another CA: exit 2, one error
+    naming what is wrong and the setting or step that fixes it, no stack trace."""
+    import datetime as dt
+
+    files = tls.TlsFiles(secure.folder(state))
+    ca = tls.Issued(files.ca.read_bytes(), files.ca_key.read_bytes())
+    long_ago = dt.datetime.now(dt.UTC) - dt.timedelta(days=30)
+    setting = (
+        "LAMBDALAKE_KAFKA__SSL_CA_LOCATION" if service == "kafka" else "LAMBDALAKE_CASSANDRA__SSL_CA_LOCATION"
+    )
+    hosts = "LAMBDALAKE_KAFKA__BOOTSTRAP_SERVERS" if service == "kafka" else "SSL_CHECK_HOSTNAME"
+    bad = {
+        "does not name the address": (tls.issue(ca, ("10.9.9.9",)), hosts),
+        "has expired": (tls.issue(ca, days=10, not_before=long_ago), "reissue"),
+        "is not signed by the CA": (tls.issue(tls.new_ca("another CA")), setting),
+    }
+    login = {**KAFKA, "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
+             "sasl_username": secure.ADMIN, "sasl_password": "unused", "ssl_ca_location": str(files.ca),
+             "connect_timeout_s": 15}  # fmt: skip
+    for i, (said, (issued, fix)) in enumerate(bad.items()):
+        there = port(14281 + i + (10 if service == "cassandra" else 0))
+        with BadCertificateServer(issued, tmp_path, there):
+            if service == "kafka":
+                result = cli(state, "produce", "offers", "-n", "1",
+                             kafka_given={**login, "bootstrap_servers": f"127.0.0.1:{there}"})  # fmt: skip
+            else:
+                result = cli(state, "query", "offers", "offer_latest", "--key", "k", port=there)
+        out = " ".join((result.stdout + result.stderr).decode().split())
+        assert result.returncode == 2, (said, out[-3000:])
+        assert said in out and fix in out and "Traceback" not in out, (said, out[-3000:])
 
 
 def registry_subjects(settings: Settings) -> dict[str, list[int]]:
@@ -497,19 +579,201 @@ def test_each_role_is_refused_beyond_its_rights_naming_the_principal_and_the_gra
     )
 
 
-def test_no_secret_is_logged_or_printed(state: Path, roles_pipeline: tuple[Settings, Pipeline]) -> None:
+#: The lake of the whole-life test: on the embedded object store, beside the secured services.
+LAKE_BUCKET = "lake-secure"
+STORE_SECRET = "store-secret-of-the-secure-test"
+
+
+@pytest.fixture(scope="module")
+def lake(state: Path) -> Iterator[dict[str, str]]:
+    """The object store started in the secured services' state folder (`up --only object-store`);
+    returns the environment that puts a command's lake there."""
+    env = {
+        "LAMBDALAKE_STORAGE_ROOT": f"s3://{LAKE_BUCKET}/life",
+        "LAMBDALAKE_OBJECT_STORE__ENDPOINT": f"http://127.0.0.1:{port(14900)}",
+        "LAMBDALAKE_OBJECT_STORE__SECRET_KEY": STORE_SECRET,
+    }
+    started = cli(state, "up", "--only", "object-store", extra=env)
+    try:
+        assert started.returncode == 0, (started.stdout + started.stderr).decode()[-3000:]
+        yield env
+    finally:
+        cli(state, "down", "--only", "object-store", extra=env)
+
+
+def confluent_send(settings: Settings, pipeline: Pipeline, records: list[dict]) -> None:
+    """``records`` produced with confluent-kafka's own SerializingProducer and AvroSerializer, as the
+    producer's principal (SASL_SSL; the registry's login over HTTPS), the latest registered schema."""
+    from confluent_kafka import SerializingProducer
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import StringSerializer
+
+    mine = settings.as_role("producer")
+    registry_client = SchemaRegistryClient(mine.registry.client_config())
+    schema = registry_client.get_latest_version(pipeline.schema_.subject).schema
+    # The pipeline names its subject (not confluent's default, "<topic>-value"): the serializer is told it.
+    subject = pipeline.schema_.subject
+    value = AvroSerializer(
+        registry_client, schema.schema_str,
+        conf={"auto.register.schemas": False, "subject.name.strategy": lambda _ctx, _name: subject},
+    )  # fmt: skip
+    producer = SerializingProducer({
+        **mine.kafka.client_config(), "key.serializer": StringSerializer(), "value.serializer": value,
+        "acks": "all", "enable.idempotence": True,
+    })  # fmt: skip
+    failed: list[str] = []
+    for record in records:
+        producer.produce(
+            pipeline.topic.name, key=str(record[pipeline.event.key]), value=record,
+            on_delivery=lambda err, _msg: failed.append(str(err)) if err is not None else None,
+        )  # fmt: skip
+        producer.poll(0)
+    assert producer.flush(120) == 0 and failed == [], failed[:3]
+
+
+#: Records confluent's serializer can write: none breaking a schema type (the CLI's producer sends
+#: those to the DLQ; a serializer refuses them before sending).
+SCHEMA_VALID = Mix(invalid=0.0)
+
+#: A view added on the live pipeline of the whole-life test.
+ADDED_VIEW = """
+[[views]]
+name = "currency_stock_1m"
+kind = "windowed"
+key = ["currency"]
+window = "1 minute"
+aggregates = [{ name = "updates", fn = "count" }, { name = "stock_sum", fn = "sum", column = "stock" }]
+"""
+
+
+def test_a_pipeline_s_whole_life_on_the_secured_services_with_the_lake_on_the_store(
+    state: Path, lake: dict[str, str], tmp_path: Path
+) -> None:
+    """A pipeline of the test's own, its lake wholly on the object store, every command on the
+    secured services with its role's principal: deploy (jobs, scheduler, HTTPS serving), produce
+    with the CLI and with confluent's serializer, the deployed speed job, a batch, merged answers
+    over HTTPS, a second batch and a restore of the first, a replay, a view added on the live
+    pipeline, and a `speed reset`. After each step every merged answer equals the reference of
+    what the topic holds; the store holds the master dataset, checkpoints, views and status."""
+    from lambdalake.cassandra.active import active_batch
+    from lambdalake.produce.generator import generate
+    from lambdalake.serving.client import ServingClient
+    from lambdalake.settings import ObjectStoreSettings
+    from tests.reference import differences, merged_differences, topic_events
+    from tests.test_view_versions import eventually
+
+    keyspace = {"keyspace": "secure_life"}
+    store = ObjectStoreSettings(endpoint=lake["LAMBDALAKE_OBJECT_STORE__ENDPOINT"], secret_key=STORE_SECRET)
+    base = secured_settings(state, **keyspace).model_copy(
+        update={"storage_root": lake["LAMBDALAKE_STORAGE_ROOT"], "object_store": store}
+    )
+    pipeline = pipeline_named(base, "offers", topic="offers-life", epoch="10 seconds", grace="1 second")
+    folder = pipelines_folder(tmp_path, pipeline)
+    settings = base.model_copy(update={"pipelines_dir": folder})
+    env = {**lake, "LAMBDALAKE_SERVING__TOKEN": "t0ken"}
+
+    def run(*args: str) -> str:
+        result = cli(state, *args, pipelines=folder, extra=env, **keyspace)
+        out = (result.stdout + result.stderr).decode()
+        assert result.returncode == 0, f"{args}: {out[-3000:]}"
+        return out
+
+    def exact(current: Pipeline = pipeline) -> list[str]:
+        client = ServingClient(settings=settings.as_role("serving"))
+        return merged_differences(settings, client, {current.name: current})
+
+    try:
+        run("deploy", "offers")
+        run("produce", "offers", "-n", "400", "--seed", "11")
+        confluent_send(settings, pipeline, list(generate("offers", 300, seed=12, mix=SCHEMA_VALID)))
+        assert eventually(lambda: differences(settings, pipeline, topic_events(settings, pipeline)[0])) == []
+        time.sleep(pipeline.layers.epoch_seconds + 2)  # the events' ingest epochs close
+        assert "published" in run("batch", "run", "offers")
+        assert eventually(exact) == []
+        https_answers_match(state, settings, pipeline)
+
+        # A second batch over more events, then the first one restored (its horizon moves back:
+        # the speed rows of the epochs between are rebuilt from the master dataset first).
+        session = connect(settings.cassandra)
+        first = active_batch(session, "secure_life", "offers")
+        assert first is not None
+        confluent_send(settings, pipeline, list(generate("offers", 200, seed=13, mix=SCHEMA_VALID)))
+        time.sleep(pipeline.layers.epoch_seconds + 2)
+        assert eventually(lambda: differences(settings, pipeline, topic_events(settings, pipeline)[0])) == []
+        assert "published" in run("batch", "run", "offers")
+        run("batch", "restore", "offers", "--version", str(first.views[pipeline.views[0].name]))
+        restored = active_batch(session, "secure_life", "offers")
+        assert restored is not None and restored.horizon == first.horizon, (restored, first)
+        assert eventually(exact) == []
+
+        # A replay of the whole topic beside the running job: nothing counts twice.
+        events, _ = topic_events(settings, pipeline)
+        run("replay", "offers", "--from-timestamp", str(int(events["_ts"].min())),
+            "--to-timestamp", str(int(events["_ts"].max()) + 1), "--run-batch")  # fmt: skip
+        assert eventually(exact) == []
+
+        # A view added on the live pipeline: built from the master dataset, then served.
+        (folder / "offers.toml").write_text((folder / "offers.toml").read_text() + ADDED_VIEW)
+        assert "currency_stock_1m" in run("deploy", "offers")
+        changed = configured_pipeline("offers", settings)
+        run("produce", "offers", "-n", "150", "--seed", "14")
+        assert eventually(lambda: exact(changed)) == []
+
+        # The speed layer rebuilt after losing its checkpoints.
+        run("undeploy")
+        run("speed", "reset", "offers", "--yes")
+        run("deploy", "offers")
+        confluent_send(settings, changed, list(generate("offers", 100, seed=15, mix=SCHEMA_VALID)))
+        assert eventually(lambda: exact(changed)) == []
+    finally:
+        cli(state, "undeploy", pipelines=folder, extra=env, **keyspace)
+    lake_files = state / "object-store" / "data" / LAKE_BUCKET / "life"
+    held = {p.relative_to(lake_files).parts[0] for p in lake_files.rglob("*") if p.is_file()}
+    assert {"master", "checkpoints", "views", "status"} <= held, held
+
+
+def https_answers_match(state: Path, settings: Settings, pipeline: Pipeline) -> None:
+    """The deployed serving API answers over HTTPS (the embedded CA's certificate, the token) what
+    the Python client answers, for a key of every view."""
+    from lambdalake.serving.client import ServingClient
+    from tests.reference import stored_keys
+
+    trusted = ssl.create_default_context(cafile=secure.ca_file(state))
+    client = ServingClient(settings=settings.as_role("serving"))
+    url = f"https://127.0.0.1:{port(14080)}"
+    for view in pipeline.views:
+        key = sorted(stored_keys(settings, pipeline, view))[0]
+        shown = ",".join(map(str, key))
+        answer = httpx.get(f"{url}/v1/pipelines/{pipeline.name}/views/{view.name}/keys/{shown}",
+                           verify=trusted, headers={"Authorization": "Bearer t0ken"}, timeout=30)  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        want = client.query(pipeline.name, view.name, list(key) if len(key) > 1 else key[0]).to_dict()
+        got = answer.json()
+
+        def values(a: dict) -> tuple:
+            return a["latest"], [(w["window_start"], w["values"]) for w in a["windows"]]
+
+        assert values(got) == values(want) and (got["latest"] or got["windows"]), (view.name, answer.text)
+
+
+def test_no_secret_is_logged_or_printed(
+    state: Path, roles_pipeline: tuple[Settings, Pipeline], lake: dict[str, str]
+) -> None:
     """After every command above (a pipeline's whole run among them): no principal's password in
     any file of the state folder (logs, status and run files, the lake, the services' data and
     logs, read as bytes), but the two that must hold them, nor in `lambdalake config`'s output."""
     passwords = [login["password"] for login in secure.principals(state).values()]
     assert len(passwords) == len(secure.ROLES) == 5
+    passwords.append(STORE_SECRET)  # the object store's key: only its own config holds it
     shown = cli(state, "config")
     assert shown.returncode == 0, shown.stderr.decode()
     assert "cassandra" in shown.stdout.decode()
     for password in passwords:
         assert password not in (shown.stdout + shown.stderr).decode()
     # The logins' file, and the broker's own login among brokers (Kafka reads it from its config).
-    holders = {secure.folder(state) / secure.PRINCIPALS, state / "broker" / "server.properties"}
+    holders = {secure.folder(state) / secure.PRINCIPALS, state / "broker" / "server.properties",
+               state / "object-store" / "s3proxy.conf"}  # fmt: skip
     files = [p for p in state.rglob("*") if p.is_file() and p not in holders]
     assert len(files) > 100 and any("storage" in p.parts for p in files), len(files)
     for path in files:

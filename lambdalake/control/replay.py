@@ -60,7 +60,7 @@ def replay(
     recompute the speed cells of its closed epochs after the batch horizon. Then, when the plan leaves epochs
     to the batch layer and ``run_batch`` says so (a bool, or a function asked with the plan and the
     replay's result, which may show the result before it answers), a batch
-    run under the batch lease, in the same Spark session. Running it twice changes nothing.
+    run under the batch lease, as the batch's principal, in the same Spark session. Running it twice changes nothing.
 
     Raises:
         LeaseHeld: another replay (or batch run) of the pipeline holds the lease, named in the error.
@@ -78,7 +78,10 @@ def replay(
             result = Replayer(settings=settings, pipeline=p, spark=spark).run(planned)
         batch = None
         if planned.batch_epochs and (run_batch(planned, result) if callable(run_batch) else run_batch):
-            with writer_lease(settings, p.name, "batch run"):
+            # The batch writes as the batch's principal (it creates version tables the replay's
+            # principal may not): on open services the same settings.
+            batch_settings = settings.as_role("batch")
+            with writer_lease(batch_settings, p.name, "batch run"):
                 progress("running the batch")
-                batch = BatchJob(settings=settings, pipeline=p, spark=spark).run()
+                batch = BatchJob(settings=batch_settings, pipeline=p, spark=spark).run()
     return ReplayOutcome(result=result, batch=batch)

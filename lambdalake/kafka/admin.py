@@ -10,7 +10,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from lambdalake.errors import ConfigurationError, ServiceUnavailable
 from lambdalake.pipeline import LOG_APPEND_TIME, TIMESTAMP_TYPE, Pipeline
-from lambdalake.secure import certificate_fault
+from lambdalake.secure import certificate_fault, server_certificate_fault
 from lambdalake.settings import Settings
 
 
@@ -32,6 +32,13 @@ def refusal(settings: Settings, errors: list[KafkaError]) -> ConfigurationError 
             "cluster (and LAMBDALAKE_KAFKA__SASL_MECHANISM to its mechanism)",
         )
     fault = certificate_fault(text)
+    if fault == "untrusted" and kafka.ssl_ca_location is not None:
+        # librdkafka says only that the verification failed: ask the brokers' TLS why.
+        for address in kafka.bootstrap_servers.split(","):
+            found = server_certificate_fault(address.strip(), kafka.ssl_ca_location)
+            if found is not None:
+                fault = found
+                break
     if fault == "names another host":
         return ConfigurationError(
             "a Kafka broker's certificate does not name the address it was reached at "
