@@ -60,7 +60,8 @@ def replay(
     recompute the speed cells of its closed epochs after the batch horizon. Then, when the plan leaves epochs
     to the batch layer and ``run_batch`` says so (a bool, or a function asked with the plan and the
     replay's result, which may show the result before it answers), a batch
-    run under the batch lease, as the batch's principal, in the same Spark session. Running it twice changes nothing.
+    run under the batch lease, as the batch's principal, in the same Spark session. Running it twice changes
+    nothing.
 
     Raises:
         LeaseHeld: another replay (or batch run) of the pipeline holds the lease, named in the error.
