@@ -141,14 +141,18 @@ def _lookup(settings: Settings, sr: SchemaRegistryClient, subject: str, schema: 
 
 
 def register_pipeline(
-    settings: Settings, pipeline: Pipeline, *, up_to: int | None = None
+    settings: Settings,
+    pipeline: Pipeline,
+    *,
+    up_to: int | None = None,
+    sr: SchemaRegistryClient | None = None,
 ) -> list[RegisteredVersion]:
-    """Register the pipeline's schema versions in order (idempotent).
+    """Register the pipeline's schema versions in order (idempotent); ``sr``: the caller's client.
 
     Raises:
         ConfigurationError: the registry refused a version, with its reason (e.g. incompatible).
     """
-    sr = client(settings)
+    sr = sr or client(settings)
     subject = pipeline.schema_.subject
     out = []
     for i, file in enumerate(pipeline.schema_.versions[:up_to], start=1):

@@ -6,12 +6,17 @@ role's grants. Everything is checked before anything changes. Processes are
 from __future__ import annotations
 
 import json
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 from lambdalake.control.changes import Action, Change
 from lambdalake.errors import ConfigurationError
 from lambdalake.pipeline import Pipeline
 from lambdalake.settings import Settings
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.schema_registry import SchemaRegistryClient
 
 
 class Resources:
@@ -26,6 +31,21 @@ class Resources:
         self.settings = settings
         self.apply_topic_configs = apply_topic_configs
 
+    # One client of each service for the whole deploy: its steps ask the same registry subjects and
+    # topics again, and a client per step reconnected and re-fetched each time.
+    @cached_property
+    def registry(self) -> SchemaRegistryClient:
+        from lambdalake.registry import client
+
+        return client(self.settings)
+
+    @cached_property
+    def admin(self) -> AdminClient:
+        """The Kafka admin client (raises, naming the fix, when no broker answers)."""
+        from lambdalake.kafka.admin import require_broker
+
+        return require_broker(self.settings)
+
     def check(self, pipelines: list[Pipeline]) -> None:
         """Refuse, before anything changes (a running job is stopped only for one that will start):
         a schema version the registry would refuse, layers the master dataset was not written with,
@@ -36,14 +56,14 @@ class Resources:
         from lambdalake.evolution import require_appliable
         from lambdalake.kafka.admin import require_log_append_time
         from lambdalake.master import master_of
-        from lambdalake.registry import call, check_compatibility, client
+        from lambdalake.registry import call, check_compatibility
 
-        sr = client(self.settings)
+        sr = self.registry
         for p in pipelines:
             self._check_tables(p)
             master_of(self.settings, p).check_layers(p.layers, pipeline=p.name)
             if not self.apply_topic_configs:  # else the topic step sets it
-                require_log_append_time(self.settings, p)
+                require_log_append_time(self.settings, p, self.admin)
             subject = p.schema_.subject
             deployed = self._deployed_schema(p)
             if deployed is not None:  # a live pipeline: what its layers hold must survive the new schema
@@ -110,7 +130,9 @@ class Resources:
         from lambdalake.kafka.admin import ensure_pipeline_topics
 
         out = []
-        for report in ensure_pipeline_topics(self.settings, p, apply=self.apply_topic_configs):
+        for report in ensure_pipeline_topics(
+            self.settings, p, apply=self.apply_topic_configs, admin=self.admin
+        ):
             notes = [f"set {k}={w} (was {was})" for k, w, was in report.fixed]
             notes += [f"drift {k}: definition says {w}, cluster has {a}" for k, w, a in report.drift]
             detail = "; ".join(notes)
@@ -124,7 +146,7 @@ class Resources:
         wider type reaches the version still serving."""
         from lambdalake.cassandra.active import read_meta
         from lambdalake.cassandra.session import connect
-        from lambdalake.registry import client, register_pipeline
+        from lambdalake.registry import register_pipeline
         from lambdalake.view_versions import retype_pending
 
         meta = read_meta(connect(self.settings.cassandra), self.settings.cassandra.keyspace, p.name)
@@ -132,9 +154,9 @@ class Resources:
         if waiting:
             why = f"new versions wait for {', '.join(waiting)} to switch (their stored types widen)"
             return [Change(f"schema {p.schema_.subject}", "held", why)]
-        before = set(_registered_ids(self.settings, client(self.settings), p.schema_.subject))
+        before = set(_registered_ids(self.settings, self.registry, p.schema_.subject))
         out = []
-        for r in register_pipeline(self.settings, p):
+        for r in register_pipeline(self.settings, p, sr=self.registry):
             action: Action = "unchanged" if r.schema_id in before else "created"
             out.append(
                 Change(f"schema {p.schema_.subject} v{r.version}", action, f"id {r.schema_id} ({r.file})")
@@ -154,10 +176,10 @@ class Resources:
         """The schema version registered last (None: none is)."""
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-        from lambdalake.registry import call, client
+        from lambdalake.registry import call
 
         try:
-            latest = call(self.settings, client(self.settings).get_latest_version, p.schema_.subject)
+            latest = call(self.settings, self.registry.get_latest_version, p.schema_.subject)
         except SchemaRegistryError as exc:
             if exc.http_status_code == 404:
                 return None

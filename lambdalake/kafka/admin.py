@@ -141,11 +141,11 @@ def ensure_topic(
 
 
 def ensure_pipeline_topics(
-    settings: Settings, pipeline: Pipeline, *, apply: bool = False
+    settings: Settings, pipeline: Pipeline, *, apply: bool = False, admin: AdminClient | None = None
 ) -> list[TopicReport]:
     """The pipeline's topic and its dead-letter topic (``apply``: fix config drift, see
-    :func:`ensure_topic`)."""
-    admin = require_broker(settings)
+    :func:`ensure_topic`; ``admin``: the caller's client)."""
+    admin = admin or require_broker(settings)
     spec = pipeline.topic
     replicas, in_sync = topic_replication(settings, pipeline, admin)
     config = {"min.insync.replicas": str(in_sync), **spec.config}
