@@ -52,7 +52,7 @@ from lambdalake.spark.session import spark_session
 from lambdalake.spark.sinks import upsert_views
 from lambdalake.spark.stopping import interruptible, stop_quietly
 from lambdalake.spark.views import INGEST_TS, together_column, together_row, windowed, windowed_together
-from lambdalake.speed.checkpoints import Checkpoints, offset_ranges
+from lambdalake.speed.checkpoints import Checkpoints, Reset, offset_ranges
 from lambdalake.speed.dedup import DedupLog
 from lambdalake.speed.last_read import LastReadCheck, LastRecords, lost_tail
 from lambdalake.speed.options import SpeedOptions, runs_realtime_query
@@ -136,15 +136,12 @@ class SpeedJob:
         every = self.master.read_progress()
         return {int(k.rsplit("/", 1)[1]): v for k, v in every.items() if k.rsplit("/", 1)[0] == topic}
 
-    def _reset_from_ms(self) -> int | None:
-        """Where ``speed reset`` left the windowed views to count from (None: no reset)."""
-        reset = self.checkpoints.reset()
-        return reset.from_ms if reset is not None else None
-
     def starting_offsets(self) -> str:
         """Where queries without a checkpoint start: ``speed reset`` leaves its choice beside the
         checkpoints; otherwise the options' (default ``earliest``)."""
-        reset = self.checkpoints.reset()
+        return self._starting(self.checkpoints.reset())
+
+    def _starting(self, reset: Reset | None) -> str:
         return json.dumps(reset.offsets) if reset is not None else self.options.starting_offsets
 
     def records(self, *, starting: str | None = None, bounded: bool = True) -> DataFrame:
@@ -199,9 +196,11 @@ class SpeedJob:
 
     def _choose_main(self) -> None:
         """The main query's checkpoint and the windowed views it aggregates (:func:`choose_main`)."""
+        reset = self.checkpoints.reset()  # where `speed reset` left the windowed views to count from
         chosen = choose_main(
-            self.settings, self.pipeline, self.checkpoints, self.windowed_views,
-            archived=self._archived, reset_from_ms=self._reset_from_ms(), default=self.starting_offsets(),
+            self.settings, self.pipeline, self.checkpoints, self.windowed_views, archived=self._archived,
+            reset_from_ms=reset.from_ms if reset is not None else None,
+            default=self._starting(reset),
         )  # fmt: skip
         self.main_name = chosen.record.dir
         self.main_dir = self.checkpoints.folder(chosen.record.dir)

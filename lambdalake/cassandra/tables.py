@@ -336,14 +336,18 @@ def ensure_table(session: Session, keyspace: str, table: TableDef) -> list[str]:
     refused with the fix, since Cassandra cannot change it in place. A table the cluster has already
     takes no DDL: a job's role (the speed job's) may modify rows without the right to create tables."""
     ks = session.cluster.metadata.keyspaces.get(keyspace)
+    fresh = False  # the driver's metadata of the table read anew here
     if ks is not None and table.name in ks.tables:
         # The driver's metadata may be stale: another process may have dropped the table since.
         with contextlib.suppress(DriverException):
             refresh_metadata(session, keyspace, table.name, wait_s=0)
+            fresh = True
         ks = session.cluster.metadata.keyspaces.get(keyspace)
     if ks is None or table.name not in ks.tables:
         execute_ddl(session, table.create_cql(keyspace))
-    refresh_metadata(session, keyspace, table.name)
+        fresh = False
+    if not fresh:  # created just now, or the quick refresh failed: wait for the table to show
+        refresh_metadata(session, keyspace, table.name)
     meta = session.cluster.metadata.keyspaces[keyspace].tables[table.name]
     if table.ttl_seconds and int(meta.options.get("default_time_to_live") or 0) != table.ttl_seconds:
         execute_ddl(
