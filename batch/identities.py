@@ -21,8 +21,7 @@ from lambdalake.spark.views import INGEST_TS
 #: What the index keeps of each identity's first delivery (its coordinate).
 COORDINATE = ("_topic", "_partition", "_offset", INGEST_TS)
 #: The index's table properties: no column statistics. An incremental run reads the whole index, so
-#: statistics skip nothing, and collecting them cost ~1.9 s of a 10M-row write's ~9.3 s (delta-spark
-#: 4.4, BENCHMARKS.md).
+#: statistics skip nothing, and collecting them was a fifth of a write's time (the benchmarks log).
 TABLE_PROPERTIES = {"delta.dataSkippingNumIndexedCols": "0"}
 #: The index's identity: 128 bits, the two hashes of :mod:`lambdalake.identity` (the speed layer's
 #: deduplication compares identities by the same two): two identities are taken for one only on a

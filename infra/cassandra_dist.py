@@ -67,7 +67,7 @@ def write_config(
         # A write is acknowledged once its commit log section is synced (concurrent writes share a
         # sync). In periodic mode (Cassandra's default, which a cluster's replicas make safe) a
         # kill -9 lost the writes acknowledged since the last sync: replay stops at the last synced
-        # section. Measured here: batch mode writes at ~0.67x periodic's rate (concurrent or not).
+        # section. Batch mode writes slower than periodic (the benchmarks log has the figures).
         "commitlog_sync": "batch",
         "commitlog_segment_size": "32MiB",
         "seed_provider": [

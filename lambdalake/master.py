@@ -94,8 +94,8 @@ class MasterDataset:
     def _newest_for_commit(self) -> DeltaTable | None:
         """The newest snapshot, to decide a commit on: the table of this object's previous commit
         brought up to date with the commits since (anyone's), instead of opened again. Opening reads
-        the log from its last checkpoint, every live file included: ~17 ms at 1k files, ~290 ms at
-        150k, which the speed job's master dataset reaches in about 12 hours at 1k events/s (BENCHMARKS.md).
+        the log from its last checkpoint, every live file included: its cost grows with the files, and
+        the speed job adds a few every micro-batch (bench.master_commits).
         The snapshot is this object's: one object per writing thread."""
         if self._refreshing is not None:
             self._refreshing.join()

@@ -323,9 +323,9 @@ class SparkSettings(BaseModel):
     #: (see :mod:`lambdalake.spark.cds`).
     cds: bool = True
     #: Idle Python workers an executor keeps (unset: every one it forked, Spark's default). 1 keeps
-    #: a caught-up speed job to one worker (~250 MB less on ``local[2,4]``) at the cost of a fresh
-    #: worker for a backlog's second task each micro-batch (~20 % slower draining it alone;
-    #: BENCHMARKS.md). ``spark.python.factory.idleWorkerMaxPoolSize`` in ``conf`` wins.
+    #: a caught-up speed job to one worker (less memory) at the cost of a fresh worker for a
+    #: backlog's second task each micro-batch (slower draining it alone; the benchmarks log).
+    # ``spark.python.factory.idleWorkerMaxPoolSize`` in ``conf`` wins.
     idle_python_workers: int | None = Field(None, ge=1, description="workers, 1 or more", examples=["1"])
     #: Embedded standalone cluster only (``master`` a ``spark://`` address of this machine): the
     #: workers ``lambdalake up`` starts beside the master, each on a loopback address of its own.
@@ -364,7 +364,7 @@ class SpeedSettings(BaseModel):
     """The speed layer's jobs."""
 
     #: Which query writes the ``latest`` views: ``microbatch``, the speed job's archive pass (a
-    #: processing-time micro-batch costs ~0.65 s here even for one record), or ``realtime``, a
+    #: processing-time micro-batch has a fixed cost even for one record), or ``realtime``, a
     #: Real-time Mode query of its own whose tasks run as long as a batch and write each record's
     #: candidates from the JVM as it arrives (:mod:`lambdalake.spark.realtime`). Both leave the same
     #: rows; the rest of the speed job (the master dataset, dead letters, windowed views) is the

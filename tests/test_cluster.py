@@ -6,10 +6,8 @@ bootstrap list, contact points, a ``spark://`` master; replication and consisten
 defaults), and each fault is checked against a reference computed from what the topic holds.
 
 The cluster is started once for the module, and so is one speed job (``offers`` with 10-second
-epochs) whose lake is wholly on the embedded object store (as on real hosts, where the Spark
-workers share no disk: each has a work folder of its own): each fault test produces its own events
-into its topic, injects its fault while the job runs, and checks every view against the reference of
-everything the topic holds. A test finding the
+epochs): each fault test produces its own events into its topic, injects its fault while the job
+runs, and checks every view against the reference of everything the topic holds. A test finding the
 job stopped starts it again, so each still runs alone. A Spark application on the standalone cluster
 costs a driver, an executor JVM and its Python workers: one per fault was most of the module's time.
 """
@@ -29,13 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import pyarrow.fs as pafs
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from lambdalake.cassandra.session import connect
 from lambdalake.infra.services import EmbeddedService, all_services, running
-from lambdalake.object_store import use
 from lambdalake.pipeline import Pipeline, WindowedView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
@@ -49,8 +45,6 @@ from tests.test_speed_faults import start_job, wait_equal, wait_for_log
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
-#: The object store's bucket of the module's lake.
-LAKE_BUCKET = "lake-cluster"
 
 
 @pytest.fixture(scope="module")
@@ -67,18 +61,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         speed={"trigger_s": 2},  # as the other tests' (tests/conftest.py): a trickle, not a core's worth
         state_dir=state,
         storage_root=str(state / "storage"),
-        object_store={"endpoint": f"http://127.0.0.1:{port(29900)}"},
     )  # fmt: skip
-    # The lake of the module's speed job (``offers``): the store `up` starts for an s3:// root.
-    lake = settings.model_copy(update={"storage_root": f"s3://{LAKE_BUCKET}/cluster"})
-    saved = dict(os.environ)
-    with running(settings), running(lake, only=["object-store"]):
-        use(lake)  # this process's own readers of the lake (delta-rs, pyarrow) find the store
-        try:
-            yield settings
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+    with running(settings):
+        yield settings
 
 
 @dataclass
@@ -90,18 +75,12 @@ class SharedJob:
     log: Path
     process: subprocess.Popen | None = None
     starts: int = 0
-    checkpoints: str = field(init=False)
+    checkpoints: Path = field(init=False)
 
     def __post_init__(self) -> None:
         from lambdalake.layout import checkpoints_path
 
-        self.checkpoints = checkpoints_path(self.settings.storage_root, self.pipeline.name)
-
-    def first_batch_done(self) -> bool:
-        """Whether a query of the job has committed its first micro-batch (on the store)."""
-        filesystem, path = pafs.FileSystem.from_uri(self.checkpoints)
-        found = filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
-        return any(info.path.endswith("/commits/0") for info in found)
+        self.checkpoints = Path(checkpoints_path(self.settings.storage_root, self.pipeline.name))
 
     def ensure(self) -> None:
         """Start the job unless it runs, and wait for its first micro-batch (it starts the executor and
@@ -112,7 +91,7 @@ class SharedJob:
         self.starts += 1
         wait_for_log(self.log, "offers-main started", count=self.starts, timeout=300)
         deadline = time.monotonic() + 300
-        while not self.first_batch_done():
+        while not list(self.checkpoints.glob("*/commits/0")):
             assert time.monotonic() < deadline and self.running(), self.log.read_text()[-3000:]
             time.sleep(0.5)
 
@@ -129,9 +108,7 @@ class SharedJob:
 def offers(cluster: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedJob]:
     folder = tmp_path_factory.mktemp("offers")
     unique = uuid.uuid4().hex[:8]
-    base = isolated(cluster, folder, unique).model_copy(
-        update={"storage_root": f"s3://{LAKE_BUCKET}/cluster/{unique}"}
-    )
+    base = isolated(cluster, folder, unique)
     pipeline = pipeline_named(base, "offers", topic=f"offers-{unique}", epoch="10 seconds", grace="1 second")
     pipelines = pipelines_folder(folder, pipeline)
     # The module's tests add to one topic: a batch may find several times the rows of the last one.

@@ -60,7 +60,7 @@ class DecodeSpec:
     epoch_seconds: int
     #: Writer schemas known up front, as (registry id, schema JSON). Records written with any other
     #: id fetch theirs from the registry; with none, an executor never imports the registry client
-    #: (~0.25 s per Python worker).
+    #: (a cost paid by each Python worker).
     writer_schemas: tuple[tuple[int, str], ...] = ()
 
     @classmethod

@@ -22,9 +22,9 @@ Offsets = dict[str, dict[str, int]]
 
 
 #: Bounded reads fetch more than the Java consumer's defaults (500 records a poll, 1 MB a
-#: partition): 1M records into Python read in 2.8 s instead of 3.3 (local[2], warm). The speed
-#: job keeps the defaults: with these it drained a backlog no faster and held 6-9 % more memory
-#: (bench.peers; the benchmarks log).
+#: partition): a bounded read into Python is faster with fewer, larger fetches. The speed job keeps
+#: the defaults: with these it drained a backlog no faster and held more memory (bench.peers; the
+#: benchmarks log).
 FETCH = {
     "kafka.max.poll.records": "20000",
     "kafka.max.partition.fetch.bytes": str(8 << 20),

@@ -27,9 +27,8 @@ SPARK_DEFAULTS = {
     # query naming the overflow, where the non-ANSI mode would store a silent null.
     "spark.sql.ansi.enabled": "true",
     # Few, larger tasks: each shuffle partition of a stateful query is a state store to commit per
-    # micro-batch. One instead of two: fresher (latest p50 0.75-0.83 s against 0.89-0.98, p99
-    # 1.4-1.7 s against 1.9-2.2) and the job alone drains as fast (BENCHMARKS.md). Fixed in a query's
-    # checkpoint (an existing one keeps its own): raise it before a query first runs on a cluster.
+    # micro-batch. One instead of two: fresher, and the job alone drains as fast (BENCHMARKS.md). Fixed in a
+    # query's checkpoint (an existing one keeps its own): raise it before a query first runs on a cluster.
     "spark.sql.shuffle.partitions": "1",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     # RocksDB state with changelog checkpoints: the default in-memory store copies a partition's
@@ -49,12 +48,12 @@ SPARK_DEFAULTS = {
     "spark.python.worker.reuse": "true",
     "spark.sql.streaming.stopTimeout": "60s",
     # How long a query without new records waits before asking the source again (Spark's 10 ms
-    # default asks the broker for its log ends 100 times a second). Measured on an idle speed job over
-    # 30 s: 4.4 s of the job's CPU and 3.6 s of the broker's at 10 ms, 1.2 s and 0.9 s at 100 ms.
-    # A record arriving at an idle job waits 50 ms more on average; the Real-time query never polls so.
+    # default asks the broker for its log ends 100 times a second, which cost an idle job and its
+    # broker several times the CPU of 100 ms). A record arriving at an idle job waits 50 ms more on
+    # average; the Real-time query never polls so.
     "spark.sql.streaming.pollingDelay": "100ms",
     # The speed job's driver heap: its micro-batches hold few columns and its state lives off the
-    # heap (RocksDB). At 2g the JVM grew to 0.9-1.25 GB resident, at 1g to 0.7 GB, as fast
+    # heap (RocksDB). At 2g the JVM grew larger resident than at 1g, and was no faster
     # (BENCHMARKS.md, bench.peers); LAMBDALAKE_SPARK__CONF sets it for larger batches.
     "spark.driver.memory": "1g",
     # delta-spark writes and reads the Delta tables Spark makes (views, identity index).
@@ -76,15 +75,15 @@ BATCH_DEFAULTS = {
 }
 
 #: A replay is a batch in a short process: it caches the replayed epochs' events once for its two
-#: or so view jobs, where compressing the cache costs more than it saves (1M events: ~0.5 s).
+#: or so view jobs, where compressing the cache costs more than it saves.
 REPLAY_DEFAULTS = {**BATCH_DEFAULTS, "spark.sql.inMemoryColumnarStorage.compressed": "false"}
 
 Workload = Literal["stream", "batch", "replay"]
 
 #: Below this many events a local batch or replay compiles with C1 alone and collects with the serial
 #: collector: its few short jobs end before C2's compilations pay back, and on two cores the compiler
-#: threads take the tasks' CPU (a full batch run of 20k events: 52.6-63.1 s against 67.2-97.6 s with
-#: the JVM's defaults; a replay of 2M events was 6 s slower on C1 alone, 1M as fast; BENCHMARKS.md).
+#: threads take the tasks' CPU (faster than the JVM's defaults for small runs; a replay of 2M events
+#: was slower on C1 alone, 1M as fast; BENCHMARKS.md).
 QUICK_JIT_EVENTS = 1_000_000
 
 
@@ -111,12 +110,12 @@ def driver_java_options(settings: Settings, workload: Workload, *, events: int |
         opts += QUICK_JIT
         # The serial collector: a micro-batch's garbage is young and small, and G1's remembered sets
         # and concurrent threads cost memory and a share of two cores (bench.peers, four runs each:
-        # RSS of the job median 1,923-1,944 MB against 1,981-2,066 with G1, as fast and as fresh).
+        # less resident memory than with G1, as fast and as fresh).
         opts.append("-XX:+UseSerialGC")
     elif workload == "replay" and local:
         # The throughput collector: G1's concurrent threads take a share of two cores from the tasks
-        # (a new process replaying 1M events: 24-24.5 s with G1, 20.5-22 s). C2 stays on: C1 alone was
-        # ~0.5 s faster at 1M events but 6 s slower at 2M (BENCHMARKS.md).
+        # (a new process replaying 1M events was faster with it). C2 stays on: C1 alone was a little
+        # faster at 1M events but slower at 2M (BENCHMARKS.md).
         opts.append("-XX:+UseParallelGC")
     if settings.spark.cds:
         from lambdalake.spark.cds_archive import archive_options
