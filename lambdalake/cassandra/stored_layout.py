@@ -66,13 +66,18 @@ def require_current(session: Session, keyspace: str) -> None:
                 fix="stop the jobs (`lambdalake undeploy`), run `lambdalake migrate` once, then deploy "
                 'again (docs/operations.md, "Upgrading")',
             )
-        if found and max(found) > LAYOUT_VERSION:
-            raise ConfigurationError(
-                f"keyspace {keyspace!r} holds the stored layout of lambdalake {release(max(found))}, "
-                f"newer than this lambdalake ({release(LAYOUT_VERSION)})",
-                fix=f"run lambdalake {release(max(found))} or later",
-            )
+        refuse_newer(keyspace, found)
         _checked.add(key)
+
+
+def refuse_newer(keyspace: str, found: set[int]) -> None:
+    """Raise :class:`ConfigurationError` when a layout in ``found`` is newer than this release's."""
+    if found and max(found) > LAYOUT_VERSION:
+        raise ConfigurationError(
+            f"keyspace {keyspace!r} holds the stored layout of lambdalake {release(max(found))}, "
+            f"newer than this lambdalake ({release(LAYOUT_VERSION)})",
+            fix=f"run lambdalake {release(max(found))} or later",
+        )
 
 
 def forget(session: Session, keyspace: str) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from cassandra.cluster import Session
 
 from lambdalake.cassandra.session import connect, execute_ddl, refresh_metadata
-from lambdalake.cassandra.stored_layout import PLATFORM_TABLES, forget, release, stored_layouts
+from lambdalake.cassandra.stored_layout import PLATFORM_TABLES, forget, refuse_newer, release, stored_layouts
 from lambdalake.errors import ConfigurationError
 from lambdalake.layout import BATCH_META_TABLE, LAYOUT_VERSION, LEASES_TABLE, layout_comment
 from lambdalake.settings import Settings
@@ -46,12 +46,7 @@ def migrate(settings: Settings) -> Migration:
     done = Migration(keyspace=keyspace, found=min(found.values()) if found else None)
     if not found:
         return done
-    if max(found.values()) > LAYOUT_VERSION:
-        raise ConfigurationError(
-            f"keyspace {keyspace!r} holds the stored layout of lambdalake {release(max(found.values()))}, "
-            f"newer than this one ({release(LAYOUT_VERSION)})",
-            fix="run migrate with that release or later",
-        )
+    refuse_newer(keyspace, set(found.values()))
     if min(found.values()) == LAYOUT_VERSION:
         return done
     _require_no_writer(session, keyspace)
