@@ -420,6 +420,9 @@ class ObjectStoreSettings(BaseModel):
     access_key: str = "lambdalake"
     #: The embedded store's own key by default; a real store's is a secret of the deployment.
     secret_key: SecretStr = SecretStr("lambdalake-embedded")
+    #: Seconds a batch run waits, before it starts, for a store that does not answer (one restarting
+    #: or down for a minute) before it gives up naming it; the speed job's queries restart meanwhile.
+    patience_s: float = Field(120.0, ge=0, le=3600, description="seconds, 0-3600", examples=["120"])
 
 
 class Settings(BaseSettings):

@@ -15,6 +15,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from lambdalake.errors import ConfigurationError, LambdalakeError
 from lambdalake.grants import refused
+from lambdalake.object_store import explain, wait_for_store
 from lambdalake.spark.decode import REGISTRY_PATIENCE_S
 from lambdalake.spark.realtime import unknown_schema_id
 from lambdalake.speed.job import SpeedJob
@@ -119,6 +120,10 @@ class Supervisor:
             return ConfigurationError(
                 f"query {query.name} stopped: {refused_right.message}", fix=refused_right.fix
             )
+        store = explain(text, self.job.settings)  # a bucket or key (a person) or the store's silence
+        if store is not None:
+            kind = type(store)
+            return kind(f"query {query.name} stopped: {store.message}", fix=store.fix)
         lost = offset_changed(text)
         if lost is not None:
             return LambdalakeError(f"query {query.name} stopped: {lost.message}", fix=lost.fix)
@@ -176,6 +181,18 @@ class Supervisor:
                                 RESTART_WINDOW_S)  # fmt: skip
                     self.job.stop()
                     if stop.wait(delay):
+                        break
+                    # A store down for a while: wait until it answers instead of spending the
+                    # restarts on it (a query's start reads its checkpoint there).
+                    settings = self.job.settings
+                    wait_for_store(
+                        settings,
+                        patience_s=settings.object_store.patience_s,
+                        on_wait=lambda: log.warning("waiting for the object store at %s",
+                                                    settings.object_store.endpoint),
+                        pause=stop.wait,
+                    )  # fmt: skip
+                    if stop.is_set():
                         break
                     self.job.start()
                     continue

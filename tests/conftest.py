@@ -90,6 +90,10 @@ def settings_for(state_dir: Path, ports: dict[str, int] = TEST_PORTS) -> Setting
             # may be late by (an LWT on two loaded cores has taken more than 6 s).
             "lease_ttl_s": 15,
             "jvm_options": QUICK_JIT,
+            # 1 GB, not the 3 GB default: the tests' tables are small, and three workers' nodes at 3.5 GB
+            # resident each, beside the three-node cluster, ran a 24 GiB machine out of memory (the
+            # kernel killed a worker's node; docs/benchmarks-log.md).
+            "heap": "1G",
         },
         serving={"port": port(18080)},
         # Deployed speed jobs 2 s apart: back to back, a job under a test's trickling producer kept a

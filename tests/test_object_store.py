@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,7 +36,7 @@ from lambdalake.object_store import client_env, use
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from lambdalake.storage import list_files, read_text, write_text
-from tests.conftest import port, run_cli
+from tests.conftest import PROJECT_ROOT, env_for, port, run_cli
 from tests.helpers import pipelines_folder, stop_job
 
 pytestmark = [pytest.mark.services]
@@ -127,6 +128,42 @@ def test_the_clients_are_told_the_store_only_for_an_s3_root(store: Settings) -> 
     env = client_env(store)
     assert env["AWS_ENDPOINT_URL"] == store.object_store.endpoint and env["AWS_ALLOW_HTTP"] == "true"
     assert client_env(store.model_copy(update={"storage_root": "/tmp/lake"})) == {}
+
+
+@pytest.mark.parametrize(
+    ("change", "said", "setting"),
+    [
+        ({"storage_root": "s3://no-such-bucket/lake"}, "bucket 'no-such-bucket'", "LAMBDALAKE_STORAGE_ROOT"),
+        ({"secret": "not-the-key"}, "did not accept the key 'lambdalake'", "__SECRET_KEY"),
+        ({"endpoint": f"http://127.0.0.1:{port(19903)}"}, "did not answer", "__ENDPOINT"),
+    ],
+    ids=["missing-bucket", "wrong-key", "store-down"],
+)
+def test_a_missing_bucket_a_wrong_key_or_a_silent_store_is_one_clear_error_naming_the_setting(
+    store: Settings, tmp_path: Path, change: dict[str, str], said: str, setting: str
+) -> None:
+    """Against the real store: a command reading the lake (`master status`) ends with exit 2 and one
+    error naming the store and the setting to fix; no trace, nothing written."""
+    object_store = store.object_store.model_copy(
+        update={
+            "endpoint": change.get("endpoint", store.object_store.endpoint),
+            "secret_key": SecretStr(change.get("secret", store.object_store.secret_key.get_secret_value())),
+        }
+    )
+    settings = store.model_copy(
+        update={
+            "storage_root": change.get("storage_root", f"{store.storage_root}/refused"),
+            "object_store": object_store,
+            "state_dir": tmp_path / "state",
+        }
+    )
+    before = sorted((store.state_dir / "object-store" / "data").rglob("*"))
+    done = run_cli(settings, "master", "status", "offers")
+    text = " ".join((done.stdout + done.stderr).decode().split())
+    assert done.returncode == 2, text[-2000:]
+    assert said in text and setting in text and "Traceback" not in text, text[-2000:]
+    assert "not-the-key" not in text
+    assert sorted((store.state_dir / "object-store" / "data").rglob("*")) == before
 
 
 @pytest.mark.slow
@@ -222,3 +259,81 @@ def test_kill_minus_nine_mid_batch_and_between_the_master_commit_and_spark_s_los
     finally:
         stop_job(job)
     assert log.read_text().count("offers-main started") == 3, log.read_text()[-3000:]
+
+
+@pytest.mark.slow
+def test_the_store_down_for_a_minute_the_speed_job_waits_and_goes_on_and_a_batch_publishes_nothing_half(
+    services: Settings, tmp_path: Path, unique: str
+) -> None:
+    """A store of this test's own stopped for a minute while a producer sends and the speed job runs:
+    the job waits (its queries restart from their checkpoints) and goes on without a hand; a batch run
+    started during the outage either waits it out or ends with an error naming the store and
+    publishes nothing. Once the store is back, the master dataset holds every record of the topic
+    once, the speed views equal the reference, and a batch's merged answers are exact."""
+    from lambdalake.infra.services import ObjectStoreService
+    from lambdalake.serving.client import ServingClient
+    from tests.conftest import isolated, pipeline_named
+    from tests.reference import merged_differences
+    from tests.test_speed_faults import produce_steadily, start_job, wait_equal, wait_for_log
+
+    own = Settings(
+        state_dir=tmp_path / "state",
+        storage_root=f"s3://{BUCKET}/down",
+        object_store={"endpoint": f"http://127.0.0.1:{port(19902)}", "secret_key": "store-down-secret"},
+    )
+    store = ObjectStoreService(own)
+    saved = dict(os.environ)
+    try:
+        with running(own, only=["object-store"]):
+            use(own)  # this process's readers of the master dataset (the reference's side) read this store
+            base = isolated(services, tmp_path, unique).model_copy(
+                update={"storage_root": f"{own.storage_root}/{unique}", "object_store": own.object_store}
+            )
+            pipeline = pipeline_named(
+                base, "offers", topic=f"offers-{unique}", epoch="10 seconds", grace="1 second"
+            )
+            pipelines = pipelines_folder(tmp_path, pipeline)
+            # The second batch may find many times the rows of the first (run during the outage).
+            suite = json.loads((pipelines / "offers.expectations.json").read_text())
+            (pipelines / "offers.expectations.json").write_text(
+                json.dumps({**suite, "row_count_tolerance": 1000})
+            )
+            settings = base.model_copy(update={"pipelines_dir": pipelines})
+            EventProducer(settings=settings, pipeline=pipeline)  # topics and schemas exist before the job
+            log = tmp_path / "speed.log"
+            producer = produce_steadily(settings, pipeline, 9_000, rate=60, seed=23)  # about 150 s
+            job = start_job(settings, "offers", log)
+            try:
+                wait_for_log(log, "offers-main started", count=1, timeout=300)
+                time.sleep(15)  # some micro-batches land on the store first
+                assert store.stop()
+                down = time.monotonic()
+                batch = subprocess.Popen(
+                    [sys.executable, "-m", "lambdalake", "batch", "run", pipeline.name],
+                    env=env_for(settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
+                )  # fmt: skip
+                time.sleep(60)
+                assert job.poll() is None, log.read_text()[-3000:]  # the job waited: it did not exit
+                store.start()
+                print(f"the store was down {time.monotonic() - down:.0f} s")
+                out, _ = batch.communicate(timeout=600)
+                text = out.decode(errors="replace")
+                if batch.returncode != 0:  # it gave up: one clear error naming the store, nothing published
+                    assert "Traceback" not in text and "object store" in text.lower(), text[-3000:]
+                producer.join(300)
+                assert not producer.is_alive() and not producer.errors, producer.errors  # type: ignore[attr-defined]
+                problems = wait_equal(settings, pipeline, timeout=420)
+                assert problems == [], problems[:10]
+                assert job.poll() is None, log.read_text()[-3000:]
+            finally:
+                stop_job(job)
+            time.sleep(12)  # the last events' ingest epochs close
+            again = run_cli(settings, "batch", "run", pipeline.name)
+            assert again.returncode == 0, (again.stdout + again.stderr).decode()[-3000:]
+            assert (
+                merged_differences(settings, ServingClient(settings=settings), {pipeline.name: pipeline})
+                == []
+            )
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

@@ -44,10 +44,12 @@ def main() -> None:
     except Exception as exc:
         from lambdalake.grants import refused
 
-        right = refused(exc)  # a right the login lacks: the fix is a grant, not a bug report
-        if right is not None:
-            console.print(f"[red]error:[/] {escape(right.message)}")
-            console.print(f"[yellow]fix:[/] {escape(right.fix or '')}")
+        # A right the login lacks (the fix is a grant, not a bug report), or the object store's
+        # refusal or silence (a bucket, a key, its address).
+        known = refused(exc) or _store_failure(exc)
+        if known is not None:
+            console.print(f"[red]error:[/] {escape(known.message)}")
+            console.print(f"[yellow]fix:[/] {escape(known.fix or '')}")
             sys.exit(2)
         # A failure nobody foresaw: say what it was and how to see more, not a bare traceback.
         if os.environ.get("LAMBDALAKE_DEBUG"):
@@ -55,6 +57,16 @@ def main() -> None:
         console.print(f"[red]error:[/] unexpected {type(exc).__name__}: {escape(str(exc))}")
         console.print("[yellow]fix:[/] rerun with LAMBDALAKE_DEBUG=1 for the full trace, and report it")
         sys.exit(1)
+
+
+def _store_failure(exc: BaseException) -> LambdalakeError | None:
+    from lambdalake.object_store import explain
+    from lambdalake.settings import get_settings
+
+    try:
+        return explain(exc, get_settings())
+    except LambdalakeError:  # invalid settings: the error stands as it is
+        return None
 
 
 def _point_clients_at_the_store() -> None:

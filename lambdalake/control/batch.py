@@ -11,6 +11,7 @@ from lambdalake.batch.run import BatchRun
 from lambdalake.control.pipelines import deployed_pipeline, quiet
 from lambdalake.errors import LambdalakeError
 from lambdalake.lease import writer_lease
+from lambdalake.object_store import wait_for_store
 from lambdalake.pipeline import Pipeline, configured_pipeline, list_pipelines
 from lambdalake.settings import Settings
 
@@ -45,6 +46,9 @@ def run_batch(
 
     if horizon is not None and as_of_ms is not None:
         raise LambdalakeError("give a horizon or an as-of time, not both", fix="drop one of them")
+    store = settings.object_store
+    wait_for_store(settings, patience_s=store.patience_s,
+                   on_wait=lambda: progress(f"waiting for the object store at {store.endpoint}"))  # fmt: skip
     p = deployed_pipeline(settings, pipeline)
     with writer_lease(settings, p.name, "batch run") if not dry_run else nullcontext():
         return BatchJob(settings=settings, pipeline=p).run(
