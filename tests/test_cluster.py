@@ -10,6 +10,10 @@ epochs): each fault test produces its own events into its topic, injects its fau
 runs, and checks every view against the reference of everything the topic holds. A test finding the
 job stopped starts it again, so each still runs alone. A Spark application on the standalone cluster
 costs a driver, an executor JVM and its Python workers: one per fault was most of the module's time.
+
+The churn soak's job keeps its lake on the local disk; the module's last fault tests run a second
+job whose lake is wholly on the embedded object store, as on real hosts, where the Spark workers
+share no disk (each has a work folder of its own, and nothing is read from another's).
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import pyarrow.fs as pafs
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from lambdalake.cassandra.session import connect
 from lambdalake.infra.services import EmbeddedService, all_services, running
+from lambdalake.object_store import use
 from lambdalake.pipeline import Pipeline, WindowedView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
@@ -45,6 +51,8 @@ from tests.test_speed_faults import start_job, wait_equal, wait_for_log
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+#: The object store's bucket of the second job's lake.
+LAKE_BUCKET = "lake-cluster"
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +69,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         speed={"trigger_s": 2},  # as the other tests' (tests/conftest.py): a trickle, not a core's worth
         state_dir=state,
         storage_root=str(state / "storage"),
+        object_store={"endpoint": f"http://127.0.0.1:{port(29900)}"},
     )  # fmt: skip
-    with running(settings):
-        yield settings
+    # The lake of the module's second job: the store `up` starts for an s3:// root.
+    lake = settings.model_copy(update={"storage_root": f"s3://{LAKE_BUCKET}/cluster"})
+    saved = dict(os.environ)
+    with running(settings), running(lake, only=["object-store"]):
+        use(lake)  # this process's own readers of the lake (delta-rs, pyarrow) find the store
+        try:
+            yield settings
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
 
 
 @dataclass
@@ -75,12 +92,18 @@ class SharedJob:
     log: Path
     process: subprocess.Popen | None = None
     starts: int = 0
-    checkpoints: Path = field(init=False)
+    checkpoints: str = field(init=False)
 
     def __post_init__(self) -> None:
         from lambdalake.layout import checkpoints_path
 
-        self.checkpoints = Path(checkpoints_path(self.settings.storage_root, self.pipeline.name))
+        self.checkpoints = checkpoints_path(self.settings.storage_root, self.pipeline.name)
+
+    def first_batch_done(self) -> bool:
+        """Whether a query of the job has committed its first micro-batch (on the disk or the store)."""
+        filesystem, path = pafs.FileSystem.from_uri(self.checkpoints)
+        found = filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+        return any(info.path.endswith("/commits/0") for info in found)
 
     def ensure(self) -> None:
         """Start the job unless it runs, and wait for its first micro-batch (it starts the executor and
@@ -91,7 +114,7 @@ class SharedJob:
         self.starts += 1
         wait_for_log(self.log, "offers-main started", count=self.starts, timeout=300)
         deadline = time.monotonic() + 300
-        while not list(self.checkpoints.glob("*/commits/0")):
+        while not self.first_batch_done():
             assert time.monotonic() < deadline and self.running(), self.log.read_text()[-3000:]
             time.sleep(0.5)
 
@@ -104,11 +127,12 @@ class SharedJob:
             self.process = None
 
 
-@pytest.fixture(scope="module")
-def offers(cluster: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedJob]:
-    folder = tmp_path_factory.mktemp("offers")
+def shared_job(cluster: Settings, folder: Path, *, on_store: bool) -> SharedJob:
+    """A job of ``offers`` on a topic of its own, its lake under ``folder`` or on the module's store."""
     unique = uuid.uuid4().hex[:8]
     base = isolated(cluster, folder, unique)
+    if on_store:
+        base = base.model_copy(update={"storage_root": f"s3://{LAKE_BUCKET}/cluster/{unique}"})
     pipeline = pipeline_named(base, "offers", topic=f"offers-{unique}", epoch="10 seconds", grace="1 second")
     pipelines = pipelines_folder(folder, pipeline)
     # The module's tests add to one topic: a batch may find several times the rows of the last one.
@@ -116,7 +140,27 @@ def offers(cluster: Settings, tmp_path_factory: pytest.TempPathFactory) -> Itera
     (pipelines / "offers.expectations.json").write_text(json.dumps({**suite, "row_count_tolerance": 1000}))
     settings = base.model_copy(update={"pipelines_dir": pipelines})
     EventProducer(settings=settings, pipeline=pipeline)  # topics and schemas before the job
-    job = SharedJob(settings=settings, pipeline=pipeline, log=folder / "speed.log")
+    return SharedJob(settings=settings, pipeline=pipeline, log=folder / "speed.log")
+
+
+@pytest.fixture(scope="module")
+def offers(cluster: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedJob]:
+    """The churn soak's job, its lake on the local disk."""
+    job = shared_job(cluster, tmp_path_factory.mktemp("offers"), on_store=False)
+    try:
+        yield job
+    finally:
+        job.stop()
+
+
+@pytest.fixture(scope="module")
+def stored(
+    cluster: Settings, offers: SharedJob, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SharedJob]:
+    """The last fault tests' job, its lake wholly on the object store; the soak's job is stopped
+    first (the tests count the cluster's applications)."""
+    offers.stop()
+    job = shared_job(cluster, tmp_path_factory.mktemp("stored"), on_store=True)
     try:
         yield job
     finally:
@@ -589,7 +633,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def test_one_node_of_each_kind_restarted_alone_while_the_rest_and_the_speed_job_run(
-    offers: SharedJob,
+    stored: SharedJob,
 ) -> None:
     """`down --only` / `up --only` of one broker, one Cassandra node, the registry, a Spark worker and
     the Spark master in turn, under steady load: each comes back healthy (its needs, outside the
@@ -597,8 +641,8 @@ def test_one_node_of_each_kind_restarted_alone_while_the_rest_and_the_speed_job_
     job (recovery), and nothing acknowledged is lost or counted twice."""
     from tests.test_restart_one import restart_alone
 
-    offers.ensure()
-    settings, pipeline = offers.settings, offers.pipeline
+    stored.ensure()
+    settings, pipeline = stored.settings, stored.pipeline
     before = kcat_count(settings, pipeline.topic.name)
     sender = produce(settings, pipeline, 8_000, rate=60, seed=38)
     for name in ("broker-2", "cassandra-2", "registry", "spark-worker-2", "spark-master"):
@@ -607,8 +651,8 @@ def test_one_node_of_each_kind_restarted_alone_while_the_rest_and_the_speed_job_
     stats = sender.result["stats"]  # type: ignore[attr-defined]
     assert stats.unacknowledged == 0 and stats.acked > 0, stats
     assert kcat_count(settings, pipeline.topic.name) == before + stats.acked
-    assert offers.running(), offers.log.read_text()[-3000:]
-    assert wait_equal(settings, pipeline, timeout=400) == [], offers.log.read_text()[-3000:]
+    assert stored.running(), stored.log.read_text()[-3000:]
+    assert wait_equal(settings, pipeline, timeout=400) == [], stored.log.read_text()[-3000:]
     # The recovered master still schedules the job: it has its executor (or a new one).
     state = node(settings, "spark-master").cluster_state()
     assert isinstance(state, dict), state
@@ -616,19 +660,19 @@ def test_one_node_of_each_kind_restarted_alone_while_the_rest_and_the_speed_job_
 
 
 def test_fewer_than_a_quorum_of_cassandra_nodes_answers_503_naming_the_consistency_level(
-    offers: SharedJob,
+    stored: SharedJob,
 ) -> None:
     """Two replicas of three down: a QUORUM read cannot be met, and serving says so (503, the level
     and the replicas that answered), never a partial or stale answer; once they are back, it answers.
     Last in the module: it stops the speed job."""
-    offers.ensure()
-    settings, pipeline = offers.settings, offers.pipeline
+    stored.ensure()
+    settings, pipeline = stored.settings, stored.pipeline
     producer = EventProducer(settings=settings, pipeline=pipeline, prepare=False)
     for record in generate("offers", 300, seed=37, mix=Mix()):
         producer.send(record)
     assert producer.flush().unacknowledged == 0
-    assert wait_equal(settings, pipeline, timeout=300) == [], offers.log.read_text()[-3000:]
-    offers.stop()  # a writer would only fail its QUORUM writes meanwhile
+    assert wait_equal(settings, pipeline, timeout=300) == [], stored.log.read_text()[-3000:]
+    stored.stop()  # a writer would only fail its QUORUM writes meanwhile
     key = sorted(stored_keys(settings, pipeline, pipeline.views[0]))[0][0]
     down = [node(settings, "cassandra-2"), node(settings, "cassandra-3")]
     with serving_app(settings, token="t", meta_ttl_s=0) as url:

@@ -6,8 +6,8 @@ object that exists is refused (delta-rs commits a version only if its log entry 
 files are written with one PUT and leave nothing beside them, and a Delta table written there reads
 back. Then a pipeline with its whole lake on the store (Spark's checkpoints and views through S3A,
 the master dataset through delta-rs), and its speed job killed with -9 at the two moments exactness
-rests on there. tests/test_secure.py runs a pipeline's whole life on the store with the services
-secured.
+rests on there, and the store down for a minute. tests/test_secure.py runs a pipeline's whole life on
+the store with the services secured.
 """
 
 from __future__ import annotations
@@ -166,47 +166,6 @@ def test_a_missing_bucket_a_wrong_key_or_a_silent_store_is_one_clear_error_namin
     assert sorted((store.state_dir / "object-store" / "data").rglob("*")) == before
 
 
-@pytest.mark.slow
-def test_a_pipeline_on_the_store_speed_job_and_batch_answer_exactly(
-    services: Settings, store: Settings, tmp_path: Path, unique: str
-) -> None:
-    """The lake wholly on the store: the speed job (Spark's checkpoints through S3A, the master dataset
-    through delta-rs in its Python tasks) and a batch run (delta-spark's views and identity index), each a
-    command of its own; the views and merged answers equal the reference of the topic, and nothing
-    of the lake is on the local disk."""
-    from lambdalake.produce.generator import Mix, generate
-    from lambdalake.produce.producer import EventProducer
-    from lambdalake.serving.client import ServingClient
-    from tests.conftest import isolated, pipeline_named
-    from tests.helpers import master_coordinates, pipelines_folder
-    from tests.reference import differences, merged_differences, topic_events
-
-    base = isolated(services, tmp_path, unique).model_copy(
-        update={"storage_root": f"{store.storage_root}/{unique}", "object_store": store.object_store}
-    )
-    pipeline = pipeline_named(base, "offers", topic=f"offers-{unique}", epoch="10 seconds", grace="1 second")
-    settings = base.model_copy(update={"pipelines_dir": pipelines_folder(tmp_path, pipeline)})
-    producer = EventProducer(settings=settings, pipeline=pipeline)
-    for record in generate("offers", 2000, seed=51, mix=Mix(duplicates=0.05, late=0.05)):
-        producer.send(record)
-    assert producer.flush().unacknowledged == 0
-    time.sleep(12)  # the events' ingest epochs close
-    once = run_cli(settings, "speed", "run", pipeline.name, "--once")
-    assert once.returncode == 0, (once.stdout + once.stderr).decode()[-3000:]
-    events, _ = topic_events(settings, pipeline)
-    assert sorted(master_coordinates(settings, pipeline)) == sorted(
-        zip(events["_partition"], events["_offset"], strict=True)
-    )
-    assert differences(settings, pipeline, events) == []
-    batch = run_cli(settings, "batch", "run", pipeline.name)
-    assert batch.returncode == 0, (batch.stdout + batch.stderr).decode()[-3000:]
-    assert merged_differences(settings, ServingClient(settings=settings), {pipeline.name: pipeline}) == []
-    lake = store.state_dir / "object-store" / "data" / BUCKET / store.storage_root.rsplit("/", 1)[1] / unique
-    held = {p.relative_to(lake).parts[0] for p in lake.rglob("*") if p.is_file()}
-    assert {"master", "checkpoints", "views", "status"} <= held, held
-    assert not (tmp_path / "storage").exists()
-
-
 def _appears(pattern: Callable[[], list[Path]], timeout: float, job: subprocess.Popen) -> Path:
     """Poll (every 20 ms) until a file matching ``pattern`` appears that was not there at the call;
     returns it."""
@@ -334,6 +293,12 @@ def test_the_store_down_for_a_minute_the_speed_job_waits_and_goes_on_and_a_batch
                 merged_differences(settings, ServingClient(settings=settings), {pipeline.name: pipeline})
                 == []
             )
+            # The whole lake is on the store (Spark's checkpoints and views through S3A, the master
+            # dataset through delta-rs), nothing of it on the local disk.
+            lake = own.state_dir / "object-store" / "data" / BUCKET / "down" / unique
+            held = {p.relative_to(lake).parts[0] for p in lake.rglob("*") if p.is_file()}
+            assert {"master", "checkpoints", "views", "status"} <= held, held
+            assert not (tmp_path / "storage").exists()
     finally:
         os.environ.clear()
         os.environ.update(saved)

@@ -1,0 +1,108 @@
+"""The lake on the object store against the local disk: a full batch run over N events of the master
+dataset with its storage root on each, in one run, the order alternating by round.
+
+Both sides share one Spark session (made for the store, so S3A is on its classpath; a local root
+does not use it) and the same Cassandra; the store is the embedded s3proxy `up` starts for an
+``s3://`` root, on the same disk, so the ratio is the cost of the S3 protocol and its clients
+(S3A, delta-rs, pyarrow), not of a network. Each run's stages say where the time goes.
+
+    python -m bench.lake [--events 1000000] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+
+import pyarrow as pa
+
+from bench.batch import synthetic_master
+from bench.common import bench_settings, write_result
+from lambdalake.batch.job import BatchJob
+from lambdalake.infra.services import running
+from lambdalake.kafka.admin import ensure_pipeline_topics
+from lambdalake.layout import master_path
+from lambdalake.master import MasterDataset
+from lambdalake.master_files import write_event_files
+from lambdalake.object_store import use
+from lambdalake.pipeline import load_pipeline
+from lambdalake.settings import Settings
+from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec
+from lambdalake.spark.session import spark_session
+from lambdalake.storage import delete_folder
+
+BUCKET = "lake-bench"
+
+
+def one_run(settings: Settings, spark, root: str, n: int) -> dict:
+    """The master dataset of ``n`` synthetic events under ``root``, then a timed full batch run."""
+    run_id = uuid.uuid4().hex[:6]
+    base = load_pipeline("offers", pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir)
+    pipeline = base.model_copy(
+        update={"topic": base.topic.model_copy(update={"name": f"bench-lake-{run_id}"})}
+    )
+    ensure_pipeline_topics(settings, pipeline)
+    run_root = f"{root}/lake-{run_id}"
+    keyspace = settings.cassandra.model_copy(update={"keyspace": f"bench_lake_{run_id}"})
+    run_settings = settings.model_copy(update={"storage_root": run_root, "cassandra": keyspace})
+    schema = DecodeSpec.of(pipeline, settings).output_schema
+    schema = pa.schema([f for f in schema if f.name not in ERROR_FIELDS])
+    master = MasterDataset(master_path(run_root, pipeline.name), event_time=pipeline.event.time)
+    t0 = time.perf_counter()
+    for i, chunk in enumerate(synthetic_master(n, schema, pipeline.topic.name, seed=n)):
+        files = write_event_files(chunk, path=master.path, event_time="updated_at", name=f"bench-{i}")
+        master.commit(files, app_id="bench", batch_id=i, layers=pipeline.layers)
+    written_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    run = BatchJob(settings=run_settings, pipeline=pipeline, spark=spark).run()
+    total_s = time.perf_counter() - t0
+    assert run.outcome == "published", run
+    delete_folder(run_root)
+    return {
+        "master_written_s": round(written_s, 1),
+        "batch_s": round(total_s, 1),
+        "events_per_s": round(run.events_read / total_s),
+        "stages_s": {k: round(v, 1) for k, v in run.stages.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    disk = bench_settings()
+    store = disk.model_copy(
+        update={
+            "storage_root": f"s3://{BUCKET}/bench",
+            "object_store": disk.object_store.model_copy(update={"endpoint": "http://127.0.0.1:24900"}),
+        }
+    )
+    sides = {"disk": disk.storage_root, "store": store.storage_root}
+    rounds = []
+    with running(disk), running(store, only=["object-store"]):
+        use(store)
+        spark = spark_session(store, "lambdalake-bench-lake", workload="batch", events=args.events)
+        one_run(store, spark, disk.storage_root, 100_000)  # warm: JIT, Cassandra, Python workers
+        for r in range(args.rounds):
+            order = list(sides) if r % 2 == 0 else list(reversed(sides))
+            result = {side: one_run(store, spark, sides[side], args.events) for side in order}
+            result["order"] = order
+            result["store_vs_disk"] = round(result["store"]["batch_s"] / result["disk"]["batch_s"], 2)
+            print(
+                f"round {r + 1} ({' then '.join(order)}): disk {result['disk']['batch_s']}s, store "
+                f"{result['store']['batch_s']}s (x{result['store_vs_disk']}); stages disk "
+                f"{result['disk']['stages_s']}, store {result['store']['stages_s']}",
+                flush=True,
+            )
+            rounds.append(result)
+        spark.stop()
+    path = write_result("lake", {"events": args.events, "rounds": rounds})
+    print(f"-> {path}")
+
+
+if __name__ == "__main__":
+    main()
