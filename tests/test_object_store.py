@@ -264,7 +264,12 @@ def test_the_store_down_for_a_minute_the_speed_job_waits_and_goes_on_and_a_batch
             job = start_job(settings, "offers", log)
             try:
                 wait_for_log(log, "offers-main started", count=1, timeout=300)
-                time.sleep(15)  # some micro-batches land on the store first
+                # Some micro-batches land on the store first: the batch has epochs to cover.
+                lake = own.state_dir / "object-store" / "data" / BUCKET / "down" / unique
+                deadline = time.monotonic() + 300
+                while len(list((lake / "master" / "offers" / "_delta_log").glob("*.json"))) < 3:
+                    assert time.monotonic() < deadline and job.poll() is None, log.read_text()[-3000:]
+                    time.sleep(1)
                 assert store.stop()
                 down = time.monotonic()
                 batch = subprocess.Popen(
@@ -295,7 +300,6 @@ def test_the_store_down_for_a_minute_the_speed_job_waits_and_goes_on_and_a_batch
             )
             # The whole lake is on the store (Spark's checkpoints and views through S3A, the master
             # dataset through delta-rs), nothing of it on the local disk.
-            lake = own.state_dir / "object-store" / "data" / BUCKET / "down" / unique
             held = {p.relative_to(lake).parts[0] for p in lake.rglob("*") if p.is_file()}
             assert {"master", "checkpoints", "views", "status"} <= held, held
             assert not (tmp_path / "storage").exists()

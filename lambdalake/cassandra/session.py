@@ -78,7 +78,9 @@ def connect(settings: CassandraSettings, *, keyspace: str | None = None) -> Sess
 def refusal(exc: BaseException, settings: CassandraSettings) -> ConfigurationError | None:
     """The settings' fault a failed connect shows, as an error naming the setting to fix (None: the
     nodes could not be reached, or said something else). The driver gathers one error per node."""
-    errors = list(getattr(exc, "errors", {}).values()) or [exc]
+    # A dict by node for NoHostAvailable; some of the driver's errors carry a list, or None.
+    gathered = getattr(exc, "errors", None)
+    errors = list(gathered.values() if isinstance(gathered, dict) else gathered or []) or [exc]
     text = " ".join(f"{type(e).__name__}: {e}" for e in errors)
     lowered = text.lower()
     who = f"user {settings.username!r}" if settings.username else "no user"
