@@ -188,8 +188,8 @@ class Supervisor:
                     wait_for_store(
                         settings,
                         patience_s=settings.object_store.patience_s,
-                        on_wait=lambda: log.warning("waiting for the object store at %s",
-                                                    settings.object_store.endpoint),
+                        on_wait=lambda at=settings.object_store.endpoint: log.warning(
+                            "waiting for the object store at %s", at),
                         pause=stop.wait,
                     )  # fmt: skip
                     if stop.is_set():
