@@ -32,7 +32,7 @@ from lambdalake.kafka.admin import ensure_pipeline_topics
 from lambdalake.layout import master_path
 from lambdalake.master import MasterDataset
 from lambdalake.master_files import write_event_files
-from lambdalake.pipeline import load_pipeline
+from lambdalake.pipeline import Pipeline, load_pipeline
 from lambdalake.settings import Settings
 from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec
 from lambdalake.spark.session import spark_session
@@ -191,21 +191,31 @@ def write_master(master: MasterDataset, pipeline, schema: pa.Schema, n: int, *, 
     return time.perf_counter() - t0
 
 
-def incremental(settings: Settings, spark: SparkSession, history: int, new: int) -> dict:
-    """A full run over ``history`` events, then ``new`` more events in the next two epochs and an
-    incremental run over them: both timed end to end (compute, Delta, publish)."""
+def offers_run(
+    settings: Settings, under: str, kind: str
+) -> tuple[Pipeline, Settings, pa.Schema, MasterDataset]:
+    """A bench run of ``offers`` of its own: its topic, a storage root under ``under`` and a keyspace
+    named for ``kind``; the master dataset's row schema and the (empty) master dataset."""
     run_id = uuid.uuid4().hex[:6]
     base = load_pipeline("offers", pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir)
     pipeline = base.model_copy(
-        update={"topic": base.topic.model_copy(update={"name": f"bench-inc-{run_id}"})}
+        update={"topic": base.topic.model_copy(update={"name": f"bench-{kind}-{run_id}"})}
     )
     ensure_pipeline_topics(settings, pipeline)
-    root = f"{settings.storage_root}/incremental-{run_id}"
-    keyspace = settings.cassandra.model_copy(update={"keyspace": f"bench_inc_{run_id}"})
+    root = f"{under}/{kind}-{run_id}"
+    keyspace = settings.cassandra.model_copy(update={"keyspace": f"bench_{kind}_{run_id}"})
     run_settings = settings.model_copy(update={"storage_root": root, "cassandra": keyspace})
     schema = DecodeSpec.of(pipeline, settings).output_schema
     schema = pa.schema([f for f in schema if f.name not in ERROR_FIELDS])
     master = MasterDataset(master_path(root, pipeline.name), event_time=pipeline.event.time)
+    return pipeline, run_settings, schema, master
+
+
+def incremental(settings: Settings, spark: SparkSession, history: int, new: int) -> dict:
+    """A full run over ``history`` events, then ``new`` more events in the next two epochs and an
+    incremental run over them: both timed end to end (compute, Delta, publish)."""
+    pipeline, run_settings, schema, master = offers_run(settings, settings.storage_root, "inc")
+    root = run_settings.storage_root
     now_epoch = int(time.time() * 1000) // EPOCH_MS
     write_master(
         master, pipeline, schema, history, first=0, epochs=(now_epoch - 52, now_epoch - 4), seed=history

@@ -13,22 +13,14 @@ from __future__ import annotations
 
 import argparse
 import time
-import uuid
 
-import pyarrow as pa
-
-from bench.batch import synthetic_master
+from bench.batch import offers_run, synthetic_master
 from bench.common import bench_settings, write_result
 from lambdalake.batch.job import BatchJob
 from lambdalake.infra.services import running
-from lambdalake.kafka.admin import ensure_pipeline_topics
-from lambdalake.layout import master_path
-from lambdalake.master import MasterDataset
 from lambdalake.master_files import write_event_files
 from lambdalake.object_store import use
-from lambdalake.pipeline import load_pipeline
 from lambdalake.settings import Settings
-from lambdalake.spark.decode import ERROR_FIELDS, DecodeSpec
 from lambdalake.spark.session import spark_session
 from lambdalake.storage import delete_folder
 
@@ -37,18 +29,7 @@ BUCKET = "lake-bench"
 
 def one_run(settings: Settings, spark, root: str, n: int) -> dict:
     """The master dataset of ``n`` synthetic events under ``root``, then a timed full batch run."""
-    run_id = uuid.uuid4().hex[:6]
-    base = load_pipeline("offers", pipelines_dir=settings.pipelines_dir, schemas_dir=settings.schemas_dir)
-    pipeline = base.model_copy(
-        update={"topic": base.topic.model_copy(update={"name": f"bench-lake-{run_id}"})}
-    )
-    ensure_pipeline_topics(settings, pipeline)
-    run_root = f"{root}/lake-{run_id}"
-    keyspace = settings.cassandra.model_copy(update={"keyspace": f"bench_lake_{run_id}"})
-    run_settings = settings.model_copy(update={"storage_root": run_root, "cassandra": keyspace})
-    schema = DecodeSpec.of(pipeline, settings).output_schema
-    schema = pa.schema([f for f in schema if f.name not in ERROR_FIELDS])
-    master = MasterDataset(master_path(run_root, pipeline.name), event_time=pipeline.event.time)
+    pipeline, run_settings, schema, master = offers_run(settings, root, "lake")
     t0 = time.perf_counter()
     for i, chunk in enumerate(synthetic_master(n, schema, pipeline.topic.name, seed=n)):
         files = write_event_files(chunk, path=master.path, event_time="updated_at", name=f"bench-{i}")
@@ -58,7 +39,7 @@ def one_run(settings: Settings, spark, root: str, n: int) -> dict:
     run = BatchJob(settings=run_settings, pipeline=pipeline, spark=spark).run()
     total_s = time.perf_counter() - t0
     assert run.outcome == "published", run
-    delete_folder(run_root)
+    delete_folder(run_settings.storage_root)
     return {
         "master_written_s": round(written_s, 1),
         "batch_s": round(total_s, 1),
