@@ -59,14 +59,15 @@ _UNREACHABLE = (
 _NO_BUCKET = (
     "NoSuchBucket", "NO_SUCH_BUCKET", "UnknownStoreException", "The specified bucket does not exist",
 )  # fmt: skip
-_START = (
-    "start it (`lambdalake up` runs the embedded one), or set LAMBDALAKE_OBJECT_STORE__ENDPOINT to where "
-    "it listens"
-)
 _WRONG_KEY = (
     "SignatureDoesNotMatch", "SIGNATURE_DOES_NOT_MATCH", "InvalidAccessKeyId", "INVALID_ACCESS_KEY_ID",
 )  # fmt: skip
 _DENIED = ("AccessDenied", "ACCESS_DENIED", "lacked the necessary privileges", "403 Forbidden")
+#: The fix for a store that does not answer.
+_START = (
+    "start it (`lambdalake up` runs the embedded one), or set LAMBDALAKE_OBJECT_STORE__ENDPOINT to where "
+    "it listens"
+)
 
 
 def explain(error: BaseException | str, settings: Settings) -> LambdalakeError | None:
@@ -106,8 +107,8 @@ def explain(error: BaseException | str, settings: Settings) -> LambdalakeError |
         )
     if any(m in text for m in _UNREACHABLE):
         return ServiceUnavailable(
-            f"the object store at {store.endpoint} did not answer (a batch stopped by it published nothing)",
-            fix=f"{_START}; then run the command again",
+            f"the object store at {store.endpoint} did not answer",
+            fix=f"{_START}; then run the command again (a batch it stopped published nothing)",
         )
     return None
 

@@ -325,7 +325,7 @@ class SparkSettings(BaseModel):
     #: Idle Python workers an executor keeps (unset: every one it forked, Spark's default). 1 keeps
     #: a caught-up speed job to one worker (less memory) at the cost of a fresh worker for a
     #: backlog's second task each micro-batch (slower draining it alone; the benchmarks log).
-    # ``spark.python.factory.idleWorkerMaxPoolSize`` in ``conf`` wins.
+    #: ``spark.python.factory.idleWorkerMaxPoolSize`` in ``conf`` wins.
     idle_python_workers: int | None = Field(None, ge=1, description="workers, 1 or more", examples=["1"])
     #: Embedded standalone cluster only (``master`` a ``spark://`` address of this machine): the
     #: workers ``lambdalake up`` starts beside the master, each on a loopback address of its own.
@@ -420,8 +420,8 @@ class ObjectStoreSettings(BaseModel):
     access_key: str = "lambdalake"
     #: The embedded store's own key by default; a real store's is a secret of the deployment.
     secret_key: SecretStr = SecretStr("lambdalake-embedded")
-    #: Seconds a batch run waits, before it starts, for a store that does not answer (one restarting
-    #: or down for a minute) before it gives up naming it; the speed job's queries restart meanwhile.
+    #: Seconds a batch run (before it starts) and a speed job (before it restarts its queries) wait for
+    #: a store that does not answer (one restarting, or down for a minute), then give up naming it.
     patience_s: float = Field(120.0, ge=0, le=3600, description="seconds, 0-3600", examples=["120"])
 
 

@@ -307,3 +307,18 @@ def kill_minus_nine(service: Any) -> None:
     while service.proc.pid() is not None or any(port_open(service.host, p) for p in service.ports()):
         assert time.monotonic() < deadline, f"the killed {service.name} still listens"
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def store_clients(settings: Settings) -> Iterator[None]:
+    """This process's S3 clients (delta-rs and pyarrow: the tests' own readers of the lake) pointed at
+    ``settings``' object store for the block; the environment as it was after it."""
+    from lambdalake.object_store import use
+
+    saved = dict(os.environ)
+    use(settings)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

@@ -37,14 +37,13 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from lambdalake.cassandra.session import connect
 from lambdalake.infra.services import EmbeddedService, all_services, running
-from lambdalake.object_store import use
 from lambdalake.pipeline import Pipeline, WindowedView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.serving.client import ServingClient
 from lambdalake.settings import QUICK_JIT, Settings
 from tests.conftest import isolated, pipeline_named, port, run_cli
-from tests.helpers import kcat_count, kill_minus_nine, pipelines_folder, serving_app, stop_job
+from tests.helpers import kcat_count, kill_minus_nine, pipelines_folder, serving_app, stop_job, store_clients
 from tests.reference import differences, merged_differences, stored_keys, topic_events
 from tests.test_speed_faults import start_job, wait_equal, wait_for_log
 
@@ -73,14 +72,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     )  # fmt: skip
     # The lake of the module's second job: the store `up` starts for an s3:// root.
     lake = settings.model_copy(update={"storage_root": f"s3://{LAKE_BUCKET}/cluster"})
-    saved = dict(os.environ)
-    with running(settings), running(lake, only=["object-store"]):
-        use(lake)  # this process's own readers of the lake (delta-rs, pyarrow) find the store
-        try:
-            yield settings
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+    # This process's own readers of the lake (delta-rs, pyarrow) find the store.
+    with running(settings), running(lake, only=["object-store"]), store_clients(lake):
+        yield settings
 
 
 @dataclass

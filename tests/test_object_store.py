@@ -32,12 +32,12 @@ import pytest
 from pydantic import SecretStr
 
 from lambdalake.infra.services import all_services, running
-from lambdalake.object_store import client_env, use
+from lambdalake.object_store import client_env
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from lambdalake.storage import list_files, read_text, write_text
 from tests.conftest import PROJECT_ROOT, env_for, port, run_cli
-from tests.helpers import pipelines_folder, stop_job
+from tests.helpers import pipelines_folder, stop_job, store_clients
 
 pytestmark = [pytest.mark.services]
 
@@ -52,14 +52,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         storage_root=f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}",
         object_store={"endpoint": f"http://127.0.0.1:{port(19900)}", "secret_key": "store-test-secret"},
     )
-    saved = dict(os.environ)
-    with running(settings, only=["object-store"]):
-        use(settings)
-        try:
-            yield settings
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+    with running(settings, only=["object-store"]), store_clients(settings):
+        yield settings
 
 
 def signed_put(settings: Settings, key: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
@@ -229,6 +223,8 @@ def test_the_store_down_for_a_minute_the_speed_job_waits_and_goes_on_and_a_batch
     started during the outage either waits it out or ends with an error naming the store and
     publishes nothing. Once the store is back, the master dataset holds every record of the topic
     once, the speed views equal the reference, and a batch's merged answers are exact."""
+    from lambdalake.cassandra.active import active_batch
+    from lambdalake.cassandra.session import connect
     from lambdalake.infra.services import ObjectStoreService
     from lambdalake.serving.client import ServingClient
     from tests.conftest import isolated, pipeline_named
@@ -241,68 +237,62 @@ def test_the_store_down_for_a_minute_the_speed_job_waits_and_goes_on_and_a_batch
         object_store={"endpoint": f"http://127.0.0.1:{port(19902)}", "secret_key": "store-down-secret"},
     )
     store = ObjectStoreService(own)
-    saved = dict(os.environ)
-    try:
-        with running(own, only=["object-store"]):
-            use(own)  # this process's readers of the master dataset (the reference's side) read this store
-            base = isolated(services, tmp_path, unique).model_copy(
-                update={"storage_root": f"{own.storage_root}/{unique}", "object_store": own.object_store}
-            )
-            pipeline = pipeline_named(
-                base, "offers", topic=f"offers-{unique}", epoch="10 seconds", grace="1 second"
-            )
-            pipelines = pipelines_folder(tmp_path, pipeline)
-            # The second batch may find many times the rows of the first (run during the outage).
-            suite = json.loads((pipelines / "offers.expectations.json").read_text())
-            (pipelines / "offers.expectations.json").write_text(
-                json.dumps({**suite, "row_count_tolerance": 1000})
-            )
-            settings = base.model_copy(update={"pipelines_dir": pipelines})
-            EventProducer(settings=settings, pipeline=pipeline)  # topics and schemas exist before the job
-            log = tmp_path / "speed.log"
-            producer = produce_steadily(settings, pipeline, 9_000, rate=60, seed=23)  # about 150 s
-            job = start_job(settings, "offers", log)
-            try:
-                wait_for_log(log, "offers-main started", count=1, timeout=300)
-                # Some micro-batches land on the store first: the batch has epochs to cover.
-                lake = own.state_dir / "object-store" / "data" / BUCKET / "down" / unique
-                deadline = time.monotonic() + 300
-                while len(list((lake / "master" / "offers" / "_delta_log").glob("*.json"))) < 3:
-                    assert time.monotonic() < deadline and job.poll() is None, log.read_text()[-3000:]
-                    time.sleep(1)
-                assert store.stop()
-                down = time.monotonic()
-                batch = subprocess.Popen(
-                    [sys.executable, "-m", "lambdalake", "batch", "run", pipeline.name],
-                    env=env_for(settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
-                )  # fmt: skip
-                time.sleep(60)
-                assert job.poll() is None, log.read_text()[-3000:]  # the job waited: it did not exit
-                store.start()
-                print(f"the store was down {time.monotonic() - down:.0f} s")
-                out, _ = batch.communicate(timeout=600)
-                text = out.decode(errors="replace")
-                if batch.returncode != 0:  # it gave up: one clear error naming the store, nothing published
-                    assert "Traceback" not in text and "object store" in text.lower(), text[-3000:]
-                producer.join(300)
-                assert not producer.is_alive() and not producer.errors, producer.errors  # type: ignore[attr-defined]
-                problems = wait_equal(settings, pipeline, timeout=420)
-                assert problems == [], problems[:10]
-                assert job.poll() is None, log.read_text()[-3000:]
-            finally:
-                stop_job(job)
-            time.sleep(12)  # the last events' ingest epochs close
-            again = run_cli(settings, "batch", "run", pipeline.name)
-            assert again.returncode == 0, (again.stdout + again.stderr).decode()[-3000:]
-            assert (
-                merged_differences(settings, ServingClient(settings=settings), {pipeline.name: pipeline})
-                == []
-            )
-            # The whole lake is on the store (Spark's checkpoints and views through S3A, the master
-            # dataset through delta-rs), nothing of it on the local disk.
-            held = {p.relative_to(lake).parts[0] for p in lake.rglob("*") if p.is_file()}
-            assert {"master", "checkpoints", "views", "status"} <= held, held
-            assert not (tmp_path / "storage").exists()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    # This process's readers of the master dataset (the reference's side) read this store.
+    with running(own, only=["object-store"]), store_clients(own):
+        base = isolated(services, tmp_path, unique).model_copy(
+            update={"storage_root": f"{own.storage_root}/{unique}", "object_store": own.object_store}
+        )
+        pipeline = pipeline_named(
+            base, "offers", topic=f"offers-{unique}", epoch="10 seconds", grace="1 second"
+        )
+        pipelines = pipelines_folder(tmp_path, pipeline)
+        # The second batch may find many times the rows of the first (run during the outage).
+        suite = json.loads((pipelines / "offers.expectations.json").read_text())
+        (pipelines / "offers.expectations.json").write_text(
+            json.dumps({**suite, "row_count_tolerance": 1000})
+        )
+        settings = base.model_copy(update={"pipelines_dir": pipelines})
+        EventProducer(settings=settings, pipeline=pipeline)  # topics and schemas exist before the job
+        log = tmp_path / "speed.log"
+        producer = produce_steadily(settings, pipeline, 9_000, rate=60, seed=23)  # about 150 s
+        job = start_job(settings, "offers", log)
+        try:
+            wait_for_log(log, "offers-main started", count=1, timeout=300)
+            # Some micro-batches land on the store first: the batch has epochs to cover.
+            lake = own.state_dir / "object-store" / "data" / BUCKET / "down" / unique
+            deadline = time.monotonic() + 300
+            while len(list((lake / "master" / "offers" / "_delta_log").glob("*.json"))) < 3:
+                assert time.monotonic() < deadline and job.poll() is None, log.read_text()[-3000:]
+                time.sleep(1)
+            assert store.stop()
+            down = time.monotonic()
+            batch = subprocess.Popen(
+                [sys.executable, "-m", "lambdalake", "batch", "run", pipeline.name],
+                env=env_for(settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
+            )  # fmt: skip
+            time.sleep(60)
+            assert job.poll() is None, log.read_text()[-3000:]  # the job waited: it did not exit
+            store.start()
+            print(f"the store was down {time.monotonic() - down:.0f} s")
+            out, _ = batch.communicate(timeout=600)
+            text = out.decode(errors="replace")
+            if batch.returncode != 0:  # it gave up: one clear error naming the store, nothing published
+                assert "Traceback" not in text and "object store" in text.lower(), text[-3000:]
+                session = connect(settings.cassandra)
+                assert active_batch(session, settings.cassandra.keyspace, pipeline.name) is None
+            producer.join(300)
+            assert not producer.is_alive() and not producer.errors, producer.errors  # type: ignore[attr-defined]
+            problems = wait_equal(settings, pipeline, timeout=420)
+            assert problems == [], problems[:10]
+            assert job.poll() is None, log.read_text()[-3000:]
+        finally:
+            stop_job(job)
+        time.sleep(12)  # the last events' ingest epochs close
+        again = run_cli(settings, "batch", "run", pipeline.name)
+        assert again.returncode == 0, (again.stdout + again.stderr).decode()[-3000:]
+        assert merged_differences(settings, ServingClient(settings=settings), {pipeline.name: pipeline}) == []
+        # The whole lake is on the store (Spark's checkpoints and views through S3A, the master
+        # dataset through delta-rs), nothing of it on the local disk.
+        held = {p.relative_to(lake).parts[0] for p in lake.rglob("*") if p.is_file()}
+        assert {"master", "checkpoints", "views", "status"} <= held, held
+        assert not (tmp_path / "storage").exists()
