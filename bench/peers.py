@@ -34,6 +34,12 @@ that query running beside it through its freshness run (what two shared cores co
 latest query alone, computing its candidates and writing none, then writing them
 (``bench.realtime_drain``): what the second read and decode cost, and what the writes add.
 
+The side ``lambdalake-store`` is the micro-batch speed job with its whole lake on the embedded object
+store (``--sides lambdalake,lambdalake-store``: the store against the local disk);
+``lambdalake-secure`` runs it on secured services of their own, as `lambdalake up --secure` starts
+them, each command as its role's principal (``--sides lambdalake,lambdalake-secure``: secured
+against open services).
+
 The peer runs in its own virtualenv (``.lambdalake/peer-venv``: quix-streams 3.28.1 pins
 confluent-kafka below the version the project uses), made on first use.
 
@@ -66,13 +72,17 @@ from confluent_kafka import Consumer, TopicPartition
 from bench import realtime_drain
 from bench.common import bench_settings, probe_freshness, write_result
 from bench.sampling import RssSampler, machine_cpu
+from lambdalake import secure
 from lambdalake.cassandra.session import connect
+from lambdalake.control.deploy import deploy
 from lambdalake.infra.services import running
 from lambdalake.layout import speed_status_file
+from lambdalake.object_store import use
 from lambdalake.pipeline import Pipeline, WindowedView, configured_pipeline
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import PROJECT_ROOT, Settings
+from lambdalake.storage import read_text
 from lambdalake.views import speed_table
 
 PEER_VENV = PROJECT_ROOT / ".lambdalake" / "peer-venv"
@@ -87,7 +97,18 @@ OTHER_SIDES = (
     "floor-beside-lambdalake",
     "lambdalake-baseline",
     "lambdalake-realtime-baseline",
+    "lambdalake-store",
+    "lambdalake-secure",
 )
+#: The side ``lambdalake-store``: the micro-batch speed job with its whole lake (bronze, checkpoints,
+#: status, coverage) on the embedded object store `up` starts for an ``s3://`` root (s3proxy on the
+#: same disk: the cost of the S3 protocol and its clients, not of a network).
+STORE_BUCKET = "lake-bench"
+STORE_ENDPOINT = "http://127.0.0.1:24900"
+#: The side ``lambdalake-secure``: the micro-batch speed job on secured services of their own (as
+#: `lambdalake up --secure` starts them: SASL_SSL with SCRAM-SHA-512 and ACLs, Cassandra's login over
+#: TLS, the registry's HTTPS with basic auth), each command logged in as its role's principal.
+SECURE_PORTS = {"broker": 25092, "registry": 25081, "cassandra": 25042, "storage": 25000}
 
 
 def peer_python() -> Path:
@@ -225,7 +246,7 @@ class Lambdalake(Side):
         self, settings: Settings, pipeline: Pipeline, log: Path, *, root: Path = PROJECT_ROOT
     ) -> None:
         self.settings, self.pipeline, self.log, self.root = settings, pipeline, log, root
-        self.status = Path(speed_status_file(settings.storage_root, pipeline.name))
+        self.status = speed_status_file(settings.storage_root, pipeline.name)
         self.session = connect(settings.cassandra)
         self._tables: dict[str, str] = {}
 
@@ -254,7 +275,7 @@ class Lambdalake(Side):
 
     def processed_all(self, records: int) -> bool | None:
         try:
-            rows = [s["rows"] for s in json.loads(self.status.read_text()).values()]
+            rows = [s["rows"] for s in json.loads(read_text(self.status) or "").values()]
         except (OSError, ValueError, KeyError):
             return None
         if not rows or max(rows) == 0:
@@ -331,6 +352,33 @@ class Quix(Side):
 # --- one side, one round -----------------------------------------------------------------------
 
 
+def store_settings(base: Settings) -> Settings:
+    """``base`` with its lake on the bench's object store."""
+    return base.model_copy(
+        update={
+            "storage_root": f"s3://{STORE_BUCKET}/peers",
+            "object_store": base.object_store.model_copy(update={"endpoint": STORE_ENDPOINT}),
+        }
+    )
+
+
+def secure_settings(base: Settings) -> Settings:
+    """Settings of the bench's secured services (a state folder of their own beside ``base``'s),
+    recording the principals `up --secure` makes the first time."""
+    state = base.state_dir.parent / "bench-secure"
+    if not secure.recorded(state):
+        shutil.rmtree(state, ignore_errors=True)
+        secure.ensure_principals(state)
+    return Settings(
+        kafka={"bootstrap_servers": f"127.0.0.1:{SECURE_PORTS['broker']}"},
+        registry={"url": f"https://127.0.0.1:{SECURE_PORTS['registry']}"},
+        cassandra={"contact_points": ["127.0.0.1"], "port": SECURE_PORTS["cassandra"],
+                   "storage_port": SECURE_PORTS["storage"], "keyspace": "lambdalake_bench"},
+        state_dir=state,
+        storage_root=str(state / "storage"),
+    )  # fmt: skip
+
+
 def one_run(
     side_name: str, base: Settings, records: list[dict], want: Any, args: argparse.Namespace, round_no: int
 ) -> dict[str, Any]:
@@ -344,15 +392,31 @@ def one_run(
     )
     work = Path(settings.storage_root)
     work.mkdir(parents=True, exist_ok=True)
+    if side_name == "lambdalake-store":
+        settings = store_settings(settings).model_copy(
+            update={"storage_root": f"s3://{STORE_BUCKET}/peers/{tag}"}
+        )
+    elif side_name == "lambdalake-secure":
+        secured = secure_settings(base)
+        cassandra = secured.cassandra.model_copy(update={"keyspace": settings.cassandra.keyspace})
+        settings = secured.model_copy(
+            update={"storage_root": settings.storage_root, "topic_prefix": settings.topic_prefix,
+                    "cassandra": cassandra}
+        )  # fmt: skip
+        # As on a company's services: the admin deploys (topics, schemas, tables, grants), then the
+        # producer sends as its own principal.
+        deploy(settings, ["offers"], start_jobs=False)
     pipeline = configured_pipeline("offers", settings)
-    producer = EventProducer(settings=settings, pipeline=pipeline)
+    producer = EventProducer(
+        settings=settings.as_role("producer"), pipeline=pipeline, prepare=side_name != "lambdalake-secure"
+    )
     for i in range(0, len(records), 10_000):
         producer.send_batch(records[i : i + 10_000])
     stats = producer.flush()
     assert stats.unacknowledged == 0 and stats.rejected == 0, stats
     log = work / "side.log"
     side: Side
-    if side_name in ("lambdalake", "floor-beside-lambdalake"):
+    if side_name in ("lambdalake", "floor-beside-lambdalake", "lambdalake-store", "lambdalake-secure"):
         side = Lambdalake(settings, pipeline, log)
     elif side_name == "lambdalake-realtime":
         realtime = settings.model_copy(
@@ -510,7 +574,12 @@ def main() -> None:
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     floors: list[dict] = []
     drains: list[dict] = []
-    with running(base):
+    on_store = "lambdalake-store" in sides
+    store = running(store_settings(base), only=["object-store"]) if on_store else contextlib.nullcontext()
+    secured = running(secure_settings(base)) if "lambdalake-secure" in sides else contextlib.nullcontext()
+    with running(base), store, secured:
+        if on_store:
+            use(store_settings(base))  # this process's readers of the side's status file
         for round_no in range(args.rounds):
             if args.floor:
                 floors.append(floor(args.rate))

@@ -61,7 +61,6 @@ _SLOW_FILES = (
     "test_speed_faults.py",  # 263
     "test_batch.py",  # 260
     "test_secure.py",  # 330: the services secured, a pipeline run by each role's principal
-    "test_spark_cluster.py",  # 222
     "test_serving.py",  # 206
     "test_replay.py",  # 175
     "test_realtime.py",  # 136

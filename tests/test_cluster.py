@@ -491,6 +491,11 @@ def churn(
     ]
     kills: list[str] = []
     batches = BatchRuns(settings, pipeline.name, pause_s=90)
+    apps_before = executor_apps(settings)
+    # The speed job's application (the oldest running) has its executor on a worker.
+    state = node(settings, "spark-worker-1").cluster_state()
+    assert isinstance(state, dict) and state["activeapps"], state
+    assert min(state["activeapps"], key=lambda a: a["starttime"])["id"] in apps_before, (state, apps_before)
 
     def kill_and_restart(victim: EmbeddedService, pause: float) -> None:
         kill_minus_nine(victim)
@@ -609,6 +614,9 @@ def churn(
         Path(os.environ["LAMBDALAKE_CHURN_REPORT"]).write_text(json.dumps(report, indent=2))
     assert batches.failures == [], batches.failures[:1]
     assert batches.took, report
+    # Each batch run is an application of its own whose tasks ran in a worker's executors, outside
+    # the driver (so its reads, decoders and writes serialise, as on any cluster).
+    assert len(executor_apps(settings) - apps_before) >= len(batches.took), report
     assert in_topic == stats.acked, report
     assert kcat_count(settings, pipeline.topic.dlq) == dlq_before + stats.dlq_acked, report
     assert answers.count > 100 and quiet > 0, report  # the clients queried, before and during churn
@@ -619,6 +627,15 @@ def churn(
     assert not any(alone.values()), {h: p[:5] for h, p in alone.items()}
     assert problems == [], problems[:10]
     assert len(kills) >= len(actions), kills
+
+
+def executor_apps(settings: Settings) -> set[str]:
+    """The Spark applications that ran an executor on one of the module's standalone workers."""
+    return {
+        path.parent.parent.name
+        for worker in ("spark-worker-1", "spark-worker-2")
+        for path in (settings.state_dir / worker / "work").glob("app-*/*/stderr")
+    }
 
 
 def percentile(values: list[float], q: float) -> float:
