@@ -12,12 +12,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from lambdalake import secure
 from lambdalake.infra.services import all_services
 from lambdalake.settings import PROJECT_ROOT, Settings
 
 RESULTS = PROJECT_ROOT / "bench" / "results"
 # Below the kernel's ephemeral range (32768+), where Spark's and clients' random ports could take them.
 BENCH_PORTS = {"broker": 24092, "registry": 24081, "cassandra": 24042, "storage": 24000}
+#: The bench's secured services (`lambdalake up --secure`'s: SASL_SSL with SCRAM-SHA-512 and ACLs,
+#: Cassandra's login over TLS, the registry's HTTPS with basic auth), beside the open ones.
+SECURE_PORTS = {"broker": 25092, "registry": 25081, "cassandra": 25042, "storage": 25000}
 
 
 #: ``LAMBDALAKE_BENCH_NODES=3``: every bench runs on three nodes of each service (``lambdalake up
@@ -46,6 +50,23 @@ def bench_settings(*, fresh: bool = True) -> Settings:
     if fresh and not any(service.proc.pid() for service in all_services(settings)):
         shutil.rmtree(state, ignore_errors=True)
     return settings
+
+
+def secure_settings(base: Settings) -> Settings:
+    """Settings of the bench's secured services (a state folder of their own beside ``base``'s),
+    recording the principals `up --secure` makes the first time."""
+    state = base.state_dir.parent / "bench-secure"
+    if not secure.recorded(state):
+        shutil.rmtree(state, ignore_errors=True)
+        secure.ensure_principals(state)
+    return Settings(
+        kafka={"bootstrap_servers": f"127.0.0.1:{SECURE_PORTS['broker']}"},
+        registry={"url": f"https://127.0.0.1:{SECURE_PORTS['registry']}"},
+        cassandra={"contact_points": ["127.0.0.1"], "port": SECURE_PORTS["cassandra"],
+                   "storage_port": SECURE_PORTS["storage"], "keyspace": "lambdalake_bench"},
+        state_dir=state,
+        storage_root=str(state / "storage"),
+    )  # fmt: skip
 
 
 def write_result(name: str, result: dict) -> Path:

@@ -70,9 +70,8 @@ import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 
 from bench import realtime_drain
-from bench.common import bench_settings, probe_freshness, write_result
+from bench.common import bench_settings, probe_freshness, secure_settings, write_result
 from bench.sampling import RssSampler, machine_cpu
-from lambdalake import secure
 from lambdalake.cassandra.session import connect
 from lambdalake.control.deploy import deploy
 from lambdalake.infra.services import running
@@ -105,10 +104,6 @@ OTHER_SIDES = (
 #: same disk: the cost of the S3 protocol and its clients, not of a network).
 STORE_BUCKET = "lake-bench"
 STORE_ENDPOINT = "http://127.0.0.1:24900"
-#: The side ``lambdalake-secure``: the micro-batch speed job on secured services of their own (as
-#: `lambdalake up --secure` starts them: SASL_SSL with SCRAM-SHA-512 and ACLs, Cassandra's login over
-#: TLS, the registry's HTTPS with basic auth), each command logged in as its role's principal.
-SECURE_PORTS = {"broker": 25092, "registry": 25081, "cassandra": 25042, "storage": 25000}
 
 
 def peer_python() -> Path:
@@ -360,23 +355,6 @@ def store_settings(base: Settings) -> Settings:
             "object_store": base.object_store.model_copy(update={"endpoint": STORE_ENDPOINT}),
         }
     )
-
-
-def secure_settings(base: Settings) -> Settings:
-    """Settings of the bench's secured services (a state folder of their own beside ``base``'s),
-    recording the principals `up --secure` makes the first time."""
-    state = base.state_dir.parent / "bench-secure"
-    if not secure.recorded(state):
-        shutil.rmtree(state, ignore_errors=True)
-        secure.ensure_principals(state)
-    return Settings(
-        kafka={"bootstrap_servers": f"127.0.0.1:{SECURE_PORTS['broker']}"},
-        registry={"url": f"https://127.0.0.1:{SECURE_PORTS['registry']}"},
-        cassandra={"contact_points": ["127.0.0.1"], "port": SECURE_PORTS["cassandra"],
-                   "storage_port": SECURE_PORTS["storage"], "keyspace": "lambdalake_bench"},
-        state_dir=state,
-        storage_root=str(state / "storage"),
-    )  # fmt: skip
 
 
 def one_run(
