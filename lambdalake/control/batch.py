@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -9,14 +10,20 @@ from typing import TYPE_CHECKING
 
 from lambdalake.batch.run import BatchRun
 from lambdalake.control.pipelines import deployed_pipeline, quiet
-from lambdalake.errors import LambdalakeError
+from lambdalake.errors import LambdalakeError, ServiceUnavailable
 from lambdalake.lease import writer_lease
-from lambdalake.object_store import wait_for_store
+from lambdalake.object_store import explain, wait_for_store
 from lambdalake.pipeline import Pipeline, configured_pipeline, list_pipelines
 from lambdalake.settings import Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger("lambdalake.batch")
+
+
+#: How many times a batch run starts when the object store stops answering half way through it.
+STORE_ATTEMPTS = 3
 
 
 def run_batch(
@@ -51,9 +58,24 @@ def run_batch(
                    on_wait=lambda: progress(f"waiting for the object store at {store.endpoint}"))  # fmt: skip
     p = deployed_pipeline(settings, pipeline)
     with writer_lease(settings, p.name, "batch run") if not dry_run else nullcontext():
-        return BatchJob(settings=settings, pipeline=p).run(
-            horizon=horizon, as_of_ms=as_of_ms, dry_run=dry_run, full=full, progress=progress
-        )
+        attempt = 1
+        while True:
+            try:
+                return BatchJob(settings=settings, pipeline=p).run(
+                    horizon=horizon, as_of_ms=as_of_ms, dry_run=dry_run, full=full, progress=progress
+                )
+            except Exception as exc:
+                # The store stopped answering half way: what the run wrote is not active (a Delta
+                # commit and the batch switch are each atomic, as after a kill), so once the store
+                # answers again the run starts over, under the same lease, and its horizon is
+                # decided again. Any other failure, or the store gone past the patience, is raised.
+                if attempt >= STORE_ATTEMPTS or not isinstance(explain(exc, settings), ServiceUnavailable):
+                    raise
+            attempt += 1
+            told = f"the object store at {store.endpoint} stopped answering half way; waiting to run again"
+            log.warning("%s (attempt %d of %d)", told, attempt, STORE_ATTEMPTS)
+            progress(told)
+            wait_for_store(settings, patience_s=store.patience_s)
 
 
 def restore(settings: Settings, pipeline: str, *, version: int | None = None) -> BatchRun:
