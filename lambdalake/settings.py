@@ -420,8 +420,9 @@ class ObjectStoreSettings(BaseModel):
     access_key: str = "lambdalake"
     #: The embedded store's own key by default; a real store's is a secret of the deployment.
     secret_key: SecretStr = SecretStr("lambdalake-embedded")
-    #: Seconds a batch run (before it starts) and a speed job (before it restarts its queries) wait for
-    #: a store that does not answer (one restarting, or down for a minute), then give up naming it.
+    #: Seconds a batch run (before it starts, and before it starts over when the store stopped it half
+    #: way) and a speed job (before it restarts its queries) wait for a store that does not answer (one
+    #: restarting, or down for a minute), then give up naming it.
     patience_s: float = Field(120.0, ge=0, le=3600, description="seconds, 0-3600", examples=["120"])
 
 
