@@ -22,6 +22,10 @@ BENCH_PORTS = {"broker": 24092, "registry": 24081, "cassandra": 24042, "storage"
 #: The bench's secured services (`lambdalake up --secure`'s: SASL_SSL with SCRAM-SHA-512 and ACLs,
 #: Cassandra's login over TLS, the registry's HTTPS with basic auth), beside the open ones.
 SECURE_PORTS = {"broker": 25092, "registry": 25081, "cassandra": 25042, "storage": 25000}
+#: The bench's object store: the embedded s3proxy `up` starts for an ``s3://`` root (on the same
+#: disk: the cost of the S3 protocol and its clients, not of a network).
+STORE_BUCKET = "lake-bench"
+STORE_ENDPOINT = "http://127.0.0.1:24900"
 
 
 #: ``LAMBDALAKE_BENCH_NODES=3``: every bench runs on three nodes of each service (``lambdalake up
@@ -50,6 +54,16 @@ def bench_settings(*, fresh: bool = True) -> Settings:
     if fresh and not any(service.proc.pid() for service in all_services(settings)):
         shutil.rmtree(state, ignore_errors=True)
     return settings
+
+
+def store_settings(base: Settings, prefix: str) -> Settings:
+    """``base`` with its lake under ``s3://<the bench's bucket>/<prefix>`` on the bench's store."""
+    return base.model_copy(
+        update={
+            "storage_root": f"s3://{STORE_BUCKET}/{prefix}",
+            "object_store": base.object_store.model_copy(update={"endpoint": STORE_ENDPOINT}),
+        }
+    )
 
 
 def secure_settings(base: Settings) -> Settings:

@@ -20,7 +20,7 @@ import contextlib
 import time
 
 from bench.batch import offers_run, synthetic_master
-from bench.common import bench_settings, secure_settings, write_result
+from bench.common import bench_settings, secure_settings, store_settings, write_result
 from lambdalake.batch.job import BatchJob
 from lambdalake.control.resources import Resources
 from lambdalake.infra.services import running
@@ -29,8 +29,6 @@ from lambdalake.object_store import use
 from lambdalake.settings import Settings
 from lambdalake.spark.session import spark_session
 from lambdalake.storage import delete_folder
-
-BUCKET = "lake-bench"
 
 
 def one_run(settings: Settings, root: str, spark, n: int) -> dict:
@@ -71,12 +69,7 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     disk = bench_settings()
-    store = disk.model_copy(
-        update={
-            "storage_root": f"s3://{BUCKET}/bench",
-            "object_store": disk.object_store.model_copy(update={"endpoint": "http://127.0.0.1:24900"}),
-        }
-    )
+    store = store_settings(disk, "bench")
     secured = secure_settings(disk)
     # Each side: the settings its run starts from, and the storage root its lake goes under.
     sides = {"disk": (store, disk.storage_root), "store": (store, store.storage_root)}

@@ -70,7 +70,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 
 from bench import realtime_drain
-from bench.common import bench_settings, probe_freshness, secure_settings, write_result
+from bench.common import bench_settings, probe_freshness, secure_settings, store_settings, write_result
 from bench.sampling import RssSampler, machine_cpu
 from lambdalake.cassandra.session import connect
 from lambdalake.control.deploy import deploy
@@ -99,11 +99,6 @@ OTHER_SIDES = (
     "lambdalake-store",
     "lambdalake-secure",
 )
-#: The side ``lambdalake-store``: the micro-batch speed job with its whole lake (bronze, checkpoints,
-#: status, coverage) on the embedded object store `up` starts for an ``s3://`` root (s3proxy on the
-#: same disk: the cost of the S3 protocol and its clients, not of a network).
-STORE_BUCKET = "lake-bench"
-STORE_ENDPOINT = "http://127.0.0.1:24900"
 
 
 def peer_python() -> Path:
@@ -347,16 +342,6 @@ class Quix(Side):
 # --- one side, one round -----------------------------------------------------------------------
 
 
-def store_settings(base: Settings) -> Settings:
-    """``base`` with its lake on the bench's object store."""
-    return base.model_copy(
-        update={
-            "storage_root": f"s3://{STORE_BUCKET}/peers",
-            "object_store": base.object_store.model_copy(update={"endpoint": STORE_ENDPOINT}),
-        }
-    )
-
-
 def one_run(
     side_name: str, base: Settings, records: list[dict], want: Any, args: argparse.Namespace, round_no: int
 ) -> dict[str, Any]:
@@ -371,9 +356,7 @@ def one_run(
     work = Path(settings.storage_root)
     work.mkdir(parents=True, exist_ok=True)
     if side_name == "lambdalake-store":
-        settings = store_settings(settings).model_copy(
-            update={"storage_root": f"s3://{STORE_BUCKET}/peers/{tag}"}
-        )
+        settings = store_settings(settings, f"peers/{tag}")
     elif side_name == "lambdalake-secure":
         secured = secure_settings(base)
         cassandra = secured.cassandra.model_copy(update={"keyspace": settings.cassandra.keyspace})
@@ -552,12 +535,13 @@ def main() -> None:
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     floors: list[dict] = []
     drains: list[dict] = []
-    on_store = "lambdalake-store" in sides
-    store = running(store_settings(base), only=["object-store"]) if on_store else contextlib.nullcontext()
+    # The store side's lake (bronze, checkpoints, status, coverage) on the bench's object store.
+    on_store = store_settings(base, "peers") if "lambdalake-store" in sides else None
+    store = running(on_store, only=["object-store"]) if on_store is not None else contextlib.nullcontext()
     secured = running(secure_settings(base)) if "lambdalake-secure" in sides else contextlib.nullcontext()
     with running(base), store, secured:
-        if on_store:
-            use(store_settings(base))  # this process's readers of the side's status file
+        if on_store is not None:
+            use(on_store)  # this process's readers of the side's status file
         for round_no in range(args.rounds):
             if args.floor:
                 floors.append(floor(args.rate))

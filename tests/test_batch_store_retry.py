@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -42,7 +43,7 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[Exception | None]:
             return BatchRun(pipeline="p", run_id="r", outcome="published")
 
     monkeypatch.setattr(batch_job, "BatchJob", Job)
-    monkeypatch.setattr(control, "deployed_pipeline", lambda _settings, name: type("P", (), {"name": name}))
+    monkeypatch.setattr(control, "deployed_pipeline", lambda _settings, name: SimpleNamespace(name=name))
     monkeypatch.setattr(control, "writer_lease", lambda *_a, **_k: contextlib.nullcontext())
     monkeypatch.setattr(control, "wait_for_store", lambda _settings, **_kw: None)
     return outcomes

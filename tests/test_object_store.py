@@ -13,6 +13,7 @@ the store with the services secured.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -33,6 +34,7 @@ from pydantic import SecretStr
 
 from lambdalake.infra.services import all_services, running
 from lambdalake.object_store import client_env
+from lambdalake.procs import process_tree
 from lambdalake.produce.producer import EventProducer
 from lambdalake.settings import Settings
 from lambdalake.storage import list_files, read_text, write_text
@@ -216,16 +218,12 @@ def test_kill_minus_nine_mid_batch_and_between_the_master_commit_and_spark_s_los
 
 @pytest.mark.slow
 def java_children(pid: int) -> list[int]:
-    """The JVMs whose parent is ``pid`` (a command's Spark driver)."""
+    """The JVMs among ``pid``'s descendants (a command's Spark driver)."""
     found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-        except (OSError, ValueError):
-            continue
-        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-        if comm == "java" and int(rest[1]) == pid:
-            found.append(int(entry.name))
+    for child in process_tree(pid):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            if child != pid and Path(f"/proc/{child}/comm").read_text().strip() == "java":
+                found.append(child)
     return found
 
 
