@@ -19,6 +19,7 @@ share no disk (each has a work folder of its own, and nothing is read from anoth
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -568,11 +569,14 @@ def churn(
         order = [actions.index(kill_cassandra_while_a_batch_publishes)]
         order += rng.sample([i for i in range(len(actions)) if i not in order], len(actions) - 1)
         try:
-            while order:  # a round of every action at least, then more while time is left
+            # A round of every action at least, then more while time is left: the churn stops at
+            # the first action's end past CHURN_S (finishing the round overshot it by up to 5 minutes).
+            for done in itertools.count(1):
                 actions[order.pop(0)]()
+                if done >= len(actions) and time.monotonic() - t0 >= CHURN_S:
+                    break
                 time.sleep(rng.uniform(5, 20))
-                if not order and time.monotonic() - t0 < CHURN_S:
-                    order = rng.sample(range(len(actions)), len(actions))
+                order = order or rng.sample(range(len(actions)), len(actions))
         finally:  # the module's next tests want the cluster to themselves
             batches.stop()
         churned = time.monotonic() - t0
