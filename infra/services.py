@@ -34,6 +34,8 @@ from lambdalake.object_store import bucket, on_object_store
 from lambdalake.settings import CassandraSettings, Settings
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+#: A secured Cassandra node's probe: it answers, but too few replicas of the roles are up to check a login.
+LOGINS_WAIT = "answers, but too few nodes are up to check a login at the roles' consistency level"
 
 
 def is_local(host: str) -> bool:
@@ -359,7 +361,8 @@ class CassandraService(EmbeddedService):
         keystore = tls.ensure(self.settings.state_dir).bundle if self.settings.secure else None
         cassandra_dist.write_config(
             self.home, self.settings.cassandra, host=self.host, seed=self.hosts[0],
-            bootstrap=len(self.hosts) == 1 or not self.new_ring, keystore=keystore,
+            # A secured ring's later nodes stream what they replicate: the roles the first node made.
+            bootstrap=len(self.hosts) == 1 or not self.new_ring or self.settings.secure, keystore=keystore,
         )  # fmt: skip
 
     def argv(self) -> list[str]:
@@ -375,15 +378,20 @@ class CassandraService(EmbeddedService):
         if not port_open(self.host, self.port):
             return "not listening"
         reason = self._query(self.settings.cassandra, "SELECT release_version FROM system.local")
-        if reason is not None and "refused the login" in reason and self.settings.secure and self.node == 1:
-            return self._first_login()
+        if reason is not None and self.settings.secure and self.node == 1:
+            if "refused the login" in reason:
+                return self._first_login()
+            if reason == LOGINS_WAIT and len(self.hosts) > 1:
+                # The roles are replicated on every node: the first one alone cannot check a login at
+                # their quorum, and the nodes that can start after it.
+                return None
         return reason
 
     def _query(self, cassandra: CassandraSettings, *statements: str) -> str | None:
         """Run ``statements`` on this node as ``cassandra``'s login: None, or why they failed."""
         from cassandra.cluster import Cluster
 
-        from lambdalake.cassandra.session import refusal
+        from lambdalake.cassandra.session import logins_unavailable, refusal
 
         cluster = Cluster(
             [self.host], port=self.port, **cassandra.driver_options(),
@@ -397,6 +405,8 @@ class CassandraService(EmbeddedService):
             refused = refusal(exc, cassandra)  # the clients' own reading of a refused login or certificate
             if refused is not None:
                 return refused.message
+            if logins_unavailable(exc):
+                return LOGINS_WAIT
             return f"CQL query failed: {exc.__class__.__name__}"
         finally:
             cluster.shutdown()
@@ -419,12 +429,14 @@ class CassandraService(EmbeddedService):
             f"AND LOGIN = true AND SUPERUSER = {str(role == 'admin').lower()}"
             for role, login in logins.items()
         ]
+        # The default login retired before the roles are replicated at the node count: on a ring of
+        # several, this node alone cannot read a role at their quorum (the later nodes stream them).
         failed = self._query(
             default,
             *roles,
+            f"ALTER ROLE cassandra WITH PASSWORD = '{secrets.token_urlsafe(24)}'",
             "ALTER KEYSPACE system_auth WITH replication = "
             f"{{'class': 'NetworkTopologyStrategy', 'datacenter1': {nodes}}}",
-            f"ALTER ROLE cassandra WITH PASSWORD = '{secrets.token_urlsafe(24)}'",
         )
         if failed is not None:
             return failed
@@ -435,7 +447,7 @@ class CassandraService(EmbeddedService):
             if time.monotonic() > deadline:
                 return "the default login 'cassandra' is still accepted after its password changed"
             time.sleep(0.5)
-        return None if "refused the login" in still else still
+        return None if "refused the login" in still or (still == LOGINS_WAIT and nodes > 1) else still
 
 
 class ObjectStoreService(EmbeddedService):

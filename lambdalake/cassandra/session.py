@@ -75,15 +75,27 @@ def connect(settings: CassandraSettings, *, keyspace: str | None = None) -> Sess
         return session
 
 
-def refusal(exc: BaseException, settings: CassandraSettings) -> ConfigurationError | None:
-    """The settings' fault a failed connect shows, as an error naming the setting to fix (None: the
-    nodes could not be reached, or said something else). The driver gathers one error per node."""
-    # A dict by node for NoHostAvailable; some of the driver's errors carry a list, or None.
+def _gathered_text(exc: BaseException) -> str:
+    """Every node's error of a failed connect, lower-cased (the driver gathers one per node: a dict
+    for NoHostAvailable, a list or None for some of its other errors)."""
     gathered = getattr(exc, "errors", None)
     errors = list(gathered.values() if isinstance(gathered, dict) else gathered or []) or [exc]
-    text = " ".join(f"{type(e).__name__}: {e}" for e in errors)
-    lowered = text.lower()
+    return " ".join(f"{type(e).__name__}: {e}" for e in errors).lower()
+
+
+def logins_unavailable(exc: BaseException) -> bool:
+    """Whether a failed connect is a login the node could not check: too few replicas of the roles
+    answered (their consistency level), as on a secured ring whose other nodes are down."""
+    return "cannot achieve consistency level" in _gathered_text(exc)
+
+
+def refusal(exc: BaseException, settings: CassandraSettings) -> ConfigurationError | None:
+    """The settings' fault a failed connect shows, as an error naming the setting to fix (None: the
+    nodes could not be reached, or said something else)."""
+    lowered = _gathered_text(exc)
     who = f"user {settings.username!r}" if settings.username else "no user"
+    if logins_unavailable(exc):  # "Unable to perform authentication": the nodes', not the login's
+        return None
     if "authenticat" in lowered or "bad credentials" in lowered:
         given = "wrong" if settings.username else "missing"
         return ConfigurationError(
