@@ -491,7 +491,8 @@ def churn(
         for key in sorted(stored_keys(settings, pipeline, view))[:20]
     ]
     kills: list[str] = []
-    batches = BatchRuns(settings, pipeline.name, pause_s=90)
+    # A run on the cluster takes 1.5-3 minutes here: one starts every four minutes or so.
+    batches = BatchRuns(settings, pipeline.name, pause_s=150)
     apps_before = executor_apps(settings)
     # The speed job's application (the oldest running) has its executor on a worker.
     state = node(settings, "spark-worker-1").cluster_state()
