@@ -21,6 +21,7 @@ from typing import Any
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from lambdalake.infra.process import port_open
+from lambdalake.infra.services import EmbeddedService, all_services
 from lambdalake.kafka.offsets import offset_consumer, watermarks
 from lambdalake.layout import master_path
 from lambdalake.master import MasterDataset
@@ -294,6 +295,15 @@ def assert_schemathesis_passes(
     output = result.stdout.decode() + result.stderr.decode()
     assert result.returncode == 0, f"seed {seed}:\n{output[-6000:]}"
     assert "failed" not in output.split("SUMMARY")[-1], f"seed {seed}:\n{output[-3000:]}"
+
+
+#: The loopback addresses of a three-node cluster on this machine (`up --nodes 3`).
+HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+
+
+def node(settings: Settings, name: str) -> EmbeddedService:
+    """The embedded service ``name`` (``broker-2``, ``cassandra-3``...) of ``settings``' services."""
+    return next(s for s in all_services(settings) if s.name == name)
 
 
 def kill_minus_nine(service: Any) -> None:

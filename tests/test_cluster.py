@@ -37,20 +37,28 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from lambdalake.cassandra.session import connect
-from lambdalake.infra.services import EmbeddedService, all_services, running
+from lambdalake.infra.services import EmbeddedService, running
 from lambdalake.pipeline import Pipeline, WindowedView
 from lambdalake.produce.generator import Mix, generate
 from lambdalake.produce.producer import EventProducer
 from lambdalake.serving.client import ServingClient
 from lambdalake.settings import QUICK_JIT, Settings
 from tests.conftest import isolated, pipeline_named, port, run_cli
-from tests.helpers import kcat_count, kill_minus_nine, pipelines_folder, serving_app, stop_job, store_clients
+from tests.helpers import (
+    HOSTS,
+    kcat_count,
+    kill_minus_nine,
+    node,
+    pipelines_folder,
+    serving_app,
+    stop_job,
+    store_clients,
+)
 from tests.reference import differences, merged_differences, stored_keys, topic_events
 from tests.test_speed_faults import start_job, wait_equal, wait_for_log
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
-HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
 #: The object store's bucket of the second job's lake.
 LAKE_BUCKET = "lake-cluster"
 
@@ -160,10 +168,6 @@ def stored(
         yield job
     finally:
         job.stop()
-
-
-def node(settings: Settings, name: str) -> EmbeddedService:
-    return next(s for s in all_services(settings) if s.name == name)
 
 
 def produce(settings: Settings, pipeline, n: int, rate: float, seed: int) -> threading.Thread:

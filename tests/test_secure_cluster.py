@@ -18,17 +18,15 @@ import pytest
 
 from lambdalake import secure
 from lambdalake.cassandra.session import connect
-from lambdalake.infra.services import EmbeddedService, all_services
 from lambdalake.serving.client import ServingClient
 from lambdalake.settings import QUICK_JIT, Settings
 from tests.conftest import pipeline_named, port
-from tests.helpers import kill_minus_nine, pipelines_folder
+from tests.helpers import HOSTS, kill_minus_nine, node, pipelines_folder
 from tests.reference import differences, merged_differences, topic_events
 from tests.test_secure import cli
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
-HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
 KAFKA = {"bootstrap_servers": ",".join(f"{h}:{port(14192)}" for h in HOSTS), "heap": "384M",
          "jvm_options": QUICK_JIT}  # fmt: skip
 REGISTRY = {"url": f"https://127.0.0.1:{port(14181)}"}
@@ -63,10 +61,6 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield folder
     finally:
         cli(folder, "down", kafka_given=KAFKA, registry_given=REGISTRY, extra=SPARK, **CASSANDRA)
-
-
-def node(settings: Settings, name: str) -> EmbeddedService:
-    return next(s for s in all_services(settings) if s.name == name)
 
 
 def test_three_secured_nodes_of_each_kind_serve_every_role_with_a_node_of_each_down(
@@ -117,7 +111,7 @@ def test_three_secured_nodes_of_each_kind_serve_every_role_with_a_node_of_each_d
 def test_a_login_the_nodes_cannot_check_is_their_unavailability_not_wrong_credentials() -> None:
     """With too few nodes up to read the roles at their consistency level, Cassandra answers a right
     login with "Bad credentials ... Unable to perform authentication": the nodes are to blame, not
-    the login, and the connect says the service is unavailable (503), not to fix the password."""
+    the login: connect raises ServiceUnavailable, not an error asking to fix the password."""
     from cassandra import AuthenticationFailed
     from cassandra.cluster import NoHostAvailable
 

@@ -83,19 +83,23 @@ def _gathered_text(exc: BaseException) -> str:
     return " ".join(f"{type(e).__name__}: {e}" for e in errors).lower()
 
 
+#: Cassandra's words for a login it could not check: too few replicas of the roles answered.
+_LOGIN_UNCHECKED = "cannot achieve consistency level"
+
+
 def logins_unavailable(exc: BaseException) -> bool:
     """Whether a failed connect is a login the node could not check: too few replicas of the roles
     answered (their consistency level), as on a secured ring whose other nodes are down."""
-    return "cannot achieve consistency level" in _gathered_text(exc)
+    return _LOGIN_UNCHECKED in _gathered_text(exc)
 
 
 def refusal(exc: BaseException, settings: CassandraSettings) -> ConfigurationError | None:
     """The settings' fault a failed connect shows, as an error naming the setting to fix (None: the
     nodes could not be reached, or said something else)."""
     lowered = _gathered_text(exc)
-    who = f"user {settings.username!r}" if settings.username else "no user"
-    if logins_unavailable(exc):  # "Unable to perform authentication": the nodes', not the login's
+    if _LOGIN_UNCHECKED in lowered:  # "Unable to perform authentication": the nodes', not the login's
         return None
+    who = f"user {settings.username!r}" if settings.username else "no user"
     if "authenticat" in lowered or "bad credentials" in lowered:
         given = "wrong" if settings.username else "missing"
         return ConfigurationError(
