@@ -10,6 +10,7 @@ Under ``settings.storage_root`` (a local folder or an object-store URI)::
     status/speed-<pipeline>.json      the speed job's progress
     status/batch-<pipeline>.json      the last batch run's summary
     status/batch-schedule.json        the batch scheduler's last runs
+    status/probe-<host>-<id>          written and deleted as a job starts: may it write?
     reports/<pipeline>/<run>-quality.md   a batch run's quality report
 
 In the Cassandra keyspace, the platform's own tables (:data:`BATCH_META_TABLE`,
@@ -78,6 +79,13 @@ def batch_status_file(storage_root: str, pipeline: str) -> str:
 def schedule_state_file(storage_root: str) -> str:
     """The batch scheduler's record of its last runs."""
     return f"{status_folder(storage_root)}/batch-schedule.json"
+
+
+def probe_file(storage_root: str, token: str) -> str:
+    """An empty file a job writes and deletes as it starts, to learn that the store lets it write
+    (lambdalake.object_store). In the status folder, which every job writes anyway: on an object
+    store, deleting it leaves at most that folder's own marker (pyarrow keeps a folder it empties)."""
+    return f"{status_folder(storage_root)}/probe-{token}"
 
 
 def quality_report(storage_root: str, pipeline: str, run_id: str) -> str:

@@ -125,6 +125,27 @@ def answers(settings: Settings) -> bool:
     return True
 
 
+def _writes(settings: Settings) -> bool:
+    """Whether a small object can be written and deleted under the storage root: False while the
+    store does not answer; an error naming the fix when it refuses (rights, bucket, key)."""
+    import socket
+    import uuid
+
+    from lambdalake.layout import probe_file
+    from lambdalake.storage import delete_file, write_bytes
+
+    probe = probe_file(settings.storage_root, f"{socket.gethostname()}-{uuid.uuid4().hex[:12]}")
+    try:
+        write_bytes(probe, b"")
+        delete_file(probe)
+    except Exception as exc:
+        known = explain(exc, settings)
+        if isinstance(known, ServiceUnavailable):
+            return False
+        raise known or exc from None
+    return True
+
+
 def wait_for_store(
     settings: Settings,
     *,
@@ -134,13 +155,16 @@ def wait_for_store(
 ) -> None:
     """Before a job that writes the lake: wait up to ``patience_s`` for the store of an ``s3://``
     root to answer (a store restarting, or down for a minute, is waited out rather than failing the
-    run half way); then an error naming it and the fix. A local root returns at once. ``pause`` waits
-    between probes (a stop event's ``wait`` lets a signal end the wait early: it returns True)."""
+    run half way); then an error naming it and the fix. Once it answers, one small object is
+    written and deleted under the root, so a key without write rights (or a missing bucket) is
+    refused before the job writes anywhere else, not half way through a Spark stage. A local root
+    returns at once. ``pause`` waits between probes (a stop event's ``wait`` lets a signal end the
+    wait early: it returns True)."""
     if not on_object_store(settings.storage_root):
         return
     deadline = time.monotonic() + patience_s
     told = False
-    while not answers(settings):
+    while not answers(settings) or not _writes(settings):
         if time.monotonic() >= deadline:
             raise ServiceUnavailable(
                 f"the object store at {settings.object_store.endpoint} did not answer in {patience_s:.0f}s",

@@ -19,6 +19,7 @@ import hmac
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -160,6 +161,84 @@ def test_a_missing_bucket_a_wrong_key_or_a_silent_store_is_one_clear_error_namin
     assert said in text and setting in text and "Traceback" not in text, text[-2000:]
     assert "not-the-key" not in text
     assert sorted((store.state_dir / "object-store" / "data").rglob("*")) == before
+
+
+def aws_client(endpoint: str, service: str, key: tuple[str, str]):
+    """A boto3 client of ``service`` at ``endpoint`` signing with ``key`` (id, secret)."""
+    import boto3
+
+    return boto3.client(service, endpoint_url=endpoint, region_name="us-east-1",
+                        aws_access_key_id=key[0], aws_secret_access_key=key[1])  # fmt: skip
+
+
+@pytest.fixture
+def iam_store() -> Iterator[tuple[str, dict[str, tuple[str, str]]]]:
+    """moto's S3 server with IAM enforced (s3proxy holds one identity with every right, so a key
+    that may read but not write cannot be made there): its endpoint, and the keys of ``admin``
+    (every right; it made the bucket ``lake``) and ``reader`` (s3:GetObject and s3:ListBucket only)."""
+    endpoint = f"http://127.0.0.1:{port(19904)}"
+    # The first three requests need no signature (they make the admin); every later one is checked
+    # against the policies of the key that signed it, as IAM does.
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-p", endpoint.rsplit(":", 1)[1]],
+        env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            # A connection, not a request: a request would spend one of the three.
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port(19904)), 1):
+                break
+            assert time.monotonic() < deadline and server.poll() is None, "moto's server did not start"
+            time.sleep(0.3)
+
+        def user(iam, name: str, actions: list[str]) -> tuple[str, str]:
+            iam.create_user(UserName=name)
+            statement = {"Effect": "Allow", "Action": actions, "Resource": "*"}
+            policy = json.dumps({"Version": "2012-10-17", "Statement": [statement]})
+            iam.put_user_policy(UserName=name, PolicyName=f"{name}-rights", PolicyDocument=policy)
+            made = iam.create_access_key(UserName=name)["AccessKey"]
+            return made["AccessKeyId"], made["SecretAccessKey"]
+
+        admin = user(aws_client(endpoint, "iam", ("setup", "setup")), "admin", ["iam:*", "s3:*"])
+        reader = user(aws_client(endpoint, "iam", admin), "reader", ["s3:GetObject", "s3:ListBucket"])
+        aws_client(endpoint, "s3", admin).create_bucket(Bucket="lake")
+        yield endpoint, {"admin": admin, "reader": reader}
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.mark.parametrize("command", [("batch", "run"), ("speed", "run", "--once")], ids=["batch", "speed"])
+def test_a_key_without_write_rights_is_one_clear_error_naming_the_grants_and_nothing_is_written(
+    store: Settings,
+    iam_store: tuple[str, dict[str, tuple[str, str]]],
+    tmp_path: Path,
+    command: tuple[str, ...],
+) -> None:
+    """Against an S3 server that enforces IAM policies: a job started with a key that may read and
+    list the bucket but not write it stops before it writes anything, exit 2, with one error naming
+    the key, the grants to ask for and the settings; no trace, no secret, the bucket still empty."""
+    endpoint, keys = iam_store
+    access, secret = keys["reader"]
+    settings = store.model_copy(
+        update={
+            "storage_root": "s3://lake/refused",
+            "object_store": store.object_store.model_copy(
+                update={"endpoint": endpoint, "access_key": access, "secret_key": SecretStr(secret)}
+            ),
+            "state_dir": tmp_path / "state",
+        }
+    )
+    done = run_cli(settings, *command, "offers")
+    text = " ".join((done.stdout + done.stderr).decode().split())
+    assert done.returncode == 2, text[-2000:]
+    assert f"denied the key '{access}'" in text and "s3:PutObject" in text, text[-2000:]
+    assert "LAMBDALAKE_OBJECT_STORE__ACCESS_KEY" in text and "Traceback" not in text, text[-2000:]
+    assert secret not in text
+    assert aws_client(endpoint, "s3", keys["admin"]).list_objects_v2(Bucket="lake")["KeyCount"] == 0
 
 
 def _appears(pattern: Callable[[], list[Path]], timeout: float, job: subprocess.Popen) -> Path:

@@ -18,6 +18,7 @@ from lambdalake.cli.common import (
 )
 from lambdalake.control.pipelines import deployed_pipeline
 from lambdalake.lease import writer_lease
+from lambdalake.object_store import wait_for_store
 from lambdalake.settings import get_settings
 
 app = typer.Typer(
@@ -82,6 +83,7 @@ def speed_run(
         broker_wait_s=broker_wait,
         fail_on_data_loss=fail_on_data_loss,
     )
+    wait_for_store(settings, patience_s=settings.object_store.patience_s)
     p = deployed_pipeline(settings, pipeline)
     with writer_lease(settings, p.name, "speed job", wait_s=lease_wait) as lease:
         job = SpeedJob(settings=settings, pipeline=p, options=options)

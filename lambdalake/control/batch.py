@@ -92,6 +92,7 @@ def restore(settings: Settings, pipeline: str, *, version: int | None = None) ->
     from lambdalake.spark.session import command_session
     from lambdalake.speed.replay import Replayer
 
+    wait_for_store(settings, patience_s=settings.object_store.patience_s)
     p = deployed_pipeline(settings, pipeline)
     with writer_lease(settings, p.name, "batch restore"):
         events = master_of(settings, p).num_records()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from lambdalake.batch.run import BatchRun
 from lambdalake.control.pipelines import deployed_pipeline, quiet
 from lambdalake.lease import writer_lease
+from lambdalake.object_store import wait_for_store
 from lambdalake.settings import Settings
 from lambdalake.speed.replay import ReplayPlan, ReplayResult
 
@@ -70,6 +71,7 @@ def replay(
     from lambdalake.spark.session import command_session
     from lambdalake.speed.replay import Replayer
 
+    wait_for_store(settings, patience_s=settings.object_store.patience_s)
     p = deployed_pipeline(settings, pipeline)
     with command_session(
         settings, f"lambdalake-replay-{p.name}", workload="replay", events=planned.records
