@@ -34,6 +34,10 @@ that query running beside it through its freshness run (what two shared cores co
 latest query alone, computing its candidates and writing none, then writing them
 (``bench.realtime_drain``): what the second read and decode cost, and what the writes add.
 
+The side ``lambdalake-realtime-nowrite`` is ``lambdalake-realtime``'s job with its Real-time query
+computing every candidate and writing none: only its drain is measured, the floor under any
+Real-time latest path that reads and decodes the topic beside the micro-batch query.
+
 The side ``lambdalake-store`` is the micro-batch speed job with its whole lake on the embedded object
 store (``--sides lambdalake,lambdalake-store``: the store against the local disk);
 ``lambdalake-secure`` runs it on secured services of their own, as `lambdalake up --secure` starts
@@ -93,6 +97,7 @@ SIDES = ("lambdalake", "quix-default", "quix-tuned")
 #: run (how much two cores shared with a micro-batch job cost a Real-time query's latency).
 OTHER_SIDES = (
     "lambdalake-realtime",
+    "lambdalake-realtime-nowrite",
     "floor-beside-lambdalake",
     "lambdalake-baseline",
     "lambdalake-realtime-baseline",
@@ -229,13 +234,32 @@ class Side:
         raise NotImplementedError
 
 
+#: The speed job as ``lambdalake speed run`` runs it, but with its Real-time query computing every
+#: latest candidate and writing none: the floor of a path that reads and decodes the topic twice.
+NO_LATEST_WRITES = (
+    "import functools, sys\n"
+    "import lambdalake.speed.job as job\n"
+    "job.start_latest_query = functools.partial(job.start_latest_query, write=False)\n"
+    "from lambdalake.cli import main\n"
+    "sys.argv[0] = 'lambdalake'\n"
+    "main()\n"
+)
+
+
 class Lambdalake(Side):
     name = "lambdalake"
 
     def __init__(
-        self, settings: Settings, pipeline: Pipeline, log: Path, *, root: Path = PROJECT_ROOT
+        self,
+        settings: Settings,
+        pipeline: Pipeline,
+        log: Path,
+        *,
+        root: Path = PROJECT_ROOT,
+        write_latest: bool = True,
     ) -> None:
         self.settings, self.pipeline, self.log, self.root = settings, pipeline, log, root
+        self.write_latest = write_latest
         self.status = speed_status_file(settings.storage_root, pipeline.name)
         self.session = connect(settings.cassandra)
         self._tables: dict[str, str] = {}
@@ -257,8 +281,9 @@ class Lambdalake(Side):
         return out
 
     def start(self) -> subprocess.Popen[bytes]:
+        command = ["-m", "lambdalake"] if self.write_latest else ["-c", NO_LATEST_WRITES]
         return subprocess.Popen(
-            [sys.executable, "-m", "lambdalake", "speed", "run", self.pipeline.name],
+            [sys.executable, *command, "speed", "run", self.pipeline.name],
             env={**os.environ, **self.settings.to_env(), "PYTHONPATH": str(self.root)},
             stdout=self.log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root,
         )  # fmt: skip
@@ -379,11 +404,11 @@ def one_run(
     side: Side
     if side_name in ("lambdalake", "floor-beside-lambdalake", "lambdalake-store", "lambdalake-secure"):
         side = Lambdalake(settings, pipeline, log)
-    elif side_name == "lambdalake-realtime":
+    elif side_name in ("lambdalake-realtime", "lambdalake-realtime-nowrite"):
         realtime = settings.model_copy(
             update={"speed": settings.speed.model_copy(update={"latest": "realtime"})}
         )
-        side = Lambdalake(realtime, pipeline, log)
+        side = Lambdalake(realtime, pipeline, log, write_latest=side_name == "lambdalake-realtime")
     elif side_name == "lambdalake-baseline":
         side = Lambdalake(settings, pipeline, log, root=Path(args.baseline))
     elif side_name == "lambdalake-realtime-baseline":
@@ -418,6 +443,9 @@ def one_run(
         drain_cpu_s = rss.cpu_seconds()
         machine_busy, machine_all = (b - a for a, b in zip(machine_start, machine_cpu(), strict=True))
         beside = floor_process(args.rate) if side_name == "floor-beside-lambdalake" else None
+        if side_name == "lambdalake-realtime-nowrite":
+            # A floor, not a speed layer: its latest views stay empty, so only the drain is measured.
+            return drain_only(len(records), t_start, t_done, first, drain_cpu_s, machine_busy / machine_all)
         sample = random.Random(round_no)
         offers = sample.sample(sorted(want[0]), SAMPLE)
         merchants = sample.sample(sorted({m for m, _ in want[1]}), min(SAMPLE, len({m for m, _ in want[1]})))
@@ -474,6 +502,28 @@ def one_run(
             "machine_cores": os.cpu_count(),
         },
         "floor_beside": floor_beside,
+    }
+
+
+def drain_only(
+    events: int, t_start: float, t_done: float, first: float | None, cpu_s: float, busy: float
+) -> dict[str, Any]:
+    """A side's drain figures alone, in :func:`one_run`'s shape (no freshness, no memory)."""
+    return {
+        "events": events,
+        "seconds_from_start": t_done - t_start,
+        "events_per_s_from_start": events / (t_done - t_start),
+        "seconds_after_first_progress": t_done - (first or t_start),
+        "freshness": {},
+        "rss": None,
+        "drain_cpu": {
+            "side_cpu_s": cpu_s,
+            "side_cores": cpu_s / (t_done - t_start),
+            "side_cpu_ms_per_1k_events": 1e6 * cpu_s / events,
+            "machine_busy": busy,
+            "machine_cores": os.cpu_count(),
+        },
+        "floor_beside": None,
     }
 
 
@@ -569,12 +619,17 @@ def main() -> None:
                     fresh += (
                         f"; floor beside p50 {low['p50_s'] * 1000:.1f} ms p99 {low['p99_s'] * 1000:.1f} ms"
                     )
+                memory = result["rss"]
                 print(
                     f"round {round_no + 1} {name}: {result['events_per_s_from_start']:,.0f} ev/s from "
-                    f"start ({result['seconds_from_start']:.1f} s), rss median "
-                    f"{result['rss']['median_mb']:,.0f} MB max {result['rss']['max_mb']:,.0f} MB steady "
-                    f"{result['rss']['steady_mb']:,.0f} MB "
-                    f"(PSS {result['rss']['steady_pss_mb']:,.0f} MB), {fresh}",
+                    f"start ({result['seconds_from_start']:.1f} s), "
+                    + (
+                        f"rss median {memory['median_mb']:,.0f} MB max {memory['max_mb']:,.0f} MB steady "
+                        f"{memory['steady_mb']:,.0f} MB (PSS {memory['steady_pss_mb']:,.0f} MB), "
+                        if memory
+                        else ""
+                    )
+                    + fresh.lstrip("; "),
                     flush=True,
                 )
     shutil.rmtree(base.storage_root, ignore_errors=True)
