@@ -47,6 +47,10 @@ against open services).
 The peer runs in its own virtualenv (``.lambdalake/peer-venv``: quix-streams 3.28.1 pins
 confluent-kafka below the version the project uses), made on first use.
 
+The Real-time path's latest query reports the rows it read only as each of its batches ends
+(``speed.realtime_batch_s``, 5 s), so a Real-time side's drain ends when its micro-batch query has
+read every record and the sampled offers' latest rows equal the reference, checked in Cassandra.
+
 With ``--baseline DIR`` (a checkout of another revision) its speed job runs too, as a side of its own
 (``lambdalake-realtime-baseline`` among the sides: with its latest views in Real-time Mode).
 
@@ -260,6 +264,11 @@ class Lambdalake(Side):
     ) -> None:
         self.settings, self.pipeline, self.log, self.root = settings, pipeline, log, root
         self.write_latest = write_latest
+        #: The Real-time path: its latest query reports its rows only as each of its batches ends
+        #: (``speed.realtime_batch_s``), so its drain is told by the latest rows themselves.
+        self.realtime = settings.speed.latest == "realtime" and write_latest
+        #: The reference's latest rows of the sampled offers, which the Real-time path's drain waits for.
+        self.expect: dict[str, dict] = {}
         self.status = speed_status_file(settings.storage_root, pipeline.name)
         self.session = connect(settings.cassandra)
         self._tables: dict[str, str] = {}
@@ -290,12 +299,28 @@ class Lambdalake(Side):
 
     def processed_all(self, records: int) -> bool | None:
         try:
-            rows = [s["rows"] for s in json.loads(read_text(self.status) or "").values()]
+            status = json.loads(read_text(self.status) or "")
+            rows = [
+                s["rows"] for name, s in status.items() if not (self.realtime and name.endswith("-latest"))
+            ]
         except (OSError, ValueError, KeyError):
             return None
         if not rows or max(rows) == 0:
             return None
-        return min(rows) >= records
+        if min(rows) < records:
+            return False
+        if not self.realtime:
+            return True
+        # Every sampled offer's row is the reference's: the Real-time query has written the backlog's
+        # winners (those of the offers sampled, spread over the whole topic), whatever its status says.
+        table = f"{self.settings.cassandra.keyspace}.{self.tables['offer_latest']}"
+        got = {
+            r["offer_id"]: r for r in _rows(self.session, table, "offer_id", list(self.expect), first=True)
+        }
+        return all(
+            got.get(offer) is not None and all(got[offer].get(c) == v for c, v in row.items())
+            for offer, row in self.expect.items()
+        )
 
     def views(self, offers: list[str], merchants: list[str]) -> tuple[list[dict], dict]:
         ks = self.settings.cassandra.keyspace
@@ -419,6 +444,11 @@ def one_run(
     else:
         interval = 5.0 if side_name == "quix-default" else args.tuned_commit
         side = Quix(side_name, settings, pipeline.topic.name, interval, work, log)
+    sample = random.Random(round_no)
+    offers = sample.sample(sorted(want[0]), SAMPLE)
+    merchants = sample.sample(sorted({m for m, _ in want[1]}), min(SAMPLE, len({m for m, _ in want[1]})))
+    if isinstance(side, Lambdalake):
+        side.expect = {offer: want[0][offer] for offer in offers}
     t_start = time.perf_counter()
     machine_start = machine_cpu()
     job = side.start()
@@ -446,9 +476,6 @@ def one_run(
         if side_name == "lambdalake-realtime-nowrite":
             # A floor, not a speed layer: its latest views stay empty, so only the drain is measured.
             return drain_only(len(records), t_start, t_done, first, drain_cpu_s, machine_busy / machine_all)
-        sample = random.Random(round_no)
-        offers = sample.sample(sorted(want[0]), SAMPLE)
-        merchants = sample.sample(sorted({m for m, _ in want[1]}), min(SAMPLE, len({m for m, _ in want[1]})))
         problems = differences(want, *side.views(offers, merchants), offers, merchants)
         if problems:
             raise SystemExit(f"{side_name} differs from the reference:\n" + "\n".join(problems))
