@@ -10,7 +10,7 @@ Under ``settings.storage_root`` (a local folder or an object-store URI)::
     status/speed-<pipeline>.json      the speed job's progress
     status/batch-<pipeline>.json      the last batch run's summary
     status/batch-schedule.json        the batch scheduler's last runs
-    status/probe-<host>-<id>          written and deleted as a job starts: may it write?
+    status/probe-<host>-<id>          written and deleted as a job starts: may it write? (never kept)
     reports/<pipeline>/<run>-quality.md   a batch run's quality report
 
 In the Cassandra keyspace, the platform's own tables (:data:`BATCH_META_TABLE`,
