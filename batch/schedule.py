@@ -95,8 +95,8 @@ class Scheduler:
         for pipeline, slot in self.due():
             try:
                 outcome = self.runner(pipeline)
-            except LambdalakeError as exc:
-                outcome = f"failed: {exc.message}"
+            except LambdalakeError as exc:  # what a person must do comes with it
+                outcome = f"failed: {exc.message}" + (f" (fix: {exc.fix})" if exc.fix else "")
             except Exception as exc:  # a run's failure must not end the scheduler
                 log.exception("batch run of %s failed", pipeline.name)
                 outcome = f"failed: {type(exc).__name__}: {exc}"

@@ -35,6 +35,21 @@ def test_stopped_broker_gives_an_error_naming_the_fix(tmp_path) -> None:
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.parametrize("command", [("speed", "run", "offers"), ("batch", "schedule", "--once")])
+def test_a_job_with_cassandra_stopped_is_one_error_naming_the_fix_without_a_trace(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """The long-running commands log the Cassandra driver's lines, one line each: its failed
+    connection comes with a traceback, which the user must not see, only the command's own error."""
+    stopped = settings_for(tmp_path, {"broker": 1, "registry": 2, "cassandra": 3, "storage": 4})
+    result = run_cli(stopped, *command, timeout=120)
+    text = (result.stdout + result.stderr).decode()
+    assert "cannot reach Cassandra" in " ".join(text.split()), text[-2000:]
+    assert "lambdalake up" in text and "Traceback" not in text and 'File "' not in text, text[-3000:]
+    if command[0] == "speed":
+        assert result.returncode == 2, text[-2000:]
+
+
 def test_either_file_or_generate() -> None:
     result = run_cli(Settings(), "produce", "offers")
     assert result.returncode == 2 and "exactly one of --file or --generate" in result.stderr.decode()

@@ -13,6 +13,7 @@ from lambdalake.batch.run import BatchRun
 from lambdalake.cli.common import (
     PipelineArg,
     console,
+    job_logging,
     out,
     timestamp_ms,
 )
@@ -136,13 +137,11 @@ def batch_schedule(
     once: Annotated[bool, typer.Option("--once", help="Run what is due now, then stop (for cron).")] = False,
 ) -> None:
     """Run each pipeline's batch when its [batch] schedule (cron, UTC) comes due; SIGTERM stops."""
-    import logging
     import threading
 
     from lambdalake.control.batch import schedule
 
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("lambdalake").setLevel(logging.INFO)
+    job_logging()
     settings = get_settings().as_role("batch")
     if once:
         for name, outcome in schedule(settings, pipeline).items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from enum import StrEnum
 from typing import Annotated, Any
@@ -35,6 +36,27 @@ OnlyOpt = Annotated[
         help="Only this service (broker, registry, cassandra, spark) or node (cassandra-2); repeatable.",
     ),
 ]
+
+
+def _one_line(record: logging.LogRecord) -> bool:
+    """A client library's record without its traceback (lambdalake's own records are left as they are)."""
+    if not record.name.startswith("lambdalake"):
+        record.exc_info = None
+        record.exc_text = None
+    return True
+
+
+def job_logging(level: str = "INFO") -> None:
+    """The log of a long-running command (a speed job, the batch scheduler): lambdalake's lines at
+    ``level``, py4j's and the Cassandra driver's at ERROR and one line each. The driver logs a failed
+    connection with its traceback, and users see no stack trace: the command's own error that follows
+    names the service and the fix."""
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("lambdalake").setLevel(level)
+    for noisy in ("py4j", "cassandra"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_one_line)
 
 
 def pipeline_of(name: str, settings: Settings) -> Pipeline:

@@ -13,6 +13,7 @@ from lambdalake.cli.common import (
     LogLevel,
     PipelineArg,
     console,
+    job_logging,
     out,
     pipeline_of,
 )
@@ -64,16 +65,12 @@ def speed_run(
 ) -> None:
     """Run the pipeline's streaming queries until SIGTERM/Ctrl-C (checkpoints under the storage root).
     One speed job per pipeline runs at a time, on every host: a second one refuses (exit 2)."""
-    import logging
 
     from lambdalake.speed.job import SpeedJob
     from lambdalake.speed.options import SpeedOptions
     from lambdalake.speed.supervisor import Supervisor
 
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("lambdalake").setLevel(log_level.value)
-    for noisy in ("py4j", "cassandra"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
+    job_logging(log_level.value)
     settings = get_settings().as_role("speed")
     if master:
         settings = settings.model_copy(update={"spark": settings.spark.model_copy(update={"master": master})})
