@@ -514,20 +514,10 @@ def one_run(
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
     return {
-        "events": len(records),
-        "seconds_from_start": t_done - t_start,
-        "events_per_s_from_start": len(records) / (t_done - t_start),
-        "seconds_after_first_progress": t_done - (first or t_start),
+        **drain_only(len(records), t_start, t_done, first, drain_cpu_s, machine_busy / machine_all),
         "freshness": fresh,
         "rss": memory,
         "reference_checked": {"offers": len(offers), "merchants": len(merchants)},
-        "drain_cpu": {
-            "side_cpu_s": drain_cpu_s,
-            "side_cores": drain_cpu_s / (t_done - t_start),
-            "side_cpu_ms_per_1k_events": 1e6 * drain_cpu_s / len(records),
-            "machine_busy": machine_busy / machine_all,
-            "machine_cores": os.cpu_count(),
-        },
         "floor_beside": floor_beside,
     }
 
@@ -535,7 +525,7 @@ def one_run(
 def drain_only(
     events: int, t_start: float, t_done: float, first: float | None, cpu_s: float, busy: float
 ) -> dict[str, Any]:
-    """A side's drain figures alone, in :func:`one_run`'s shape (no freshness, no memory)."""
+    """A side's drain figures, in :func:`one_run`'s shape (alone: no freshness, no memory)."""
     return {
         "events": events,
         "seconds_from_start": t_done - t_start,

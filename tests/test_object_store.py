@@ -176,11 +176,12 @@ def iam_store() -> Iterator[tuple[str, dict[str, tuple[str, str]]]]:
     """moto's S3 server with IAM enforced (s3proxy holds one identity with every right, so a key
     that may read but not write cannot be made there): its endpoint, and the keys of ``admin``
     (every right; it made the bucket ``lake``) and ``reader`` (s3:GetObject and s3:ListBucket only)."""
-    endpoint = f"http://127.0.0.1:{port(19904)}"
+    moto_port = port(19904)
+    endpoint = f"http://127.0.0.1:{moto_port}"
     # The first three requests need no signature (they make the admin); every later one is checked
     # against the policies of the key that signed it, as IAM does.
     server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-p", endpoint.rsplit(":", 1)[1]],
+        [sys.executable, "-m", "moto.server", "-p", str(moto_port)],
         env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -189,7 +190,7 @@ def iam_store() -> Iterator[tuple[str, dict[str, tuple[str, str]]]]:
         deadline = time.monotonic() + 60
         while True:
             # A connection, not a request: a request would spend one of the three.
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port(19904)), 1):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", moto_port), 1):
                 break
             assert time.monotonic() < deadline and server.poll() is None, "moto's server did not start"
             time.sleep(0.3)
