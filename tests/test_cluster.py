@@ -148,8 +148,11 @@ def shared_job(cluster: Settings, folder: Path, *, on_store: bool) -> SharedJob:
 
 @pytest.fixture(scope="module")
 def offers(cluster: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedJob]:
-    """The churn soak's job, its lake on the local disk."""
-    job = shared_job(cluster, tmp_path_factory.mktemp("offers"), on_store=False)
+    """The churn soak's job, its lake on the local disk, a micro-batch every 5 s: the soak holds a
+    core for ten minutes, beside the suite's other workers (a micro-batch costs about a CPU-second
+    however few its records: 2 s apart, the job took 0.2 of a core; docs/benchmarks-log.md)."""
+    settings = cluster.model_copy(update={"speed": cluster.speed.model_copy(update={"trigger_s": 5})})
+    job = shared_job(settings, tmp_path_factory.mktemp("offers"), on_store=False)
     try:
         yield job
     finally:
@@ -445,8 +448,8 @@ class BatchRuns:
 #: The churn soak's length in seconds, and its seed (random when unset; the report names it, so a
 #: run can be repeated). `make soak` and `bench.churn` run it for 30 minutes.
 CHURN_S = float(os.environ.get("LAMBDALAKE_CHURN_S", "600"))
-#: How long a kill that waits for a batch to publish without the node may take: a batch starts 150 s
-#: after the last one ended and runs 1.5-2.5 minutes on the cluster.
+#: How long a kill that waits for a batch to publish without the node may take: the run under way
+#: ends, the next starts at once (BatchRuns.between_runs) and runs 1.5-2.5 minutes on the cluster.
 PUBLISH_WAIT_S = 300
 CHURN_SEED = int(os.environ.get("LAMBDALAKE_CHURN_SEED") or random.randrange(1 << 30))
 
@@ -498,8 +501,9 @@ def churn(
         for key in sorted(stored_keys(settings, pipeline, view))[:20]
     ]
     kills: list[str] = []
-    # A run on the cluster takes 1.5-3 minutes here: one starts every four minutes or so.
-    batches = BatchRuns(settings, pipeline.name, pause_s=150)
+    # A run on the cluster takes 1.5-3 minutes here (about 40 CPU-seconds): one starts every five
+    # minutes or so (a kill that waits for a publish ends the pause at once: between_runs).
+    batches = BatchRuns(settings, pipeline.name, pause_s=210)
     apps_before = executor_apps(settings)
     # The speed job's application (the oldest running) has its executor on a worker.
     state = node(settings, "spark-worker-1").cluster_state()
@@ -565,9 +569,9 @@ def churn(
         kill_the_busy_spark_worker,
         roll_the_brokers,
     ]
-    # 20 clients, each waiting half a second between its queries (~40 queries/s): the soak shares
-    # the machine's two cores with the cluster and the suite's other workers.
-    with serving_app(settings, token="t") as url, hammer(url, paths, clients=20, pause_s=0.5) as answers:
+    # 20 clients, each waiting a second between its queries (~20 queries/s): the soak shares the
+    # machine's two cores with the cluster and the suite's other workers.
+    with serving_app(settings, token="t") as url, hammer(url, paths, clients=20, pause_s=1.0) as answers:
         time.sleep(30)  # queries without churn first: the latency to compare with
         quiet = len(answers.latencies)
         t0 = time.monotonic()
@@ -589,7 +593,9 @@ def churn(
                 action()
                 if done >= len(actions) and time.monotonic() - t0 >= CHURN_S:
                     break
-                time.sleep(rng.uniform(5, 20))
+                # Each restart costs its node's start-up (a Cassandra node 10-15 CPU-seconds, a roll
+                # three brokers'): 20-40 s apart, a ten-minute churn still runs every action.
+                time.sleep(rng.uniform(20, 40))
                 order = order or rng.sample(range(len(actions)), len(actions))
         finally:  # the module's next tests want the cluster to themselves
             batches.stop()

@@ -352,7 +352,9 @@ def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched
         reader = threading.Thread(target=keep_reading)
         reader.start()
         try:
-            with sending(settings, pipeline, first=100_000, n=40, every_s=0.5):
+            # A send every 3 s, not every micro-batch: each micro-batch with records costs the job
+            # about a CPU-second, beside the view build's batch on two cores.
+            with sending(settings, pipeline, first=100_000, n=200, every_s=3.0):
                 redeploy = run_cli(settings, "deploy", "payments", timeout=900)
         finally:
             stop.set()
