@@ -144,8 +144,12 @@ def batch_schedule(
     job_logging()
     settings = get_settings().as_role("batch")
     if once:
-        for name, outcome in schedule(settings, pipeline).items():
+        outcomes = schedule(settings, pipeline)
+        for name, outcome in outcomes.items():
             console.print(f"{name}: {outcome}")
+        # cron (or whatever runs it) learns from the exit status that a due run failed.
+        if any(outcome.startswith("failed") for outcome in outcomes.values()):
+            raise typer.Exit(code=1)
         return
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
