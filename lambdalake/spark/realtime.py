@@ -14,7 +14,8 @@ writer in the JVM (``lambdalake/maven/writer``, built by ``make setup``):
 5. per view its filter (:mod:`lambdalake.spark.filters`) and its rank (:func:`lambdalake.latest.spark_rank`),
    then the candidate's columns as its table holds them;
 6. ``lambdalake.realtime.CandidateWriter``: the INSERT and the DELETE of lower candidates the
-   micro-batch writer sends, at the settings' consistency.
+   micro-batch writer sends, at the settings' consistency; a candidate as it arrives when the writer
+   is idle, those that waited meanwhile (a key's best only) ``cassandra.batch_rows`` a request.
 
 A record written with a writer schema id the query does not know stops it
 (``UnknownWriterSchema``): the speed job starts it again from its checkpoint knowing that id.
@@ -238,6 +239,7 @@ def jvm_writer(spark: SparkSession, settings: Settings, targets: list[LatestTarg
         [t.table.delete_lower_at for t in targets],
         [[t.table.column_names.index(c) for c in CANDIDATE] for t in targets],
         cas.consistency,
+        cas.batch_rows,
         # As long as the micro-batch writer; the task then fails and the query restarts from its
         # checkpoint.
         int(GIVE_UP_AFTER_S * 1000),

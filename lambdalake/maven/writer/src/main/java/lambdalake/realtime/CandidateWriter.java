@@ -5,8 +5,8 @@ import com.datastax.oss.driver.api.core.CqlIdentifier;
 import com.datastax.oss.driver.api.core.CqlSession;
 import com.datastax.oss.driver.api.core.DefaultConsistencyLevel;
 import com.datastax.oss.driver.api.core.cql.BatchStatement;
+import com.datastax.oss.driver.api.core.cql.BatchStatementBuilder;
 import com.datastax.oss.driver.api.core.cql.BatchType;
-import com.datastax.oss.driver.api.core.cql.BoundStatement;
 import com.datastax.oss.driver.api.core.cql.ColumnDefinitions;
 import com.datastax.oss.driver.api.core.cql.PreparedStatement;
 import com.datastax.oss.driver.api.core.servererrors.InvalidQueryException;
@@ -20,7 +20,9 @@ import java.math.BigInteger;
 import java.nio.ByteBuffer;
 import java.time.Instant;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentLinkedQueue;
@@ -36,23 +38,34 @@ import org.apache.spark.sql.Row;
 /**
  * Writes the {@code latest} views' ranked candidates to Cassandra: per candidate the same two
  * statements as the micro-batch path's writer (lambdalake/cassandra/writer.py), an INSERT of the
- * candidate and a DELETE of the key's lower-ranked ones, in one unlogged batch of one partition, at
- * the settings' consistency; a candidate that a better one this task wrote beats is not written.
+ * candidate and a DELETE of the key's lower-ranked ones, at the settings' consistency; a candidate
+ * that a better one this task wrote beats is not written. An idle writer sends a candidate as it
+ * arrives; candidates that wait for a request go out together, up to {@code groupRows} in one
+ * unlogged batch, as the micro-batch writer groups its rows (a request costs the cluster about as
+ * much as two of the rows it carries: docs/benchmarks-log.md, 2026-12-05). A batch the cluster
+ * refuses as too large is sent again in halves.
  *
  * <p>A row is a record: its first column holds a writer schema id the query could not decode (null
  * otherwise), and each later column one view's candidate (a struct of the view table's columns in
  * its order), null where the view does not keep the record. A row with an unknown id stops the task
  * with {@link UnknownWriterSchema}, and the query is started again knowing it, from its checkpoint.
  *
- * <p>Delivery: at least once, idempotent. Writes go out as each row arrives (a bounded number in
- * flight); {@link #close} waits for all of them, so the epoch's offsets are committed only after
+ * <p>Delivery: at least once, idempotent. Writes go out as rows arrive (a bounded number of requests
+ * in flight); {@link #close} waits for all of them, so the epoch's offsets are committed only after
  * its candidates are acknowledged. A write that fails for a reason a retry can mend (a timeout, a
  * replica down) is sent again with backoff for up to {@code giveUpAfterMs}, then fails the task.
  */
 public final class CandidateWriter extends ForeachWriter<Row> {
   private static final long serialVersionUID = 1L;
-  /** Writes in flight per task: bounds memory, not latency (each row is sent on arrival). */
-  private static final int IN_FLIGHT = 128;
+  /**
+   * Requests in flight per task while records arrive. One: an idle writer still sends a candidate as
+   * it arrives, while under a backlog the candidates wait, the latest of a key replaces its waiting
+   * one, and they go out {@code groupRows} a request. More requests in flight sent more rows and took
+   * the cores the query reads with (docs/benchmarks-log.md, 2026-12-05).
+   */
+  private static final int STREAMING = 1;
+  /** Requests in flight per task as a batch ends: what waits is sent before the offsets commit. */
+  private static final int IN_FLIGHT = 16;
   /** How much of a failure's message a retry's log line quotes. */
   private static final int QUOTED = 240;
   /** Cassandra 5.0's words for a table its schema lacks. */
@@ -66,6 +79,7 @@ public final class CandidateWriter extends ForeachWriter<Row> {
   private final int[][] deleteAts;
   private final int[][] orderAts;
   private final String consistency;
+  private final int groupRows;
   private final long giveUpAfterMs;
 
   private transient CqlSession session;
@@ -74,16 +88,20 @@ public final class CandidateWriter extends ForeachWriter<Row> {
   private transient Semaphore slots;
   private transient ConcurrentLinkedQueue<Failed> failed;
   private transient ConsistencyLevel level;
-  /** Per view, candidates waiting for a write slot: the best of each key (the latest rule). */
-  private transient List<Map<List<Object>, Object[]>> waiting;
   /**
-   * Per view, the best candidate of each key this task has written since it opened: a candidate it
+   * Candidates waiting for a request slot, the best of each view's key (the latest rule), oldest
+   * key first: a key that is written again waits its turn behind the others, so under a backlog a
+   * hot key's candidates that can never win are not sent at all.
+   */
+  private transient LinkedHashMap<Slot, Candidate> waiting;
+  /**
+   * The best candidate of each view's key this task has written since it opened: a candidate it
    * beats is never written (Cassandra holds the better one, or will when close() returns). Another
    * task may write the key too (a view keyed otherwise than the topic); the read serves the best.
    */
-  private transient List<Map<List<Object>, Object[]>> written;
-  private transient int queued;
+  private transient Map<Slot, Candidate> written;
   private transient Object lock;
+  private transient volatile int limit;
 
   /**
    * @param cluster where to connect (contact points, port, credentials, protocol version).
@@ -92,6 +110,7 @@ public final class CandidateWriter extends ForeachWriter<Row> {
    * @param deleteAts per view, where the DELETE's values are among a candidate's columns.
    * @param orderAts per view, where a candidate's rank, Kafka partition and offset are.
    * @param consistency a CQL consistency level's name (the settings' {@code consistency}).
+   * @param groupRows the most candidates one request carries (the settings' {@code batch_rows}).
    * @param giveUpAfterMs how long a retryable failure is retried before the task fails.
    */
   public CandidateWriter(
@@ -101,6 +120,7 @@ public final class CandidateWriter extends ForeachWriter<Row> {
       List<List<Integer>> deleteAts,
       List<List<Integer>> orderAts,
       String consistency,
+      int groupRows,
       long giveUpAfterMs) {
     this.cluster = cluster;
     this.insertCqls = insertCqls.toArray(new String[0]);
@@ -114,6 +134,7 @@ public final class CandidateWriter extends ForeachWriter<Row> {
       this.orderAts[v] = orderAts.get(v).stream().mapToInt(Integer::intValue).toArray();
     }
     this.consistency = consistency;
+    this.groupRows = Math.max(1, groupRows);
     this.giveUpAfterMs = giveUpAfterMs;
   }
 
@@ -130,14 +151,10 @@ public final class CandidateWriter extends ForeachWriter<Row> {
     level = DefaultConsistencyLevel.valueOf(consistency);
     slots = new Semaphore(IN_FLIGHT);
     failed = new ConcurrentLinkedQueue<>();
-    waiting = new ArrayList<>();
-    written = new ArrayList<>();
-    for (int v = 0; v < inserts.length; v++) {
-      waiting.add(new HashMap<>());
-      written.add(new HashMap<>());
-    }
-    queued = 0;
+    waiting = new LinkedHashMap<>();
+    written = new HashMap<>();
     lock = new Object();
+    limit = STREAMING;
     return true;
   }
 
@@ -149,7 +166,7 @@ public final class CandidateWriter extends ForeachWriter<Row> {
     retryFailed();
     for (int v = 0; v < inserts.length; v++) {
       if (!row.isNullAt(1 + v)) {
-        offer(v, values(v, row.getStruct(1 + v)));
+        offer(v, row.getStruct(1 + v));
       }
     }
   }
@@ -159,27 +176,17 @@ public final class CandidateWriter extends ForeachWriter<Row> {
     if (session == null || error != null) {
       return;
     }
+    limit = IN_FLIGHT;
     while (true) {
-      int view = -1;
-      Object[] next = null;
+      List<Candidate> group;
       synchronized (lock) {
-        for (int v = 0; v < waiting.size() && next == null; v++) {
-          var entries = waiting.get(v).entrySet().iterator();
-          if (entries.hasNext()) {
-            var entry = entries.next();
-            view = v;
-            next = entry.getValue();
-            entries.remove();
-            queued--;
-            written.get(v).put(entry.getKey(), next);
-          }
-        }
+        group = take();
       }
-      if (next == null) {
+      if (group.isEmpty()) {
         break;
       }
       slots.acquireUninterruptibly();
-      write(view, next);
+      write(group);
     }
     slots.acquireUninterruptibly(IN_FLIGHT);
     slots.release(IN_FLIGHT);
@@ -188,6 +195,7 @@ public final class CandidateWriter extends ForeachWriter<Row> {
     }
   }
 
+  /** A candidate's columns as its table's INSERT binds them. */
   private Object[] values(int view, Row candidate) {
     ColumnDefinitions columns = inserts[view].getVariableDefinitions();
     Object[] values = new Object[columns.size()];
@@ -199,84 +207,86 @@ public final class CandidateWriter extends ForeachWriter<Row> {
 
   /**
    * Writes a candidate now if a slot is free and none waits; otherwise keeps it, or the better of it
-   * and the key's waiting one: under a backlog a key's candidates that can never win are not
-   * written at all, while a record that finds the writer idle is written as it arrives. A candidate
-   * beaten by one this task wrote is dropped: only winners are written.
+   * and the key's waiting one. A record that finds the writer idle is written as it arrives; under
+   * a backlog the waiting candidates go out up to {@code groupRows} a request, a key's candidates
+   * that can never win are not written at all, and the requests Cassandra syncs are fewer. A
+   * candidate beaten by one this task wrote is dropped: only winners are written. Only a written
+   * candidate's columns are all converted; the others' key and rank only.
    */
-  private void offer(int view, Object[] values) {
+  private void offer(int view, Row row) {
+    ColumnDefinitions columns = inserts[view].getVariableDefinitions();
     int[] at = deleteAts[view];
-    List<Object> key = new ArrayList<>(at.length - 1);
-    for (int i = 0; i < at.length - 1; i++) {
-      key.add(values[at[i]]);
+    Object[] key = new Object[at.length - 1];
+    for (int i = 0; i < key.length; i++) {
+      key[i] = value(row, at[i], columns.get(at[i]).getType());
     }
+    int[] order = orderAts[view];
+    Candidate candidate =
+        new Candidate(
+            view, row, (BigDecimal) row.get(order[0]), row.getInt(order[1]), row.getLong(order[2]));
+    Slot slot = new Slot(view, Arrays.asList(key));
     synchronized (lock) {
-      Object[] best = written.get(view).get(key);
-      if (best != null && !better(view, values, best)) {
+      Candidate best = written.get(slot);
+      if (best != null && !candidate.beats(best)) {
         return;
       }
-      if (queued == 0 && slots.tryAcquire()) {
-        written.get(view).put(key, values);
-        write(view, values);
+      Candidate held = waiting.get(slot);
+      if (held != null) {
+        if (candidate.beats(held)) {
+          waiting.put(slot, candidate); // keeps the key's place in the queue
+        }
+      } else if (waiting.isEmpty() && free()) {
+        written.put(slot, candidate);
+        write(List.of(candidate));
         return;
-      }
-      Object[] held = waiting.get(view).get(key);
-      if (held == null) {
-        waiting.get(view).put(key, values);
-        queued++;
-      } else if (better(view, values, held)) {
-        waiting.get(view).put(key, values);
+      } else {
+        waiting.put(slot, candidate);
       }
     }
     drain();
   }
 
+  /** Takes a request slot if fewer than the phase's limit are in flight (under the lock). */
+  private boolean free() {
+    return IN_FLIGHT - slots.availablePermits() < limit && slots.tryAcquire();
+  }
+
   /** Writes waiting candidates while slots are free. */
   private void drain() {
     synchronized (lock) {
-      while (queued > 0 && slots.tryAcquire()) {
-        for (int v = 0; v < waiting.size(); v++) {
-          var entries = waiting.get(v).entrySet().iterator();
-          if (entries.hasNext()) {
-            var entry = entries.next();
-            entries.remove();
-            queued--;
-            written.get(v).put(entry.getKey(), entry.getValue());
-            write(v, entry.getValue());
-            break;
-          }
-        }
+      while (!waiting.isEmpty() && free()) {
+        write(take());
       }
     }
   }
 
-  /** Whether candidate {@code a} outranks {@code b}: higher rank, then lower partition, offset. */
-  private boolean better(int view, Object[] a, Object[] b) {
-    int[] order = orderAts[view];
-    int byRank = ((BigInteger) a[order[0]]).compareTo((BigInteger) b[order[0]]);
-    if (byRank != 0) {
-      return byRank > 0;
+  /** Up to {@code groupRows} of the waiting candidates, oldest first, taken as written (under the lock). */
+  private List<Candidate> take() {
+    List<Candidate> group = new ArrayList<>(Math.min(groupRows, waiting.size()));
+    var entries = waiting.entrySet().iterator();
+    while (entries.hasNext() && group.size() < groupRows) {
+      var entry = entries.next();
+      entries.remove();
+      written.put(entry.getKey(), entry.getValue());
+      group.add(entry.getValue());
     }
-    int byPartition = Integer.compare((Integer) a[order[1]], (Integer) b[order[1]]);
-    if (byPartition != 0) {
-      return byPartition < 0;
-    }
-    return (Long) a[order[2]] < (Long) b[order[2]];
+    return group;
   }
 
-  /** Sends a candidate whose slot is taken already. */
-  private void write(int view, Object[] values) {
-    dispatch(statement(view, values), System.currentTimeMillis() + giveUpAfterMs);
+  /** Sends candidates whose slot is taken already, in one request. */
+  private void write(List<Candidate> group) {
+    dispatch(group, System.currentTimeMillis() + giveUpAfterMs);
   }
 
   /** Sends a request whose slot is taken; a failure is kept for the task's thread to retry. */
-  private void dispatch(BatchStatement batch, long deadline) {
+  private void dispatch(List<Candidate> group, long deadline) {
     session
-        .executeAsync(batch)
+        .executeAsync(statement(group))
         .whenComplete(
             (result, error) -> {
               if (error != null) {
                 // Kept before the slot is freed: close() waits for every slot, then for the kept.
-                failed.add(new Failed(batch, error, deadline));
+                failed.add(new Failed(group, error, deadline));
                 slots.release();
                 return; // no drain: a write that fails at once would recurse here
               }
@@ -285,20 +295,29 @@ public final class CandidateWriter extends ForeachWriter<Row> {
             });
   }
 
-  private BatchStatement statement(int view, Object[] values) {
-    int[] at = deleteAts[view];
-    Object[] lower = new Object[at.length];
-    for (int i = 0; i < lower.length; i++) {
-      lower[i] = values[at[i]];
+  /**
+   * One unlogged batch: per candidate its INSERT and the DELETE of its key's lower candidates (as
+   * the micro-batch writer sends them). Not atomic, which is harmless: each statement is an
+   * idempotent upsert or delete, and a failed batch is sent again whole.
+   */
+  private BatchStatement statement(List<Candidate> group) {
+    BatchStatementBuilder batch = BatchStatement.builder(BatchType.UNLOGGED);
+    for (Candidate c : group) {
+      Object[] values = values(c.view(), c.row());
+      int[] at = deleteAts[c.view()];
+      Object[] lower = new Object[at.length];
+      for (int i = 0; i < lower.length; i++) {
+        lower[i] = values[at[i]];
+      }
+      batch.addStatement(inserts[c.view()].bind(values));
+      batch.addStatement(deletes[c.view()].bind(lower));
     }
-    BoundStatement row = inserts[view].bind(values);
-    BoundStatement below = deletes[view].bind(lower);
-    return BatchStatement.newInstance(BatchType.UNLOGGED, row, below).setConsistencyLevel(level);
+    return batch.setConsistencyLevel(level).build();
   }
 
-  private void send(BatchStatement batch, long deadline) {
+  private void send(List<Candidate> group, long deadline) {
     slots.acquireUninterruptibly();
-    dispatch(batch, deadline);
+    dispatch(group, deadline);
   }
 
   /**
@@ -309,6 +328,18 @@ public final class CandidateWriter extends ForeachWriter<Row> {
     long delay = 500;
     Failed first;
     while ((first = failed.poll()) != null) {
+      if (tooLarge(first.error) && first.group.size() > 1) {
+        // Over the cluster's batch_size_fail_threshold: the same candidates in two requests.
+        int half = (first.group.size() + 1) / 2;
+        LOG.warn(
+            "a batch of {} candidates was too large for the cluster; sending it in halves",
+            first.group.size());
+        send(first.group.subList(0, half), first.deadline);
+        send(first.group.subList(half, first.group.size()), first.deadline);
+        slots.acquireUninterruptibly(IN_FLIGHT);
+        slots.release(IN_FLIGHT);
+        continue;
+      }
       if (permanent(first.error)) {
         throw new IllegalStateException(
             "Cassandra refused a candidate write: " + first.error.getMessage(), first.error);
@@ -343,7 +374,7 @@ public final class CandidateWriter extends ForeachWriter<Row> {
       }
       delay = Math.min(delay * 2, 10_000);
       for (Failed f : again) {
-        send(f.batch, f.deadline);
+        send(f.group, f.deadline);
       }
       slots.acquireUninterruptibly(IN_FLIGHT);
       slots.release(IN_FLIGHT);
@@ -357,6 +388,12 @@ public final class CandidateWriter extends ForeachWriter<Row> {
       message = message.substring(0, QUOTED) + "...";
     }
     return error.getClass().getSimpleName() + ": " + message;
+  }
+
+  /** Whether Cassandra refused a batch for its size (its {@code batch_size_fail_threshold}). */
+  static boolean tooLarge(Throwable error) {
+    return error instanceof InvalidQueryException
+        && String.valueOf(error.getMessage()).toLowerCase(java.util.Locale.ROOT).contains("too large");
   }
 
   private boolean permanent(Throwable error) {
@@ -417,5 +454,26 @@ public final class CandidateWriter extends ForeachWriter<Row> {
     return v;
   }
 
-  private record Failed(BatchStatement batch, Throwable error, long deadline) {}
+  private record Failed(List<Candidate> group, Throwable error, long deadline) {}
+
+  /** A view's key. */
+  private record Slot(int view, List<Object> key) {}
+
+  /**
+   * A view's candidate: the row the query gave (converted only if it is written) and what ranks it.
+   * Each row is an object of its own (Spark's Row deserializer makes one a record), so it can wait.
+   */
+  private record Candidate(int view, Row row, BigDecimal rank, int partition, long offset) {
+    /** Whether this candidate outranks {@code other}: higher rank, then lower partition, offset. */
+    boolean beats(Candidate other) {
+      int byRank = rank.compareTo(other.rank);
+      if (byRank != 0) {
+        return byRank > 0;
+      }
+      if (partition != other.partition) {
+        return partition < other.partition;
+      }
+      return offset < other.offset;
+    }
+  }
 }
