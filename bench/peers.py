@@ -51,10 +51,15 @@ The Real-time path's latest query reports the rows it read only as each of its b
 (``speed.realtime_batch_s``, 5 s), so a Real-time side's drain ends when its micro-batch query has
 read every record and the sampled offers' latest rows equal the reference, checked in Cassandra.
 
+With ``--warm-up`` a ``lambdalake`` side runs first and is not counted: the first side of a round
+otherwise starts on cold services and a cold page cache (each side drained 0.79-0.83x as fast
+first as second: docs/benchmarks-log.md, 2026-12-05, fifth).
+
 With ``--baseline DIR`` (a checkout of another revision) its speed job runs too, as a side of its own
 (``lambdalake-realtime-baseline`` among the sides: with its latest views in Real-time Mode).
 
     python -m bench.peers [--events 300000] [--rounds 2] [--rate 1000] [--seconds 120] [--baseline DIR]
+        [--warm-up]
 """
 
 from __future__ import annotations
@@ -598,6 +603,11 @@ def main() -> None:
         "--floor", action="store_true",
         help="each round, a Kafka-to-Kafka Real-time query's latency at --rate first (bench.realtime_floor)",
     )  # fmt: skip
+    parser.add_argument(
+        "--warm-up", action="store_true",
+        help="first a lambdalake side not counted (its drain, 5 s of freshness): the services and the page "
+        "cache warm, so the first counted side does not start cold",
+    )  # fmt: skip
     args = parser.parse_args()
     peer_python()
     base = bench_settings()
@@ -618,6 +628,12 @@ def main() -> None:
     with running(base), store, secured:
         if on_store is not None:
             use(on_store)  # this process's readers of the side's status file
+        if args.warm_up:
+            warm = one_run(
+                "lambdalake", base, records, want, argparse.Namespace(**{**vars(args), "seconds": 5}), 0
+            )
+            print(f"warm-up lambdalake (not counted): {warm['events_per_s_from_start']:,.0f} ev/s from start",
+                  flush=True)  # fmt: skip
         for round_no in range(args.rounds):
             if args.floor:
                 floors.append(floor(args.rate))
@@ -668,6 +684,7 @@ def main() -> None:
             "rate": args.rate,
             "seconds": args.seconds,
             "tuned_commit_interval_s": args.tuned_commit,
+            "warm_up": args.warm_up,
             "peer": PEER_PACKAGES[0],
             "spark_conf": base.spark.conf,
             "runs": runs,
