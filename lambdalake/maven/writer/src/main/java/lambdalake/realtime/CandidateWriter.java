@@ -209,7 +209,7 @@ public final class CandidateWriter extends ForeachWriter<Row> {
    * Writes a candidate now if a slot is free and none waits; otherwise keeps it, or the better of it
    * and the key's waiting one. A record that finds the writer idle is written as it arrives; under
    * a backlog the waiting candidates go out up to {@code groupRows} a request, a key's candidates
-   * that can never win are not written at all, and the requests Cassandra syncs are fewer. A
+   * that can never win are not written at all, and Cassandra gets fewer requests. A
    * candidate beaten by one this task wrote is dropped: only winners are written. Only a written
    * candidate's columns are all converted; the others' key and rank only.
    */
