@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from lambdalake.settings import Settings
-from lambdalake.spark.session import QUICK_JIT_EVENTS, driver_java_options
+from lambdalake.spark.session import QUICK_JIT_EVENTS, driver_java_options, executor_java_options
 
 QUICK = "-XX:TieredStopAtLevel=1"
 
@@ -37,3 +37,21 @@ def test_a_standalone_master_on_this_machine_counts_as_local(tmp_path: Path) -> 
                           ("spark://spark-master:7077", False), ("k8s://https://k:443", False)):  # fmt: skip
         here = settings.model_copy(update={"spark": settings.spark.model_copy(update={"master": master})})
         assert (QUICK in driver_java_options(here, "stream").split()) is quick, master
+        # Its executors too (a local master's tasks run in the driver: nothing of their own).
+        executors = executor_java_options(here, "stream")
+        assert (QUICK in (executors or "").split()) is quick, master
+        assert executors is None or ("log4j" not in executors and "SharedArchive" not in executors)
+    assert executor_java_options(settings, "stream") is None  # local[...]
+
+
+def test_executors_on_this_machine_follow_the_workload(tmp_path: Path) -> None:
+    """A standalone master on loopback: a small batch's executors start with the quick JIT, a large
+    replay's with the throughput collector, a large batch's with the JVM's defaults (no option set)."""
+    from lambdalake.spark.session import jvm_policy
+
+    spark = {"master": "spark://127.0.0.1:7077"}
+    here = Settings(cache_dir=tmp_path, spark=spark)
+    assert executor_java_options(here, "batch", events=10) == " ".join(jvm_policy(here, "batch", events=10))
+    assert QUICK in executor_java_options(here, "batch", events=10).split()  # type: ignore[union-attr]
+    assert executor_java_options(here, "replay", events=QUICK_JIT_EVENTS) == "-XX:+UseParallelGC"
+    assert executor_java_options(here, "batch", events=None) is None

@@ -96,32 +96,46 @@ def on_this_machine(master: str) -> bool:
     return master.startswith("spark://") and (host == "localhost" or host.startswith("127."))
 
 
-def driver_java_options(settings: Settings, workload: Workload, *, events: int | None = None) -> str:
-    """The driver JVM's options for ``workload`` reading about ``events`` events (None: unknown);
-    ``spark.driver.extraJavaOptions`` in the settings' conf replaces them."""
-    opts = [f"-Dlog4j.configurationFile=file:{LOG4J}"]
-    local = on_this_machine(settings.spark.master)
-    if workload != "stream" and local and events is not None and events < QUICK_JIT_EVENTS:
-        opts += [*QUICK_JIT, "-XX:+UseSerialGC"]
-    elif workload == "stream" and local:
-        # Every micro-batch runs freshly generated code, and with the C2 compiler on, JIT compiling it
-        # took a large share of the JVM's CPU time on a 2-core machine.
-        # C1 alone compiles far cheaper; on other machines' clusters the driver keeps the JVM's default.
-        opts += QUICK_JIT
-        # The serial collector: a micro-batch's garbage is young and small, and G1's remembered sets
-        # and concurrent threads cost memory and a share of two cores (bench.peers, four runs each:
-        # less resident memory than with G1, as fast and as fresh).
-        opts.append("-XX:+UseSerialGC")
-    elif workload == "replay" and local:
+def jvm_policy(settings: Settings, workload: Workload, *, events: int | None = None) -> list[str]:
+    """The JIT and collector options of a JVM running ``workload``'s tasks on this machine (the local
+    driver, or the executors of a standalone master on loopback); none on other machines' clusters."""
+    if not on_this_machine(settings.spark.master):
+        return []
+    small = events is not None and events < QUICK_JIT_EVENTS
+    if workload == "stream" or small:
+        # C1 alone: a small batch's few short jobs end before C2's compilations pay back, and every
+        # micro-batch runs freshly generated code; with C2 on, JIT compiling took a large share of
+        # the JVM's CPU on a 2-core machine. The serial collector: the garbage is young and small,
+        # and G1's remembered sets and concurrent threads cost memory and a share of two cores
+        # (bench.peers, four runs each: less resident memory than with G1, as fast and as fresh).
+        return [*QUICK_JIT, "-XX:+UseSerialGC"]
+    if workload == "replay":
         # The throughput collector: G1's concurrent threads take a share of two cores from the tasks
         # (a new process replaying 1M events was faster with it). C2 stays on: C1 alone was a little
         # faster at 1M events but slower at 2M (BENCHMARKS.md).
-        opts.append("-XX:+UseParallelGC")
+        return ["-XX:+UseParallelGC"]
+    return []
+
+
+def driver_java_options(settings: Settings, workload: Workload, *, events: int | None = None) -> str:
+    """The driver JVM's options for ``workload`` reading about ``events`` events (None: unknown);
+    ``spark.driver.extraJavaOptions`` in the settings' conf replaces them."""
+    opts = [f"-Dlog4j.configurationFile=file:{LOG4J}", *jvm_policy(settings, workload, events=events)]
     if settings.spark.cds:
         from lambdalake.spark.cds_archive import archive_options
 
         opts.extend(archive_options(settings))
     return " ".join(opts)
+
+
+def executor_java_options(settings: Settings, workload: Workload, *, events: int | None = None) -> str | None:
+    """A standalone master's executors on this machine (``up --nodes 3``) share its cores with the
+    driver as a local master's tasks do: they take the driver's JIT and collector. None elsewhere
+    (a local master's tasks run in the driver; other machines' executors keep the JVM's defaults);
+    ``spark.executor.extraJavaOptions`` in the settings' conf replaces them."""
+    if not settings.spark.master.startswith("spark://"):
+        return None
+    return " ".join(jvm_policy(settings, workload, events=events)) or None
 
 
 def spark_session(
@@ -155,6 +169,9 @@ def spark_session(
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name).master(with_slots(settings.spark.master, extra_slots))
     derived = {"spark.driver.extraJavaOptions": driver_java_options(settings, workload, events=events)}
+    executor_options = executor_java_options(settings, workload, events=events)
+    if executor_options:
+        derived["spark.executor.extraJavaOptions"] = executor_options
     if settings.spark.idle_python_workers is not None:
         derived[IDLE_WORKERS_CONF] = str(settings.spark.idle_python_workers)
     workload_defaults = {"stream": {}, "batch": BATCH_DEFAULTS, "replay": REPLAY_DEFAULTS}[workload]
