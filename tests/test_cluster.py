@@ -501,9 +501,10 @@ def churn(
         for key in sorted(stored_keys(settings, pipeline, view))[:20]
     ]
     kills: list[str] = []
-    # A run on the cluster takes 1.5-3 minutes here (about 40 CPU-seconds): one starts every five
-    # minutes or so (a kill that waits for a publish ends the pause at once: between_runs).
-    batches = BatchRuns(settings, pipeline.name, pause_s=210)
+    # A run on the cluster takes 1.5-3 minutes here (about 40 CPU-seconds): one starts every six
+    # minutes or so, two in the ten minutes (a kill that waits for a publish ends the pause at once:
+    # between_runs). A third run began as the churn ended, and the soak waited for it.
+    batches = BatchRuns(settings, pipeline.name, pause_s=300)
     apps_before = executor_apps(settings)
     # The speed job's application (the oldest running) has its executor on a worker.
     state = node(settings, "spark-worker-1").cluster_state()

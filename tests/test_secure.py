@@ -458,58 +458,12 @@ def roles_pipeline(state: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
     return base.model_copy(update={"pipelines_dir": folder}), pipeline
 
 
-def test_each_role_runs_its_part_with_its_own_principal_and_the_answers_are_exact(
+def test_each_role_s_settings_name_its_own_principal_and_a_login_set_by_hand_wins(
     state: Path, roles_pipeline: tuple[Settings, Pipeline]
 ) -> None:
-    """Each command logs in as its role's principal (the producer produces, the speed job reads and
-    writes the speed views, the batch creates and publishes its version tables, serving reads), and
-    the merged answers equal the reference of what the topic holds."""
-    from lambdalake.serving.client import ServingClient
-    from tests.reference import differences, merged_differences, topic_events
-
-    settings, pipeline = roles_pipeline
-    folder = settings.pipelines_dir
-    produced = cli(state, "produce", "offers", "-n", "600", "--seed", "8", pipelines=folder)
-    assert produced.returncode == 0, (produced.stdout + produced.stderr).decode()[-3000:]
-    time.sleep(12)  # the events' ingest epochs close
-    once = cli(state, "speed", "run", "offers", "--once", pipelines=folder)
-    assert once.returncode == 0, (once.stdout + once.stderr).decode()[-3000:]
-    events, _ = topic_events(settings, pipeline)
-    assert differences(settings, pipeline, events) == []
-    batch = cli(state, "batch", "run", "offers", pipelines=folder)
-    out = (batch.stdout + batch.stderr).decode()
-    assert batch.returncode == 0 and "published" in out, out[-3000:]
-    serving = settings.as_role("serving")
-    assert serving.cassandra.username == "lambdalake_serving"
-    assert merged_differences(settings, ServingClient(settings=serving), {pipeline.name: pipeline}) == []
-    # The HTTP API over TLS with the embedded CA's certificate, as `serve` runs it, and the token.
-    api = subprocess.Popen(
-        [sys.executable, "-m", "lambdalake", "serve"], cwd=PROJECT_ROOT,
-        env={**cli_env(state, pipelines=folder), "LAMBDALAKE_SERVING__TOKEN": "t0ken"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        url = f"https://127.0.0.1:{port(14080)}"
-        trusted = ssl.create_default_context(cafile=secure.ca_file(state))
-        key = str(events["offer_id"].iloc[0])
-        path = f"/v1/pipelines/offers/views/offer_latest/keys/{key}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                answer = httpx.get(url + path, verify=trusted, headers={"Authorization": "Bearer t0ken"})
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline and api.poll() is None, api.stdout.read().decode()[-3000:]  # type: ignore[union-attr]
-                time.sleep(1)
-        want = ServingClient(settings=serving).query("offers", "offer_latest", key)
-        assert answer.status_code == 200 and want.latest is not None, answer.text
-        assert answer.json()["latest"] == want.to_dict()["latest"], answer.text
-        assert httpx.get(url + path, verify=trusted).status_code == 401  # no token
-        with pytest.raises(httpx.TransportError):  # no plain HTTP beside it
-            httpx.get(f"http://127.0.0.1:{port(14080)}{path}", timeout=5)
-    finally:
-        api.terminate()
-        api.wait(30)
+    """Each command's settings log in as its role's principal on every service (each role running its
+    part with them, and the merged answers exact: the whole-life test below, on the same services)."""
+    settings, _ = roles_pipeline
     # Each command's settings name its role's principal on every service, and no login set by
     # hand is replaced (a user's own login wins).
     for role in ("producer", "speed", "batch", "serving"):
@@ -735,7 +689,8 @@ def test_a_pipeline_s_whole_life_on_the_secured_services_with_the_lake_on_the_st
 
 def https_answers_match(state: Path, settings: Settings, pipeline: Pipeline) -> None:
     """The deployed serving API answers over HTTPS (the embedded CA's certificate, the token) what
-    the Python client answers, for a key of every view."""
+    the Python client answers as the serving principal, for a key of every view; without the token it
+    answers 401, and nothing answers plain HTTP beside it."""
     from lambdalake.serving.client import ServingClient
     from tests.reference import stored_keys
 
@@ -755,6 +710,10 @@ def https_answers_match(state: Path, settings: Settings, pipeline: Pipeline) -> 
             return a["latest"], [(w["window_start"], w["values"]) for w in a["windows"]]
 
         assert values(got) == values(want) and (got["latest"] or got["windows"]), (view.name, answer.text)
+    path = f"/v1/pipelines/{pipeline.name}/views/{view.name}/keys/{shown}"  # the last view's
+    assert httpx.get(url + path, verify=trusted, timeout=30).status_code == 401  # no token
+    with pytest.raises(httpx.TransportError):  # no plain HTTP beside it
+        httpx.get(f"http://127.0.0.1:{port(14080)}{path}", timeout=5)
 
 
 def test_no_secret_is_logged_or_printed(
