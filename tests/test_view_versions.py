@@ -10,7 +10,7 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
@@ -65,10 +65,12 @@ aggregates = [
 
 def changed_file(settings: Settings) -> None:
     """Rewrite the pipeline file: the windowed view gets 1-minute windows and fewer aggregates (a
-    changed definition); a view keyed by region and status is added."""
+    changed definition); a view keyed by region and status is added (the views after it stay)."""
     path = settings.pipelines_dir / "payments.toml"
     text = path.read_text()
-    path.write_text(text[: text.rindex("[[views]]")] + CHANGED_VIEW)
+    start = text.index('[[views]]\nname = "account_region_5m"')
+    end = text.find("[[views]]", start + 1)
+    path.write_text(text[:start] + CHANGED_VIEW + ("\n" + text[end:] if end >= 0 else ""))
 
 
 def narrower_latest(settings: Settings) -> None:
@@ -277,15 +279,24 @@ def live_payments(services: Settings, tmp_path: Path, *, port: int) -> tuple[Set
 
 
 @contextmanager
-def sending(settings: Settings, pipeline: Pipeline, *, first: int, n: int, every_s: float) -> Iterator[None]:
-    """A producer sending ``n`` payments every ``every_s`` (ids from ``first`` on) while the block runs."""
+def sending(
+    settings: Settings,
+    pipeline: Pipeline,
+    *,
+    first: int,
+    n: int,
+    every_s: float,
+    shape: Callable[[dict[str, Any]], dict[str, Any]] = lambda r: r,
+) -> Iterator[None]:
+    """A producer sending ``n`` payments (each made by ``shape``) every ``every_s`` (ids from ``first``
+    on) while the block runs."""
     stop = threading.Event()
 
     def run() -> None:
         sender = EventProducer(settings=settings, pipeline=pipeline)
         i = 0
         while not stop.is_set():
-            send(sender, payments(n, seed=first + i, start=first + n * i))
+            send(sender, [shape(p) for p in payments(n, seed=first + i, start=first + n * i)])
             i += 1
             stop.wait(every_s)
 
@@ -300,122 +311,6 @@ def sending(settings: Settings, pipeline: Pipeline, *, first: int, n: int, every
 
 OLD = ("payments", "total", "smallest", "largest", "mean")
 NEW = ("payments", "total", "largest")
-
-
-@pytest.mark.services
-@pytest.mark.slow
-def test_a_view_changed_and_one_added_on_a_live_pipeline_are_built_then_switched(
-    services: Settings, tmp_path: Path
-) -> None:
-    """Deployed with its jobs; events archived and a batch published; then the windowed view changes
-    (1-minute windows, other aggregates), the latest view keeps fewer columns and a view is added,
-    while a producer keeps sending. Serving
-    answers the old version until deploy has built the new one (batch from the master dataset, closed epochs
-    recomputed, open ones by the job) and then the new one only; both equal the reference, and again
-    after a speed reset; the old version's tables and checkpoint are gone and `status` shows v2."""
-    settings, pipeline = live_payments(services, tmp_path, port=port(18482))
-    producer = EventProducer(settings=settings, pipeline=pipeline)
-    try:
-        deployed = run_cli(settings, "deploy", "payments")
-        assert deployed.returncode == 0, (deployed.stdout + deployed.stderr).decode()[-3000:]
-        wave = payments(1200, seed=21)
-        send(producer, wave + random.Random(22).sample(wave, 50))
-        five = 5 * 60_000
-        assert (
-            eventually(
-                lambda: served_problems(settings, "account_region_5m", ("account_id", "region"), five, NEW)
-            )
-            == []
-        )
-        time.sleep(pipeline.layers.epoch_seconds + 2)
-        batch = run_cli(settings, "batch", "run", "payments")
-        assert batch.returncode == 0, (batch.stdout + batch.stderr).decode()[-3000:]
-
-        # The change, deployed while a producer sends; serving is read all along.
-        changed_file(settings)
-        narrower_latest(settings)
-        stop = threading.Event()
-        seen: list[tuple[str, ...]] = []
-        errors: list[str] = []
-
-        def keep_reading() -> None:
-            client = ServingClient(settings=settings, meta_ttl_s=0)
-            while not stop.is_set():
-                try:
-                    answer = client.query("payments", "account_region_5m", ["acct-01", "eu"])
-                except Exception as exc:  # every answer must be whole, during the switch too
-                    errors.append(repr(exc))
-                else:
-                    seen.extend(tuple(w.values) for w in answer.windows)
-                stop.wait(0.2)
-
-        reader = threading.Thread(target=keep_reading)
-        reader.start()
-        try:
-            # A send every 3 s, not every micro-batch: each micro-batch with records costs the job
-            # about a CPU-second, beside the view build's batch on two cores.
-            with sending(settings, pipeline, first=100_000, n=200, every_s=3.0):
-                redeploy = run_cli(settings, "deploy", "payments", timeout=900)
-        finally:
-            stop.set()
-            reader.join()
-        output = (redeploy.stdout + redeploy.stderr).decode()
-        assert redeploy.returncode == 0, output[-4000:]
-        assert errors == [], errors[:3]
-        assert "v2 active (serving switched)" in output and "region_status_1m" in output, output[-4000:]
-        # Every answer came whole from one version: the old aggregates, then the new ones.
-        # (an old answer also carries avg's parts, mean_sum and mean_count)
-        shapes = ["old" if set(OLD) <= set(s) else "new" if set(s) == set(NEW) else str(s) for s in seen]
-        assert set(shapes) == {"old", "new"}, set(shapes)
-        switched = shapes.index("new")
-        assert all(s == "new" for s in shapes[switched:]), "serving went back to the old version"
-
-        send(producer, payments(500, seed=23, start=200_000))
-        minute = 60_000
-        new_view = ("account_region_5m", ("account_id", "region"), minute, NEW)
-        added = ("region_status_1m", ("region", "status"), minute, ("payments", "total"))
-        for args in (new_view, added):
-            assert eventually(lambda args=args: served_problems(settings, *args)) == [], args[0]
-
-        # The latest view (v2: fewer columns) kept up through both restarts and the main query's move.
-        latest = reference(read_back(settings, pipeline.topic.name))[1]
-        client = ServingClient(settings=settings, meta_ttl_s=0)
-        for payment_id in random.Random(5).sample(sorted(latest), 150):
-            got = client.query("payments", "payment_latest", payment_id).latest
-            assert got is not None and got.values["amount"] == latest[payment_id]["amount"], payment_id
-            assert got.values["attempt"] == latest[payment_id]["attempt"], payment_id
-            assert "status" not in got.values  # the new version's columns
-
-        session = connect(settings.cassandra)
-        session.cluster.refresh_schema_metadata()
-        tables = set(session.cluster.metadata.keyspaces[settings.cassandra.keyspace].tables)
-        assert "payments__account_region_5m__v2__speed" in tables
-        assert not any(t.startswith("payments__account_region_5m__") and "__v2" not in t for t in tables), (
-            tables
-        )
-        checkpoints = Path(settings.storage_root) / "checkpoints" / "payments"
-        assert (
-            not (checkpoints / "account_region_5m").exists() and (checkpoints / "region_status_1m").exists()
-        )
-        registry = read_meta(session, settings.cassandra.keyspace, "payments").registry
-        assert registry.active("account_region_5m").version == 2 and not registry.building()
-        assert registry.active("payment_latest").name == "payment_latest__v2"
-        assert "payments__payment_latest__speed_latest" not in tables
-        assert registry.retired == []
-        status = run_cli(settings, "status")
-        assert "v2" in status.stdout.decode(), status.stdout.decode()
-
-        # A speed reset rebuilds the versions deployed (the main query takes the first windowed one).
-        assert run_cli(settings, "undeploy").returncode == 0
-        reset = run_cli(settings, "speed", "reset", "payments", "--yes")
-        assert reset.returncode == 0, (reset.stdout + reset.stderr).decode()[-3000:]
-        redeployed = run_cli(settings, "deploy", "payments")
-        assert redeployed.returncode == 0, (redeployed.stdout + redeployed.stderr).decode()[-3000:]
-        send(producer, payments(300, seed=24, start=300_000))
-        for args in (new_view, added):
-            assert eventually(lambda args=args: served_problems(settings, *args)) == [], args[0]
-    finally:
-        run_cli(settings, "undeploy")
 
 
 #: The changed view with 2-minute windows, and without the added view.
@@ -498,69 +393,155 @@ def branch_problems(settings: Settings, load: type) -> list[str]:
     return problems
 
 
+def branched(p: dict[str, Any]) -> dict[str, Any]:
+    """A payment with the branch fields schema v1 holds (a branch of 7, a fee and a load of its id's)."""
+    n = int(p["payment_id"].removeprefix("pay-"))
+    return {**p, "branch": n % 7, "fee_cents": 1_000 + n % 500, "load": n % 50}
+
+
 @pytest.mark.services
 @pytest.mark.slow
-def test_a_windowed_view_whose_stored_types_widen_is_rebuilt_live_under_its_name(
+def test_views_changed_added_and_widened_on_a_live_pipeline_are_built_then_switched(
     services: Settings, tmp_path: Path
 ) -> None:
-    """A schema v2 widens the key of a windowed view (int to long), the field its min and max keep
-    (int to long) and the one it sums (int to double), and gives the amount the first windowed view
-    sums (the main query's own aggregation) two more digits. Deploy builds a version of the same
-    definition with the new types beside the serving one, while holding v2 back from the registry
-    (no value the old tables cannot hold is sent meanwhile), switches, then registers v2. Keys and
-    fees beyond 32 bits follow, and serving answers old and new cells exactly, as v2's types,
-    before and after a batch."""
+    """Deployed with its jobs; events archived and a batch published. Then one deploy, while a
+    producer keeps sending and serving is read: the windowed view changes (1-minute windows, other
+    aggregates), the latest view keeps fewer columns, a view is added, and a schema v2 widens what a
+    windowed view stores (its key and the field its min and max keep, int to long; the one it sums,
+    int to double) and gives the amount the first windowed view sums two more digits. Deploy builds
+    each new version beside the serving one (batch from the master dataset, closed epochs recomputed,
+    open ones by the job) while holding v2 back from the registry (no value the old tables cannot
+    hold is sent meanwhile), switches, then registers v2: serving answers the old version until then
+    and the new one only after. Values beyond the old types follow; every view equals the reference,
+    as v2's types, before and after a batch and again after a speed reset; the old versions' tables
+    and checkpoint are gone and `status` shows v2."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    settings, _ = live_payments(services, tmp_path, port=port(18484))
+    settings, _ = live_payments(services, tmp_path, port=port(18482))
     settings = branch_pipeline(settings, tmp_path / "files", settings_topic(settings), [BRANCH_V1])
-    v1 = configured_pipeline("payments", settings)
-    subject = v1.schema_.subject
+    pipeline = configured_pipeline("payments", settings)
     registry = SchemaRegistryClient(settings.registry.client_config())
+    producer = EventProducer(settings=settings, pipeline=pipeline)
     try:
         deployed = run_cli(settings, "deploy", "payments")
         assert deployed.returncode == 0, (deployed.stdout + deployed.stderr).decode()[-3000:]
-        old_producer = EventProducer(settings=settings, pipeline=v1)
         wave = [{**p, "branch": i % 7, "fee_cents": 2**31 - 1 - i, "load": i % 50}
-                for i, p in enumerate(payments(600, seed=41))]  # fmt: skip
-        send(old_producer, wave + random.Random(42).sample(wave, 30))
+                for i, p in enumerate(payments(1200, seed=21))]  # fmt: skip
+        send(producer, wave + random.Random(22).sample(wave, 50))
+        five = ("account_region_5m", ("account_id", "region"), 5 * 60_000, NEW)
+        assert eventually(lambda: served_problems(settings, *five)) == []
         assert eventually(lambda: branch_problems(settings, int)) == []
-        time.sleep(v1.layers.epoch_seconds + 2)
+        time.sleep(pipeline.layers.epoch_seconds + 2)
         batch = run_cli(settings, "batch", "run", "payments")
         assert batch.returncode == 0, (batch.stdout + batch.stderr).decode()[-3000:]
 
-        wider = branch_pipeline(
-            settings, tmp_path / "files", settings_topic(settings), [BRANCH_V1, BRANCH_V2]
-        )
-        v2 = configured_pipeline("payments", wider)
-        redeploy = run_cli(wider, "deploy", "payments", timeout=900)
+        # The change, deployed while a producer sends with v1; serving is read all along.
+        topic = settings_topic(settings)
+        settings = branch_pipeline(settings, tmp_path / "files", topic, [BRANCH_V1, BRANCH_V2])
+        changed_file(settings)
+        narrower_latest(settings)
+        v2 = configured_pipeline("payments", settings)
+        stop = threading.Event()
+        seen: list[tuple[str, ...]] = []
+        errors: list[str] = []
+
+        def keep_reading() -> None:
+            client = ServingClient(settings=settings, meta_ttl_s=0)
+            while not stop.is_set():
+                try:
+                    answer = client.query("payments", "account_region_5m", ["acct-01", "eu"])
+                except Exception as exc:  # every answer must be whole, during the switch too
+                    errors.append(repr(exc))
+                else:
+                    seen.extend(tuple(w.values) for w in answer.windows)
+                stop.wait(0.2)
+
+        reader = threading.Thread(target=keep_reading)
+        reader.start()
+        try:
+            # A send every 3 s, not every micro-batch: each micro-batch with records costs the job
+            # about a CPU-second, beside the view build's batch on two cores.
+            with sending(settings, pipeline, first=100_000, n=200, every_s=3.0, shape=branched):
+                redeploy = run_cli(settings, "deploy", "payments", timeout=900)
+        finally:
+            stop.set()
+            reader.join()
         output = " ".join((redeploy.stdout + redeploy.stderr).decode().split())
         assert redeploy.returncode == 0, output[-4000:]
+        assert errors == [], errors[:3]
+        assert "v2 active (serving switched)" in output and "region_status_1m" in output, output[-4000:]
         assert "stored types widen" in output and "held" in output, output[-4000:]
-        assert "v2 active (serving switched)" in output, output[-4000:]
-        assert registry.get_versions(subject) == [1, 2]  # registered once the new version served
-        meta = read_meta(connect(settings.cassandra), settings.cassandra.keyspace, "payments")
-        assert meta.registry.active("branch_5m").name == "branch_5m__v2" and not meta.registry.building()
-        assert (
-            meta.registry.active("account_region_5m").name == "account_region_5m__v2"
-        )  # the amount's digits
-        five = ("account_region_5m", ("account_id", "region"), 300_000, ("payments", "total", "largest"))
-        assert eventually(lambda: branch_problems(wider, float)) == []
-        assert served_problems(wider, *five) == []
+        assert registry.get_versions(pipeline.schema_.subject) == [1, 2]  # registered once v2 served
+        # Every answer came whole from one version: the old aggregates, then the new ones.
+        # (an old answer also carries avg's parts, mean_sum and mean_count)
+        shapes = ["old" if set(OLD) <= set(s) else "new" if set(s) == set(NEW) else str(s) for s in seen]
+        assert set(shapes) == {"old", "new"}, set(shapes)
+        switched = shapes.index("new")
+        assert all(s == "new" for s in shapes[switched:]), "serving went back to the old version"
 
+        # Keys and fees beyond 32 bits and amounts of 14 digits with v2, v1's records beside them.
         later = [{**p, "branch": 2**33 + i % 3, "fee_cents": 3_000_000_000 + i, "load": i / 4,
                   "amount": Decimal("987654321098.76") if i % 10 == 0 else p["amount"]}
                  for i, p in enumerate(payments(300, seed=43, start=50_000))]  # fmt: skip
-        send(EventProducer(settings=wider, pipeline=v2), later)
+        send(EventProducer(settings=settings, pipeline=v2), later)
         send(
-            old_producer,
-            [{**p, "branch": 3, "fee_cents": -5, "load": 9} for p in payments(50, seed=44, start=60_000)],
+            producer,
+            [{**p, "branch": 3, "fee_cents": -5, "load": 9} for p in payments(500, seed=23, start=200_000)],
         )
-        assert eventually(lambda: branch_problems(wider, float)) == []
+        minute = 60_000
+        new_view = ("account_region_5m", ("account_id", "region"), minute, NEW)
+        added = ("region_status_1m", ("region", "status"), minute, ("payments", "total"))
+        for args in (new_view, added):
+            assert eventually(lambda args=args: served_problems(settings, *args)) == [], args[0]
+        assert eventually(lambda: branch_problems(settings, float)) == []
+
+        # The latest view (v2: fewer columns) kept up through both restarts and the main query's move.
+        latest = reference(read_back(settings, topic))[1]
+        client = ServingClient(settings=settings, meta_ttl_s=0)
+        for payment_id in random.Random(5).sample(sorted(latest), 150):
+            got = client.query("payments", "payment_latest", payment_id).latest
+            assert got is not None and got.values["amount"] == latest[payment_id]["amount"], payment_id
+            assert got.values["attempt"] == latest[payment_id]["attempt"], payment_id
+            assert "status" not in got.values  # the new version's columns
+
+        session = connect(settings.cassandra)
+        session.cluster.refresh_schema_metadata()
+        tables = set(session.cluster.metadata.keyspaces[settings.cassandra.keyspace].tables)
+        assert "payments__account_region_5m__v2__speed" in tables
+        assert not any(t.startswith("payments__account_region_5m__") and "__v2" not in t for t in tables), (
+            tables
+        )
+        checkpoints = Path(settings.storage_root) / "checkpoints" / "payments"
+        assert (
+            not (checkpoints / "account_region_5m").exists() and (checkpoints / "region_status_1m").exists()
+        )
+        meta = read_meta(session, settings.cassandra.keyspace, "payments").registry
+        assert meta.active("account_region_5m").version == 2 and not meta.building()
+        assert meta.active("branch_5m").name == "branch_5m__v2"
+        assert meta.active("payment_latest").name == "payment_latest__v2"
+        assert "payments__payment_latest__speed_latest" not in tables
+        assert meta.retired == []
+        status = run_cli(settings, "status")
+        assert "v2" in status.stdout.decode(), status.stdout.decode()
+
         time.sleep(v2.layers.epoch_seconds + 2)
-        batch = run_cli(wider, "batch", "run", "payments")
+        batch = run_cli(settings, "batch", "run", "payments")
         assert batch.returncode == 0, (batch.stdout + batch.stderr).decode()[-3000:]
-        assert branch_problems(wider, float) == []
-        assert served_problems(wider, *five) == []
+        assert branch_problems(settings, float) == []
+        assert served_problems(settings, *new_view) == []
+
+        # A speed reset rebuilds the versions deployed (the main query takes the first windowed one).
+        assert run_cli(settings, "undeploy").returncode == 0
+        reset = run_cli(settings, "speed", "reset", "payments", "--yes")
+        assert reset.returncode == 0, (reset.stdout + reset.stderr).decode()[-3000:]
+        redeployed = run_cli(settings, "deploy", "payments")
+        assert redeployed.returncode == 0, (redeployed.stdout + redeployed.stderr).decode()[-3000:]
+        send(
+            EventProducer(settings=settings, pipeline=v2),
+            [{**branched(p), "load": 0.5} for p in payments(300, seed=24, start=300_000)],
+        )
+        for args in (new_view, added):
+            assert eventually(lambda args=args: served_problems(settings, *args)) == [], args[0]
+        assert eventually(lambda: branch_problems(settings, float)) == []
     finally:
         run_cli(settings, "undeploy")
