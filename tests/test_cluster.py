@@ -421,8 +421,10 @@ class BatchRuns:
         return seen
 
     def start(self) -> None:
-        """Start the runs (again: nothing)."""
+        """Start the runs (again: nothing). A wake from before (between_runs, ahead of the first run)
+        is dropped: the first run starts now anyway, and the wake would start a second one after it."""
         if self._thread.ident is None:
+            self._wake.clear()
             self._thread.start()
 
     def stop(self) -> None:
