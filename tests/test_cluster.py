@@ -504,8 +504,8 @@ def churn(
     ]
     kills: list[str] = []
     # A run on the cluster takes 1.5-3 minutes here (about 40 CPU-seconds): one starts every six
-    # minutes or so, two in the ten minutes (a kill that waits for a publish ends the pause at once:
-    # between_runs). A third run began as the churn ended, and the soak waited for it.
+    # minutes or so, two in the ten minutes, and one more for each further kill that waits for a
+    # publish (it ends the pause at once: between_runs).
     batches = BatchRuns(settings, pipeline.name, pause_s=300)
     apps_before = executor_apps(settings)
     # The speed job's application (the oldest running) has its executor on a worker.

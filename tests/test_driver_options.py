@@ -47,11 +47,9 @@ def test_a_standalone_master_on_this_machine_counts_as_local(tmp_path: Path) -> 
 def test_executors_on_this_machine_follow_the_workload(tmp_path: Path) -> None:
     """A standalone master on loopback: a small batch's executors start with the quick JIT, a large
     replay's with the throughput collector, a large batch's with the JVM's defaults (no option set)."""
-    from lambdalake.spark.session import jvm_policy
-
     spark = {"master": "spark://127.0.0.1:7077"}
     here = Settings(cache_dir=tmp_path, spark=spark)
-    assert executor_java_options(here, "batch", events=10) == " ".join(jvm_policy(here, "batch", events=10))
-    assert QUICK in executor_java_options(here, "batch", events=10).split()  # type: ignore[union-attr]
+    small = (executor_java_options(here, "batch", events=10) or "").split()
+    assert QUICK in small and "-XX:+UseSerialGC" in small, small
     assert executor_java_options(here, "replay", events=QUICK_JIT_EVENTS) == "-XX:+UseParallelGC"
     assert executor_java_options(here, "batch", events=None) is None

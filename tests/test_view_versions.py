@@ -394,7 +394,7 @@ def branch_problems(settings: Settings, load: type) -> list[str]:
 
 
 def branched(p: dict[str, Any]) -> dict[str, Any]:
-    """A payment with the branch fields schema v1 holds (a branch of 7, a fee and a load of its id's)."""
+    """A payment with the fields schema v1 adds: one of 7 branches, a fee and a load, all from its id."""
     n = int(p["payment_id"].removeprefix("pay-"))
     return {**p, "branch": n % 7, "fee_cents": 1_000 + n % 500, "load": n % 50}
 
