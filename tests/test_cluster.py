@@ -11,9 +11,9 @@ runs, and checks every view against the reference of everything the topic holds.
 job stopped starts it again, so each still runs alone. A Spark application on the standalone cluster
 costs a driver, an executor JVM and its Python workers: one per fault was most of the module's time.
 
-The churn soak's job keeps its lake on the local disk; the module's last fault tests run a second
-job whose lake is wholly on the embedded object store, as on real hosts, where the Spark workers
-share no disk (each has a work folder of its own, and nothing is read from another's).
+The job keeps its lake wholly on the embedded object store, as on real hosts, where the Spark
+workers share no disk (each has a work folder of its own, and nothing is read from another's): the
+churn soak, which kills the worker running its executor, runs on it.
 """
 
 from __future__ import annotations
@@ -149,25 +149,12 @@ def shared_job(cluster: Settings, folder: Path, *, on_store: bool) -> SharedJob:
 
 @pytest.fixture(scope="module")
 def offers(cluster: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedJob]:
-    """The churn soak's job, its lake on the local disk, a micro-batch every 5 s: the soak holds a
-    core for ten minutes, beside the suite's other workers (a micro-batch costs about a CPU-second
-    however few its records: 2 s apart, the job took 0.2 of a core; docs/benchmarks-log.md)."""
+    """The module's job (the churn soak's), its lake wholly on the object store as on real hosts,
+    where the Spark workers share no disk; a micro-batch every 5 s: the soak holds a core for ten
+    minutes, beside the suite's other workers (a micro-batch costs about a CPU-second however few its
+    records: 2 s apart, the job took 0.2 of a core; docs/benchmarks-log.md)."""
     settings = cluster.model_copy(update={"speed": cluster.speed.model_copy(update={"trigger_s": 5})})
-    job = shared_job(settings, tmp_path_factory.mktemp("offers"), on_store=False)
-    try:
-        yield job
-    finally:
-        job.stop()
-
-
-@pytest.fixture(scope="module")
-def stored(
-    cluster: Settings, offers: SharedJob, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[SharedJob]:
-    """The last fault tests' job, its lake wholly on the object store; the soak's job is stopped
-    first (the tests count the cluster's applications)."""
-    offers.stop()
-    job = shared_job(cluster, tmp_path_factory.mktemp("stored"), on_store=True)
+    job = shared_job(settings, tmp_path_factory.mktemp("offers"), on_store=True)
     try:
         yield job
     finally:
@@ -697,19 +684,19 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def test_fewer_than_a_quorum_of_cassandra_nodes_answers_503_naming_the_consistency_level(
-    stored: SharedJob,
+    offers: SharedJob,
 ) -> None:
     """Two replicas of three down: a QUORUM read cannot be met, and serving says so (503, the level
     and the replicas that answered), never a partial or stale answer; once they are back, it answers.
     Last in the module: it stops the speed job."""
-    stored.ensure()
-    settings, pipeline = stored.settings, stored.pipeline
+    offers.ensure()
+    settings, pipeline = offers.settings, offers.pipeline
     producer = EventProducer(settings=settings, pipeline=pipeline, prepare=False)
     for record in generate("offers", 300, seed=37, mix=Mix()):
         producer.send(record)
     assert producer.flush().unacknowledged == 0
-    assert wait_equal(settings, pipeline, timeout=300) == [], stored.log.read_text()[-3000:]
-    stored.stop()  # a writer would only fail its QUORUM writes meanwhile
+    assert wait_equal(settings, pipeline, timeout=300) == [], offers.log.read_text()[-3000:]
+    offers.stop()  # a writer would only fail its QUORUM writes meanwhile
     key = sorted(stored_keys(settings, pipeline, pipeline.views[0]))[0][0]
     down = [node(settings, "cassandra-2"), node(settings, "cassandra-3")]
     with serving_app(settings, token="t", meta_ttl_s=0) as url:
