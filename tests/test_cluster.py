@@ -455,8 +455,9 @@ def test_a_churn_soak_answers_every_query_without_a_server_error_and_exactly(off
     with -9 (the master gives the application a new one on the other worker), the brokers
     restarted in turn as an operator rolls them (`down --only`, `up --only`), and the registry and
     the Spark master restarted alone so (issue 77: one node of each kind, its needs outside the
-    selection probed; the master takes back its workers and the job). A node killed with -9 comes
-    back with `up --only` too.
+    selection probed; the master takes back its workers and the job). A leader, a Cassandra node
+    or a Spark worker killed with -9 comes back with `up --only` (the node killed before a publish
+    is started by the test itself once the publish has run without it).
 
     No query is answered 5xx (a quorum of each service is up all through). Afterwards every
     acknowledged record is in the topic once (kcat), and every rejected one in the dead-letter topic;
