@@ -198,11 +198,11 @@ class Checkpoints:
         """Remove what a checkpoint's first batch left half-written, when its offset log has no
         entry; returns the files removed.
 
-        A Real-time query killed in its first batch can leave a temporary file of its first offset
-        log entry, or of its first commit, and no offset log entry; Spark then refuses that
-        checkpoint for good ("should be empty on batch 0"). Such a checkpoint has committed nothing;
-        its initial offsets (``sources/0/0``) stay, so the query runs its first batch again from
-        where it was meant to start."""
+        A query (the main one or the Real-time one) killed in its first batch can leave a temporary
+        file of its first offset log entry, or of its first commit, and no offset log entry; Spark
+        then refuses that checkpoint for good ("should be empty on batch 0"). Such a checkpoint has
+        committed nothing; its initial offsets (``sources/0/0``) stay, so the query runs its first
+        batch again from where it was meant to start."""
         folder = self.folder(name)
         offsets = list_files(f"{folder}/offsets")
         if any(u.rsplit("/", 1)[1].isdigit() for u in offsets):

@@ -296,6 +296,8 @@ class SpeedJob:
         require_log_append_time(self.settings, self.pipeline)
         self.deploy()
         self._choose_main()
+        # A kill in the main query's first batch (the job's first seconds) can leave such files too.
+        self._drop_unlogged_batch(self.main_name, "the main query's")
         self.reads_check = LastReadCheck(
             settings=self.settings, checkpoint=self.main_dir, fail=self.options.fail_on_data_loss
         )
@@ -322,16 +324,19 @@ class SpeedJob:
         self.progress.follow(self.queries)
         return self.queries
 
+    def _drop_unlogged_batch(self, name: str, whose: str) -> None:
+        """Remove what a kill in a checkpoint's first batch left half-written (a temporary offset
+        log or commit file and no entry: Spark would refuse the checkpoint for good), and say so."""
+        stray = self.checkpoints.drop_unlogged_batch(name)
+        if stray:
+            names = ", ".join(u.rsplit("/", 1)[1] for u in stray)
+            log.warning("%s checkpoint had committed nothing: removed %s; its first batch runs again",
+                        whose, names)  # fmt: skip
+
     def _start_latest(self) -> StreamingQuery:
         """Start the latest views' Real-time query (:mod:`lambdalake.spark.realtime`) from its
         checkpoint, decoding the writer schemas known so far."""
-        stray = self.checkpoints.drop_unlogged_batch(self._latest_name())
-        if stray:
-            names = ", ".join(u.rsplit("/", 1)[1] for u in stray)
-            log.warning(
-                "the Real-time checkpoint had committed nothing: removed %s; its first batch runs again",
-                names,
-            )
+        self._drop_unlogged_batch(self._latest_name(), "the Real-time query's")
         query = start_latest_query(
             self.spark, self.settings, self.pipeline,
             self.records(starting=self._latest_start(), bounded=False),

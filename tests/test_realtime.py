@@ -403,6 +403,6 @@ def test_a_real_time_checkpoint_left_by_a_kill_in_its_first_commit_starts_again(
         }
         job = _start(settings, log)
         _wait_for(settings, pipeline, kinds.reference(), job)
-        assert "the Real-time checkpoint had committed nothing" in log.read_text()
+        assert "the Real-time query's checkpoint had committed nothing" in log.read_text()
     finally:
         stop_job(job)

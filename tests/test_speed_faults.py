@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -177,6 +178,43 @@ def test_cassandra_stopped_for_30s(services: Settings, spark, tmp_path: Path, un
     finally:
         job.stop()
         cassandra.start()
+
+
+def test_a_main_checkpoint_killed_in_its_first_offset_log_entry_starts_again(
+    services: Settings, spark, tmp_path: Path, unique: str
+) -> None:
+    """A kill -9 in a job's first micro-batch, as it wrote the offset log's first entry (seen in the
+    seeded operations schedule), leaves the main query's checkpoint with its metadata, its initial
+    offsets and a temporary offsets file but no entry; Spark refuses such a checkpoint for good
+    ("should be empty on batch 0"). The next start removes the stray file, runs the first batch
+    again from the initial offsets, and the views equal the reference."""
+    settings = isolated(services, tmp_path, unique)
+    pipeline = pipeline_named(settings, "telemetry", topic=f"telemetry-{unique}")
+    EventProducer(settings=settings, pipeline=pipeline)
+    job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
+    job.start()
+    try:
+        Supervisor(job).catch_up()  # no records yet: the initial offsets, no batch
+    finally:
+        job.stop()
+    # What the kill left: the query's metadata and initial offsets, and of its first batch (which
+    # ran here, empty) only the offset log entry's temporary file, empty.
+    folder = Path(job.main_dir)
+    assert (folder / "metadata").exists() and (folder / "sources" / "0" / "0").exists()
+    for sub in ("offsets", "commits", "state"):
+        shutil.rmtree(folder / sub)
+    (folder / "offsets").mkdir()
+    stray = folder / "offsets" / ".0.327f4c00-de06-483f-96a4-d5b879483d89.tmp"
+    stray.write_bytes(b"")
+    produce_steadily(settings, pipeline, 3_000, rate=5_000, seed=9).join(60)
+    job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
+    job.start()
+    try:
+        Supervisor(job).catch_up()
+        assert not stray.exists()
+        assert wait_equal(settings, pipeline, timeout=120) == []
+    finally:
+        job.stop()
 
 
 def busy_python_worker(job: subprocess.Popen, timeout: float = 60) -> int:
