@@ -363,6 +363,7 @@ class CassandraService(EmbeddedService):
             self.home, self.settings.cassandra, host=self.host, seed=self.hosts[0],
             # A secured ring's later nodes stream what they replicate: the roles the first node made.
             bootstrap=len(self.hosts) == 1 or not self.new_ring or self.settings.secure, keystore=keystore,
+            ring=len(self.hosts) > 1,
         )  # fmt: skip
 
     def argv(self) -> list[str]:
