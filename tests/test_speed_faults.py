@@ -194,7 +194,7 @@ def test_a_main_checkpoint_killed_in_its_first_offset_log_entry_starts_again(
     job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
     job.start()
     try:
-        Supervisor(job).catch_up()  # no records yet: the initial offsets, no batch
+        Supervisor(job).catch_up()  # no records yet: the initial offsets and an empty first batch
     finally:
         job.stop()
     # What the kill left: the query's metadata and initial offsets, and of its first batch (which
@@ -206,7 +206,9 @@ def test_a_main_checkpoint_killed_in_its_first_offset_log_entry_starts_again(
     (folder / "offsets").mkdir()
     stray = folder / "offsets" / ".0.327f4c00-de06-483f-96a4-d5b879483d89.tmp"
     stray.write_bytes(b"")
-    produce_steadily(settings, pipeline, 3_000, rate=5_000, seed=9).join(60)
+    producer = produce_steadily(settings, pipeline, 3_000, rate=5_000, seed=9)
+    producer.join(60)
+    assert not producer.is_alive() and not producer.errors, producer.errors
     job = SpeedJob(settings=settings, pipeline=pipeline, spark=spark)
     job.start()
     try:
