@@ -235,7 +235,7 @@ class BatchJob:
                 progress("publishing to Cassandra")
                 base = increment.base.active if increment is not None else None
                 run.batch_version = Publisher(self.settings, self.pipeline, self.spark).publish(
-                    run, changed=changed, base=base
+                    run, changed=changed, base=base, committed=outputs
                 )
 
     def _plan(self, found: Horizon, run: BatchRun, table: DeltaTable, *, full: bool) -> Increment | None:

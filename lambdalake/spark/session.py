@@ -75,6 +75,10 @@ BATCH_DEFAULTS = {
     "spark.sql.shuffle.partitions": "16",
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    # A cached result (the deduplicated events, each view's rows) coalesced as any other: Spark's
+    # default keeps its 16 shuffle partitions, so a few hundred rows became 16 tasks in every job
+    # that read them and 16 files in every Delta view written.
+    "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
     # The identities delivered more than once are few: broadcast them instead of shuffling every event.
     "spark.sql.adaptive.autoBroadcastJoinThreshold": "64MB",
     "spark.driver.memory": "6g",
