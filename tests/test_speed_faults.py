@@ -220,7 +220,7 @@ def test_a_main_checkpoint_killed_in_its_first_offset_log_entry_starts_again(
 
 
 def busy_python_worker(job: subprocess.Popen, timeout: float = 60) -> int:
-    """A Python worker of the job (a child of ``pyspark.daemon``) caught running a task: its CPU time
+    """A Python worker of the job (a child of the Python daemon) caught running a task: its CPU time
     grew within the last 50 ms (an idle worker killed would just be replaced before the next task)."""
     from lambdalake.procs import process_tree
 
@@ -234,8 +234,8 @@ def busy_python_worker(job: subprocess.Popen, timeout: float = 60) -> int:
         tree = process_tree(job.pid)
         for pid, parent in tree.items():
             try:
-                daemon_child = b"pyspark.daemon" in Path(f"/proc/{parent}/cmdline").read_bytes()
-                if not daemon_child or b"pyspark.daemon" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                daemon_child = b"\0pyspark.worker\0" in Path(f"/proc/{parent}/cmdline").read_bytes()
+                if not daemon_child or b"\0pyspark.worker\0" not in Path(f"/proc/{pid}/cmdline").read_bytes():
                     continue
                 now = cpu(pid)
             except OSError:

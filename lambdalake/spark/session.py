@@ -46,6 +46,9 @@ SPARK_DEFAULTS = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.python.worker.reuse": "true",
+    # PySpark's daemon, its reused workers collecting only young garbage between tasks (a full
+    # collection after every task was 70 % of their CPU in a speed job: lambdalake.spark.pydaemon).
+    "spark.python.daemon.module": "lambdalake.spark.pydaemon",
     "spark.sql.streaming.stopTimeout": "60s",
     # How long a query without new records waits before asking the source again (Spark's 10 ms
     # default asks the broker for its log ends 100 times a second, which cost an idle job and its
