@@ -136,8 +136,10 @@ class Publisher:
         for view in self.pipeline.views:
             if cells and changed is not None:
                 rows = changed[view.name]
+            elif committed is not None:
+                rows = committed[view.name]
             else:
-                rows = committed[view.name] if committed is not None else self._delta_rows(run, view.name)
+                rows = self._delta_rows(run, view.name)
             written = 0
             if rows is not None:
                 # Rows of a version are written once, in bulk, while Cassandra serves nothing from
