@@ -252,9 +252,10 @@ def test_both_paths_leave_the_reference_winners_through_a_new_writer_schema_and_
     kinds = _deployed(base, tmp_path / "v1", topic)
     v1_settings, pipeline, v1_id, producer = kinds.settings, kinds.pipeline, kinds.v1_id, kinds.producer
     now_ms = int(time.time() * 1000)
-    # A backlog of names of 4,000 characters: the writer's batches of waiting candidates go over
-    # Cassandra's 50 KiB batch limit, and are sent again in halves.
-    _send(producer, topic, _wave(v1_id, SCHEMA_V1, 600, seed=1, now_ms=now_ms, pad=4000))
+    # A backlog of names of 20,000 characters: any three waiting candidates go over Cassandra's
+    # 50 KiB batch limit, so the writer's batches are sent again in halves. (With 4,000 characters a
+    # batch needed thirteen waiting, and on a fast machine the writer kept up and never had them.)
+    _send(producer, topic, _wave(v1_id, SCHEMA_V1, 600, seed=1, now_ms=now_ms, pad=20_000))
 
     log = tmp_path / "job.log"
     job = _start(v1_settings, log)
