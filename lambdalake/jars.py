@@ -8,6 +8,7 @@ so a later ``make setup`` finds it and asks no registry.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import json
@@ -89,10 +90,23 @@ def classpath(cache_dir: Path, bundle: Bundle) -> list[Path]:
 
 
 def fetch(cache_dir: Path, bundle: Bundle) -> Path:
-    """Copy the bundle and its dependencies into the cache (idempotent). Returns its folder."""
+    """Copy the bundle and its dependencies into the cache (idempotent). Returns its folder.
+
+    Safe for processes that fetch at once (``make setup`` builds the CDS archive, whose Spark session
+    needs the spark and delta bundles, beside ``lambdalake install``): one fetches under a lock on
+    the bundle, and the others wait for it and find the bundle cached."""
     target = lib_dir(cache_dir, bundle)
     if cached(cache_dir, bundle):
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with target.with_name(target.name + ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
+        if cached(cache_dir, bundle):
+            return target
+        return _fetch(target, bundle)
+
+
+def _fetch(target: Path, bundle: Bundle) -> Path:
     if shutil.which("mvn") is None:
         raise LambdalakeError(
             f"Maven is needed to fetch {bundle} {version(bundle)} and is not installed",

@@ -25,6 +25,7 @@ from lambdalake.produce.producer import EventProducer
 from lambdalake.serving import ServingClient
 from lambdalake.settings import Settings
 from lambdalake.speed.replay import Replayer, plan_replay
+from lambdalake.speed.reset import reset_speed
 from lambdalake.views import speed_table
 from tests.conftest import isolated, pipeline_named, run_cli
 from tests.helpers import kcat_count, master_coordinates, pipelines_folder, run_speed_once
@@ -163,21 +164,22 @@ def test_replay_beside_the_speed_job_archives_each_record_once_and_empties_stale
     assert batch.outcome == "published" and batch.horizon >= second, batch
     assert merged_differences(settings, client, {pipeline.name: pipeline}) == []
 
-    # Every documented form of the range: offsets to offsets, timestamps, a dry run.
+    # Every documented form of the range, planned by the command: offsets to offsets, timestamps, a
+    # partition's offset alone.
     to = ",".join(f"{p}:{o + 1}" for p, o in sorted(starts.items()))
     for args in (
-        ["--from-offsets", "0:0,1:0", "--to-offsets", to, "--dry-run"],
-        [
-            "--from-timestamp",
-            str(first * epoch_ms),
-            "--to-timestamp",
-            str((second + 1) * epoch_ms),
-            "--dry-run",
-        ],
-        ["--from-offsets", "0:0", "--no-run-batch"],
+        ["--from-offsets", "0:0,1:0", "--to-offsets", to],
+        ["--from-timestamp", str(first * epoch_ms), "--to-timestamp", str((second + 1) * epoch_ms)],
+        ["--from-offsets", "0:0"],
     ):
-        answer = run_cli(settings, "replay", "offers", *args)
+        answer = run_cli(settings, "replay", "offers", *args, "--dry-run")
         assert answer.returncode == 0, answer.stdout.decode() + answer.stderr.decode()
+    # The last one run, in this test's Spark session (a command's own driver would cost ~20 CPU-s;
+    # the replay command itself runs in tests/test_replay.py and tests/test_secure.py): a partition
+    # replayed whole again archives nothing twice, and every answer stays exact.
+    Replayer(settings=settings, pipeline=pipeline, spark=spark).run(
+        plan_replay(settings, pipeline, from_offsets={0: 0})
+    )
     unknown = run_cli(settings, "replay", "offers", "--from-offsets", "7:0", "--dry-run")
     assert unknown.returncode == 2 and "no partition [7]" in unknown.stdout.decode() + unknown.stderr.decode()
     assert_once(settings, pipeline)
@@ -220,9 +222,9 @@ def test_reset_fills_the_gap_and_quiet_partitions_move_the_horizon_and_restore_r
     sleep_until((missed + 1) * epoch_ms + 1500)
     next_epoch(epoch_ms)
     shutil.rmtree(Path(settings.storage_root) / "checkpoints" / pipeline.name)
-    reset = run_cli(settings, "speed", "reset", "offers", "--yes")
-    output = reset.stdout.decode() + reset.stderr.decode()
-    assert reset.returncode == 0, output
+    # In this test's Spark session (the `speed reset` command runs in tests/test_replay.py and
+    # tests/test_secure.py).
+    reset_speed(settings, pipeline, spark)
     coordinates = assert_once(settings, pipeline)
     assert len(coordinates) >= before + 280, (before, len(coordinates))
     assert merged_differences(settings, client, {pipeline.name: pipeline}) == []

@@ -53,3 +53,43 @@ def test_the_same_pom_names_the_same_folder(pom: Path, tmp_path: Path) -> None:
     assert _folders(tmp_path) == _folders(tmp_path)
     pom.write_text(pom.read_text().replace("<profiles>", "<!-- a comment --><profiles>", 1))
     assert _folders(tmp_path) == _folders(tmp_path)
+
+
+def test_two_processes_fetching_a_bundle_at_once_run_maven_once(tmp_path: Path) -> None:
+    """`make setup` builds the CDS archive, whose session fetches the spark bundle, beside `lambdalake
+    install`: the second fetcher waits for the first and finds the bundle cached (unlocked, both wrote
+    the same `.partial` folder and one removed the other's files). Maven here is a stand-in that
+    counts its runs and takes a second."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    bin_dir, runs = tmp_path / "bin", tmp_path / "runs"
+    bin_dir.mkdir()
+    mvn = bin_dir / "mvn"
+    mvn.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import pathlib, sys, time
+        with open({str(runs)!r}, "a") as f:
+            f.write("run\\n")
+        time.sleep(1)
+        out = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("-DoutputDirectory="))
+        pathlib.Path(out).mkdir(parents=True, exist_ok=True)
+        (pathlib.Path(out) / "delta.jar").write_bytes(b"jar")
+    """))  # fmt: skip
+    mvn.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    code = (
+        "from pathlib import Path; from lambdalake import jars; "
+        f"print(jars.fetch(Path({str(tmp_path)!r}), 'delta'))"
+    )
+    fetchers = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE) for _ in range(2)
+    ]
+    folders = {p.communicate(timeout=60)[0].decode().strip() for p in fetchers}
+    assert [p.returncode for p in fetchers] == [0, 0]
+    assert runs.read_text().splitlines() == ["run"]
+    (folder,) = folders
+    assert Path(folder) == jars.lib_dir(tmp_path, "delta") and jars.cached(tmp_path, "delta")
+    assert [p.name for p in Path(folder).glob("*.jar")] == ["delta.jar"]

@@ -106,7 +106,9 @@ def install() -> None:
     from lambdalake import jars
 
     settings = get_settings()
-    for bundle in ("kafka", "cassandra", "spark", "delta", "writer", "s3proxy", "s3a"):
+    # A Spark session's bundles first (spark, delta, writer): `make setup` builds the CDS archive
+    # beside this, and its session waits for them (jars.fetch locks a bundle while it fetches).
+    for bundle in ("spark", "delta", "writer", "kafka", "cassandra", "s3proxy", "s3a"):
         t0 = time.monotonic()
         verb = "building" if bundle == "writer" else "fetching"
         with console.status(f"{verb} {bundle} {jars.version(bundle)} with Maven..."):
