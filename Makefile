@@ -10,7 +10,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 # The JARs' fetch and the CDS archive's build need the venv but not each other: they run side by side
 # (on a fresh machine setup took 154 s one after the other; docs/benchmarks-log.md, 2026-12-06 sixth).
-setup: $(STAMP) .lambdalake/.apt
+setup: $(STAMP) .lambdalake/.apt .lambdalake/.pyc
 	@$(MAKE) --no-print-directory -j2 .lambdalake/.jars .lambdalake/.spark-cds
 
 $(BIN)/python:
@@ -20,12 +20,22 @@ $(BIN)/python:
 
 # Re-installs only when pyproject.toml changes. pyspark builds a ~450 MB wheel from its sdist once.
 # uv installs it all in about 30 s where pip took 66-71 s; with the system's certificates and pip's
-# local wheels (PIP_FIND_LINKS) when the machine sets them. pip does it if uv cannot.
+# local wheels (PIP_FIND_LINKS) when the machine sets them. pip does it if uv cannot. Compiled to
+# bytecode at install, as pip does: where PYTHONDONTWRITEBYTECODE is set (these machines), Python
+# never writes it, and every process compiled what it imported (a command started 1.13 s instead of 0.61).
 $(STAMP): pyproject.toml | $(BIN)/python
 	@test -x $(BIN)/uv || $(BIN)/pip install -q uv
-	$(BIN)/uv pip install --python $(BIN)/python --native-tls -q \
+	$(BIN)/uv pip install --python $(BIN)/python --native-tls --compile-bytecode -q \
 		$(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS)) -e '.[dev]' \
 		|| $(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+# The project's own modules compiled to bytecode too (an editable install leaves them as sources): again
+# when one changes. Without it every command, job and Python worker compiled them on each start here.
+PY_SOURCES := $(shell find -L lambdalake -name '*.py' -not -path '*/__pycache__/*')
+.lambdalake/.pyc: $(STAMP) $(PY_SOURCES)
+	@mkdir -p .lambdalake
+	$(BIN)/python -m compileall -q lambdalake >/dev/null
 	@touch $@
 
 # kcat: an independent Kafka client the tests count records with; curl: the HTTP contract test's client.
