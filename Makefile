@@ -9,22 +9,22 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 .PHONY: setup up down status deploy undeploy test test-realtime soak demo lint docs bench clean
 
 # The JARs' fetch and the CDS archive's build need the venv but not each other: they run side by side
-# (on a fresh machine setup took 154 s one after the other; docs/benchmarks-log.md, 2026-12-06 sixth).
+# (about 10 s less on a fresh machine than one after the other; docs/benchmarks-log.md, 2026-12-06 sixth).
 setup: $(STAMP) .lambdalake/.apt .lambdalake/.pyc
 	@$(MAKE) --no-print-directory -j2 .lambdalake/.jars .lambdalake/.spark-cds
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null || { echo "Python 3.11 is needed ($(PY) not found)"; exit 1; }
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip uv
+	$(BIN)/pip install -q --upgrade pip
 
 # Re-installs only when pyproject.toml changes. pyspark builds a ~450 MB wheel from its sdist once.
-# uv installs it all in about 30 s where pip took 66-71 s; with the system's certificates and pip's
-# local wheels (PIP_FIND_LINKS) when the machine sets them. pip does it if uv cannot. Compiled to
-# bytecode at install, as pip does: where PYTHONDONTWRITEBYTECODE is set (these machines), Python
-# never writes it, and every process compiled what it imported (a command started 1.13 s instead of 0.61).
+# uv installs it all in about 38 s where pip took 66-71 s; with the system's certificates and pip's
+# local wheels (PIP_FIND_LINKS) when the machine sets them. pip does it if uv cannot be had or fails.
+# Compiled to bytecode at install, as pip does: where PYTHONDONTWRITEBYTECODE is set (these machines),
+# Python never writes it, and every process compiled what it imported (a command started in 1.13 s, not 0.61).
 $(STAMP): pyproject.toml | $(BIN)/python
-	@test -x $(BIN)/uv || $(BIN)/pip install -q uv
+	@test -x $(BIN)/uv || $(BIN)/pip install -q uv || true
 	$(BIN)/uv pip install --python $(BIN)/python --native-tls --compile-bytecode -q \
 		$(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS)) -e '.[dev]' \
 		|| $(BIN)/pip install -q -e '.[dev]'
@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 PY_SOURCES := $(shell find -L lambdalake -name '*.py' -not -path '*/__pycache__/*')
 .lambdalake/.pyc: $(STAMP) $(PY_SOURCES)
 	@mkdir -p .lambdalake
-	$(BIN)/python -m compileall -q lambdalake >/dev/null
+	$(BIN)/python -m compileall -q lambdalake
 	@touch $@
 
 # kcat: an independent Kafka client the tests count records with; curl: the HTTP contract test's client.
