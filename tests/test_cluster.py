@@ -383,6 +383,12 @@ class BatchRuns:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        try:
+            self._runs()
+        except Exception as exc:  # recorded, so the test fails on it (a thread's error is only a warning)
+            self.failures.append(f"the batch runner stopped: {exc!r}")
+
+    def _runs(self) -> None:
         while not self._stop.is_set():
             with self._running:
                 t0 = time.monotonic()
@@ -390,11 +396,12 @@ class BatchRuns:
                 if result.returncode != 0:
                     self.failures.append((result.stdout + result.stderr).decode()[-3000:])
                 else:
-                    status = json.loads(run_cli(self.settings, "status", "--json").stdout)
-                    self.last.append(
-                        next(p for p in status["pipelines"] if p["pipeline"] == self.pipeline)["last_batch"]
-                        or {}
-                    )
+                    shown = run_cli(self.settings, "status", "--json").stdout
+                    mine = [p for p in json.loads(shown)["pipelines"] if p["pipeline"] == self.pipeline]
+                    if not mine:  # a failure to report, not a thread that dies unseen
+                        self.failures.append(f"`status --json` after a published run: {shown.decode()}")
+                        return
+                    self.last.append(mine[0]["last_batch"] or {})
                     self.took.append(time.monotonic() - t0)
             self._wake.wait(self.pause_s)
             self._wake.clear()

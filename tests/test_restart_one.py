@@ -60,8 +60,15 @@ def test_each_service_restarted_alone_while_the_others_and_a_speed_job_run(
         # The regression: the registry alone, while the brokers it needs run.
         restart_alone(settings, "registry")
         # A need that is down is named, with the command that starts it; nothing else is started.
-        assert run_cli(settings, "down", "--only", "broker").returncode == 0
         assert run_cli(settings, "down", "--only", "registry").returncode == 0
+        # `status` reads a pipeline from Kafka, the lake and Cassandra: the registry down hides nothing,
+        # a kind it reads with no node answering is named instead of an empty list.
+        shown = json.loads(run_cli(settings, "status", "--json").stdout)
+        assert [p["pipeline"] for p in shown["pipelines"]] == [pipeline.name], shown
+        assert shown["pipelines"][0]["partitions"] and "pipelines_unavailable" not in shown, shown
+        assert run_cli(settings, "down", "--only", "broker").returncode == 0
+        shown = json.loads(run_cli(settings, "status", "--json").stdout)
+        assert shown["pipelines"] == [] and "no broker node answers" in shown["pipelines_unavailable"], shown
         refused = run_cli(settings, "up", "--only", "registry", timeout=120)
         text = output(refused)
         assert refused.returncode == 2, text

@@ -25,6 +25,9 @@ from lambdalake.settings import Settings, get_settings
 
 app = typer.Typer()
 
+#: The kinds of service a pipeline's status is read from (Kafka's offsets, the lake's progress,
+#: Cassandra's versions): with no node of one answering, each reading would only wait and fail.
+PIPELINE_READS = frozenset({"broker", "object-store", "cassandra"})
 
 NodesOpt = Annotated[
     int | None,
@@ -158,15 +161,22 @@ def status(
     statuses = [s.status() for s in nodes]
     healthy = all(s.healthy for s in statuses)
     # A node down leaves the others serving (a cluster of three): pipelines are shown while each
-    # kind of service has a node that answers, each reading that fails reported in its place.
+    # kind of service they are read from has a node that answers, each reading that fails reported
+    # in its place. The registry and Spark are not read, so one of them restarting hides nothing.
     answering = {n.kind for n, s in zip(nodes, statuses, strict=True) if s.healthy}
-    reachable = answering >= {n.kind for n in nodes}
-    pipelines = pipeline_statuses(settings) if reachable and not services_only else []
+    silent = sorted({n.kind for n in nodes if n.kind in PIPELINE_READS} - answering)
+    unavailable = (
+        f"pipelines not read: no {' and no '.join(silent)} node answers (start it: `lambdalake up`)"
+        if silent and not services_only
+        else None
+    )
+    pipelines = pipeline_statuses(settings) if not silent and not services_only else []
     if as_json:
         services = [s.to_dict() for s in statuses]
-        out.print_json(
-            json.dumps(services if services_only else {"services": services, "pipelines": pipelines})
-        )
+        shown: dict[str, Any] = {"services": services, "pipelines": pipelines}
+        if unavailable:
+            shown["pipelines_unavailable"] = unavailable
+        out.print_json(json.dumps(services if services_only else shown))
     else:
         if settings.nodes > 1:
             out.print(
@@ -179,6 +189,8 @@ def status(
                 s.name, s.address, "embedded" if s.embedded else "external", str(s.pid or "-"), health
             )
         out.print(table)
+        if unavailable:
+            out.print(f"[yellow]{unavailable}[/]")
         print_pipeline_statuses(pipelines)
     raise typer.Exit(0 if healthy else 1)
 
