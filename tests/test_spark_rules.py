@@ -44,6 +44,8 @@ def _records(now_ms: int) -> tuple[list[bytes], list[int | None]]:
             value = b"\x01" + value[1:]  # not the wire format
         elif i % 83 == 0:
             value = value[:1] + (7).to_bytes(4, "big") + value[5:]  # an id the registry lacks
+        elif i % 79 == 0:  # one whose high bit is set: the header's id is a signed integer
+            value = value[:1] + (-7).to_bytes(4, "big", signed=True) + value[5:]
         values.append(value)
         stamps.append(None if i % 211 == 0 else now_ms * 1000 + (i % 7) * 1_000_000 - 3_000_000 + i)
     return values, stamps
@@ -90,7 +92,9 @@ def test_the_real_time_decode_and_rules_give_the_speed_jobs_verdicts_and_values(
 
     # Spark's expressions over the same records, as a bounded frame (the streaming query's plan).
     df = spark.createDataFrame(source.to_pandas())
-    events, ok = decoded_records(df, pipeline, writers={1: schemas[1], 2: schemas[2]}, missing=frozenset({7}))
+    events, ok = decoded_records(
+        df, pipeline, writers={1: schemas[1], 2: schemas[2]}, missing=frozenset({7, -7})
+    )
     targets = latest_targets(pipeline)
     got = events.select(
         F.col("_offset"), ok.alias("ok"), F.col("_unknown"),
@@ -98,6 +102,14 @@ def test_the_real_time_decode_and_rules_give_the_speed_jobs_verdicts_and_values(
     ).orderBy("_offset").toArrow()  # fmt: skip
     assert got.column("ok").to_pylist() == passed
     assert got.column("_unknown").null_count == n  # every id is known or known to be missing
+    # Ids neither known nor missing are named, as the header holds them (framed values only).
+    unknown, _ = decoded_records(df, pipeline, writers={1: schemas[1]})
+    named = unknown.select("_offset", "_unknown").orderBy("_offset").toArrow().column("_unknown")
+    header = [
+        int.from_bytes(v[1:5], "big", signed=True) if len(v) >= 5 and v[0] == 0 else None for v in values
+    ]
+    assert named.to_pylist() == [None if i in (1, None) else i for i in header]
+    assert {7, -7, 2} <= set(named.to_pylist())
 
     valid = python.filter(pa.array(passed))
     for target in targets:
