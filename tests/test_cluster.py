@@ -396,15 +396,25 @@ class BatchRuns:
                 if result.returncode != 0:
                     self.failures.append((result.stdout + result.stderr).decode()[-3000:])
                 else:
-                    shown = run_cli(self.settings, "status", "--json").stdout
-                    mine = [p for p in json.loads(shown)["pipelines"] if p["pipeline"] == self.pipeline]
-                    if not mine:  # a failure to report, not a thread that dies unseen
-                        self.failures.append(f"`status --json` after a published run: {shown.decode()}")
+                    mine = self._status()
+                    if mine is None:
                         return
-                    self.last.append(mine[0]["last_batch"] or {})
+                    self.last.append(mine["last_batch"] or {})
                     self.took.append(time.monotonic() - t0)
             self._wake.wait(self.pause_s)
             self._wake.clear()
+
+    def _status(self) -> dict | None:
+        """The pipeline's entry in `status --json`, or None with a failure recorded. A node of a kind
+        it is read from may be restarting as the run ends (status names the kind then): asked again."""
+        for _ in range(6):
+            shown = run_cli(self.settings, "status", "--json").stdout
+            mine = [p for p in json.loads(shown)["pipelines"] if p["pipeline"] == self.pipeline]
+            if mine:
+                return mine[0]
+            time.sleep(5)
+        self.failures.append(f"`status --json` after a published run, six times in 30 s: {shown.decode()}")
+        return None
 
     def between_runs(self, action: Callable[[], None], *, wake: bool = True) -> int:
         """Do ``action`` once the run under way (if any) has ended, then (``wake``) start the next run
