@@ -35,6 +35,23 @@ def test_stopped_broker_gives_an_error_naming_the_fix(tmp_path) -> None:
     assert time.monotonic() - t0 < 30
 
 
+def test_status_names_each_kind_it_cannot_read_pipelines_from_and_its_fix(tmp_path) -> None:
+    # Nothing answers: the embedded Cassandra is started by `up`, the external broker is not.
+    stopped = settings_for(tmp_path, {"broker": 1, "registry": 2, "cassandra": 3, "storage": 4})
+    external = stopped.model_copy(
+        update={"kafka": stopped.kafka.model_copy(update={"bootstrap_servers": "192.0.2.1:1"})}
+    )
+    result = run_cli(external, "status", "--json", timeout=60)
+    shown = json.loads(result.stdout)
+    assert result.returncode == 1 and shown["pipelines"] == [], shown
+    assert shown["pipelines_unavailable"] == (
+        "pipelines not read: no broker node answers (check that it runs at the settings' address); "
+        "no cassandra node answers (start it: `lambdalake up`)"
+    ), shown
+    text = run_cli(external, "status", timeout=60).stdout.decode()
+    assert "no broker node answers" in text and "Traceback" not in text, text
+
+
 @pytest.mark.parametrize("command", [("speed", "run", "offers"), ("batch", "schedule", "--once")])
 def test_a_job_with_cassandra_stopped_is_one_error_naming_the_fix_without_a_trace(
     tmp_path: Path, command: tuple[str, ...]

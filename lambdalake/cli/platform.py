@@ -165,8 +165,12 @@ def status(
     # in its place. The registry and Spark are not read, so one of them restarting hides nothing.
     answering = {n.kind for n, s in zip(nodes, statuses, strict=True) if s.healthy}
     silent = sorted({n.kind for n in nodes if n.kind in PIPELINE_READS} - answering)
+    # Embedded nodes are started by `up`; external ones run elsewhere, at the settings' addresses.
+    embedded = {n.kind: s.embedded for n, s in zip(nodes, statuses, strict=True)}
+    fixes = {True: "start it: `lambdalake up`", False: "check that it runs at the settings' address"}
     unavailable = (
-        f"pipelines not read: no {' and no '.join(silent)} node answers (start it: `lambdalake up`)"
+        "pipelines not read: "
+        + "; ".join(f"no {kind} node answers ({fixes[embedded[kind]]})" for kind in silent)
         if silent and not services_only
         else None
     )
