@@ -59,7 +59,6 @@ def test_each_service_restarted_alone_while_the_others_and_a_speed_job_run(
         sender = produce_steadily(settings, pipeline, 8_000, rate=80, seed=41)
         # The regression: the registry alone, while the brokers it needs run.
         restart_alone(settings, "registry")
-        # A need that is down is named, with the command that starts it; nothing else is started.
         assert run_cli(settings, "down", "--only", "registry").returncode == 0
         # `status` reads a pipeline from Kafka, the lake and Cassandra: the registry down hides nothing,
         # a kind it reads with no node answering is named instead of an empty list.
@@ -69,6 +68,7 @@ def test_each_service_restarted_alone_while_the_others_and_a_speed_job_run(
         assert run_cli(settings, "down", "--only", "broker").returncode == 0
         shown = json.loads(run_cli(settings, "status", "--json").stdout)
         assert shown["pipelines"] == [] and "no broker node answers" in shown["pipelines_unavailable"], shown
+        # A need that is down is named, with the command that starts it; nothing else is started.
         refused = run_cli(settings, "up", "--only", "registry", timeout=120)
         text = output(refused)
         assert refused.returncode == 2, text

@@ -163,10 +163,11 @@ def status(
     # A node down leaves the others serving (a cluster of three): pipelines are shown while each
     # kind of service they are read from has a node that answers, each reading that fails reported
     # in its place. The registry and Spark are not read, so one of them restarting hides nothing.
-    answering = {n.kind for n, s in zip(nodes, statuses, strict=True) if s.healthy}
-    silent = sorted({n.kind for n in nodes if n.kind in PIPELINE_READS} - answering)
+    kinds = [(n.kind, s) for n, s in zip(nodes, statuses, strict=True)]
+    answering = {kind for kind, s in kinds if s.healthy}
+    silent = sorted({kind for kind, _ in kinds if kind in PIPELINE_READS} - answering)
     # Embedded nodes are started by `up`; external ones run elsewhere, at the settings' addresses.
-    embedded = {n.kind: s.embedded for n, s in zip(nodes, statuses, strict=True)}
+    embedded = {kind: s.embedded for kind, s in kinds}
     fixes = {True: "start it: `lambdalake up`", False: "check that it runs at the settings' address"}
     unavailable = (
         "pipelines not read: "

@@ -86,6 +86,7 @@ def _id_bytes(value: Column) -> Column:
 
 
 def _is_id(id_bytes: Column, schema_id: int) -> Column:
+    """Whether a header's four id bytes are ``schema_id``'s (a binary comparison, no parsing)."""
     return id_bytes == F.lit(bytearray(schema_id.to_bytes(4, "big", signed=True)))
 
 
@@ -184,17 +185,17 @@ def decoded_records(
     reader_text = pipeline.schema_text()
     types = {f.name: from_arrow_type(f.type) for f in event_schema(reader)}
     value = F.col("value")
-    sid = _id_bytes(value)
+    header_id = _id_bytes(value)
     framed = (F.length(value) >= 5) & (F.substring(value, 1, 1) == F.lit(bytearray(b"\x00")))
     payload = F.expr("substring(value, 6, length(value) - 5)")
     options = {"avroSchema": reader_text, "mode": "PERMISSIVE"}
     branches = [
-        F.when(_is_id(sid, k), from_avro(payload, text, options)) for k, text in sorted(writers.items())
+        F.when(_is_id(header_id, k), from_avro(payload, text, options)) for k, text in sorted(writers.items())
     ]
     event = F.coalesce(*branches) if len(branches) > 1 else branches[0] if branches else F.lit(None)
     known = F.lit(False)
     for k in [*writers, *missing]:
-        known = known | _is_id(sid, k)
+        known = known | _is_id(header_id, k)
     unknown = F.when(framed & ~known, _schema_id(value).cast("int"))
     epoch_us = pipeline.layers.epoch_seconds * 1_000_000
     staged = records.select(
