@@ -497,6 +497,7 @@ def one_run(
         # Steady state: the second half of the freshness run (the side caught up, Spark's one-shot
         # planning workers gone once a minute idle, a master dataset compaction round or more behind it).
         steady_from = time.monotonic() + args.seconds / 2
+        fresh_t0, fresh_cpu0, fresh_machine0 = time.perf_counter(), rss.cpu_seconds(), machine_cpu()
         fresh = probe_freshness(
             producer,
             generate(
@@ -517,6 +518,13 @@ def one_run(
             visible=lambda view, keys: side.visible(tables[view], keys),
             views=list(tables),
         )
+        # What the freshness run's steady rate cost: the side's cores, and the machine's busy share
+        # (the bench's own producer and probes, and the services, count in the machine's).
+        busy, every = (b - a for a, b in zip(fresh_machine0, machine_cpu(), strict=True))
+        fresh_cpu = {
+            "side_cores": (rss.cpu_seconds() - fresh_cpu0) / (time.perf_counter() - fresh_t0),
+            "machine_busy": busy / every,
+        }
         floor_beside = floor_result(beside) if beside is not None else None
     finally:
         memory = rss.stop(steady_from)
@@ -530,6 +538,7 @@ def one_run(
     return {
         **drain_only(len(records), t_start, t_done, first, drain_cpu_s, machine_busy / machine_all),
         "freshness": fresh,
+        "freshness_cpu": fresh_cpu,
         "rss": memory,
         "reference_checked": {"offers": len(offers), "merchants": len(merchants)},
         "floor_beside": floor_beside,
@@ -656,6 +665,10 @@ def main() -> None:
                 cpu = result["drain_cpu"]
                 fresh += (f"; drain {cpu['side_cores']:.2f} cores, {cpu['side_cpu_ms_per_1k_events']:,.0f} "
                           f"CPU ms per 1k events, machine {cpu['machine_busy']:.0%} busy")  # fmt: skip
+                if result.get("freshness_cpu"):
+                    steady = result["freshness_cpu"]
+                    fresh += (f"; at {args.rate:,.0f} ev/s {steady['side_cores']:.2f} cores, machine "
+                              f"{steady['machine_busy']:.0%} busy")  # fmt: skip
                 if result["floor_beside"]:
                     low = result["floor_beside"]
                     fresh += (
