@@ -25,7 +25,8 @@ and tuned (``--tuned-commit`` s). In each round every side, in turn (the order r
 
 5. CPU through the drain (1): the side's process tree (every process seen, read from ``/proc``) as
    cores and as CPU ms per 1,000 events, and the whole machine's busy share over the same time, so a
-   drain bounded by the two cores says so in the same run.
+   drain bounded by the two cores says so in the same run. The same two through the freshness run
+   (3), as cores (``freshness_cpu``): what the steady rate costs the side and the machine.
 
 With ``--floor`` each round starts with a Kafka-to-Kafka Real-time query's latency alone
 (``bench.realtime_floor``); the side ``floor-beside-lambdalake`` is the micro-batch speed job with
